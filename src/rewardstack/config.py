@@ -1,0 +1,253 @@
+"""TOML config -> validated dataclasses. Every error names the key it is about.
+
+Layout (keys of `[models.*]` are the spec's event names):
+
+    device = "cuda:0"
+    state_dir = "state"
+
+    [models.dpo_reward_model]
+    path = "cerebras/btlm-3b-8k-base"
+    weight = 0.3
+    dtype = "float16"
+
+    [models.relevance_filter]
+    paths = ["bert-base-uncased", "sentence-transformers/all-mpnet-base-v2"]
+    enabled = true
+
+A model left out of the file takes its default; `weight = 0` or `enabled = false` turns it off.
+Relative local paths are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from rewardstack.errors import ConfigError
+
+REWARD_MODELS = (
+    "dpo_reward_model",
+    "rlhf_reward_model",
+    "reciprocate_reward_model",
+    "dahoas_reward_model",
+    "prompt_reward_model",
+)
+MASKS = (
+    "blacklist_filter",
+    "task_validator_filter",
+    "relevance_filter",
+    "diversity_reward_model",
+    "nsfw_filter",
+)
+ALL_MODELS = REWARD_MODELS + MASKS
+RULE_MASKS = ("blacklist_filter", "task_validator_filter")
+DTYPES = ("float32", "float16", "bfloat16")
+
+# The openvalidators 1.2.0 default stack.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "dpo_reward_model": {"path": "cerebras/btlm-3b-8k-base", "weight": 0.3, "dtype": "float16"},
+    "rlhf_reward_model": {"path": "OpenAssistant/reward-model-deberta-v3-large-v2", "weight": 0.4, "dtype": "float32"},
+    "reciprocate_reward_model": {"path": "reciprocate/gpt-j_rm_format-oa", "revision": "501f895", "weight": 0.3, "dtype": "float16"},
+    "dahoas_reward_model": {"path": "Dahoas/gptj-rm-static", "weight": 0.0, "dtype": "float16"},
+    "prompt_reward_model": {"path": "VMware/open-llama-7b-open-instruct", "weight": 0.0, "dtype": "float16"},
+    "blacklist_filter": {"enabled": True},
+    "task_validator_filter": {"enabled": True},
+    "relevance_filter": {"paths": ["bert-base-uncased", "sentence-transformers/all-mpnet-base-v2"], "enabled": True, "dtype": "float32"},
+    "diversity_reward_model": {"path": "sentence-transformers/all-mpnet-base-v2", "enabled": True, "dtype": "float32"},
+    "nsfw_filter": {"path": "facebook/roberta-hate-speech-dynabench-r4-target", "enabled": True, "dtype": "float32"},
+}
+
+
+@dataclass
+class ModelConfig:
+    """One reward model or mask of the stack."""
+
+    name: str
+    """The spec's event name, e.g. `rlhf_reward_model`."""
+    path: str | None = None
+    """Hub id or local directory of the checkpoint."""
+    paths: list[str] = field(default_factory=list)
+    """Several checkpoints, in order (the relevance filter's two embedding models)."""
+    weight: float = 0.0
+    """Weight in the combination (reward models only)."""
+    enabled: bool = True
+    """Masks: whether the mask is applied. Reward models: derived, weight > 0."""
+    dtype: str = "float32"
+    """Weights dtype: float32, float16 or bfloat16."""
+    revision: str | None = None
+    """Hub revision (ignored for local directories)."""
+    max_length: int | None = None
+    """Override of the model's input-length bound, in tokens."""
+    batch_size: int | None = None
+    """Upper bound on the batch size the planner may choose."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Model-specific extra keys, passed through to the scorer."""
+
+    @property
+    def is_reward(self) -> bool:
+        """Whether this is a weighted reward model (as opposed to a mask)."""
+        return self.name in REWARD_MODELS
+
+    @property
+    def active(self) -> bool:
+        """Whether the model is loaded and run."""
+        return self.weight > 0 if self.is_reward else self.enabled
+
+
+@dataclass
+class StackConfig:
+    """The whole stack: device, state directory, memory settings and one ModelConfig per model."""
+
+    device: str = "cpu"
+    """Torch device the models run on: `cpu`, `cuda`, `cuda:0`, ..."""
+    state_dir: str = "state"
+    """Folder for state that outlives the process (normalizer statistics, diversity history)."""
+    memory_budget: int | None = None
+    """Activation budget in bytes. On CUDA, None means total memory x utilization minus weights minus headroom; on CPU, None means unlimited."""
+    gpu_utilization: float = 0.9
+    """Share of the device's total memory rewardstack may use (like vLLM's gpu_memory_utilization)."""
+    headroom_bytes: int = 512 * 1024**2
+    """Bytes kept free on the device beyond the budget."""
+    safety_margin: float = 0.9
+    """Share of the budget the batch planner fills with predicted peaks."""
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    source: Path | None = None
+    """The file the config was read from (None if built in code)."""
+
+    def active_models(self) -> list[ModelConfig]:
+        """The models that are loaded and run, in the spec's order."""
+        return [self.models[n] for n in ALL_MODELS if self.models[n].active]
+
+    def reward_weights(self) -> dict[str, float]:
+        """Weight of every reward model (0 for the ones off)."""
+        return {n: self.models[n].weight for n in REWARD_MODELS}
+
+
+_TOP_KEYS = {f.name for f in fields(StackConfig)} - {"models", "source"}
+_MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"name"}
+
+
+def _resolve(path: str, base: Path | None) -> str:
+    """A relative path that exists under the config's folder becomes absolute; hub ids stay."""
+    if base is None or Path(path).is_absolute():
+        return path
+    candidate = base / path
+    if candidate.exists() or path.startswith((".", "/")):
+        return str(candidate.resolve())
+    return path
+
+
+def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfig:
+    merged = copy.deepcopy(DEFAULTS[name])
+    explicit = set(raw)
+    merged.update(raw)
+    # A path given alone replaces the default pair and vice versa.
+    if "path" in explicit and "paths" not in explicit:
+        merged.pop("paths", None)
+    if "paths" in explicit and "path" not in explicit:
+        merged.pop("path", None)
+    known = {k: v for k, v in merged.items() if k in _MODEL_KEYS}
+    options = dict(merged.get("options", {}))
+    options.update({k: v for k, v in merged.items() if k not in _MODEL_KEYS})
+    known["options"] = options
+    prefix = f"models.{name}"
+    if "weight" in known:
+        w = known["weight"]
+        if name not in REWARD_MODELS:
+            raise ConfigError(f"{prefix}.weight", "masks take `enabled`, not `weight`")
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
+            raise ConfigError(f"{prefix}.weight", f"must be a number >= 0, got {w!r}")
+        known["weight"] = float(w)
+    if "enabled" in known and not isinstance(known["enabled"], bool):
+        raise ConfigError(f"{prefix}.enabled", f"must be true or false, got {known['enabled']!r}")
+    if known.get("dtype", "float32") not in DTYPES:
+        raise ConfigError(f"{prefix}.dtype", f"must be one of {', '.join(DTYPES)}, got {known['dtype']!r}")
+    for key in ("max_length", "batch_size"):
+        v = known.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ConfigError(f"{prefix}.{key}", f"must be a positive integer, got {v!r}")
+    if "path" in known and known["path"] is not None:
+        if not isinstance(known["path"], str) or not known["path"].strip():
+            raise ConfigError(f"{prefix}.path", "must be a non-empty string (hub id or local folder)")
+        known["path"] = _resolve(known["path"], base)
+    if "paths" in known:
+        ps = known["paths"]
+        if not isinstance(ps, list) or not all(isinstance(p, str) and p.strip() for p in ps):
+            raise ConfigError(f"{prefix}.paths", "must be a list of non-empty strings")
+        known["paths"] = [_resolve(p, base) for p in ps]
+    cfg = ModelConfig(name=name, **known)
+    if name in REWARD_MODELS and "enabled" in explicit and raw["enabled"] is False:
+        cfg.weight = 0.0
+    if cfg.active and name not in RULE_MASKS and not cfg.path and not cfg.paths:
+        raise ConfigError(f"{prefix}.path", "missing: an active model needs a hub id or local folder")
+    if name == "relevance_filter" and cfg.active and len(cfg.paths) != 2:
+        raise ConfigError(f"{prefix}.paths", "the relevance filter takes exactly two embedding models")
+    return cfg
+
+
+def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | None = None) -> StackConfig:
+    """Validate a parsed TOML document into a StackConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError("<root>", "must be a table")
+    for key in data:
+        if key != "models" and key not in _TOP_KEYS:
+            raise ConfigError(key, f"unknown key; expected one of: models, {', '.join(sorted(_TOP_KEYS))}")
+    models_raw = data.get("models", {})
+    if not isinstance(models_raw, dict):
+        raise ConfigError("models", "must be a table of model tables")
+    for name, raw in models_raw.items():
+        if name not in ALL_MODELS:
+            raise ConfigError(f"models.{name}", f"unknown model; expected one of: {', '.join(ALL_MODELS)}")
+        if not isinstance(raw, dict):
+            raise ConfigError(f"models.{name}", "must be a table")
+    top = {k: v for k, v in data.items() if k != "models"}
+    if "device" in top and not isinstance(top["device"], str):
+        raise ConfigError("device", f"must be a string such as 'cpu' or 'cuda:0', got {top['device']!r}")
+    if "state_dir" in top:
+        if not isinstance(top["state_dir"], str) or not top["state_dir"]:
+            raise ConfigError("state_dir", "must be a non-empty string")
+        top["state_dir"] = _resolve_dir(top["state_dir"], base)
+    for key in ("memory_budget", "headroom_bytes"):
+        v = top.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise ConfigError(key, f"must be a positive number of bytes, got {v!r}")
+    for key in ("gpu_utilization", "safety_margin"):
+        v = top.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or not 0 < v <= 1):
+            raise ConfigError(key, f"must be a number in (0, 1], got {v!r}")
+    cfg = StackConfig(**top, source=source)
+    cfg.models = {n: _model_from(n, models_raw.get(n, {}), base) for n in ALL_MODELS}
+    total = sum(cfg.models[n].weight for n in REWARD_MODELS)
+    if abs(total - 1.0) > 1e-6:
+        parts = ", ".join(f"{n}={cfg.models[n].weight:g}" for n in REWARD_MODELS if cfg.models[n].weight)
+        raise ConfigError("models.*.weight", f"reward model weights must sum to 1, got {total:g} ({parts})")
+    return cfg
+
+
+def _resolve_dir(path: str, base: Path | None) -> str:
+    if base is None or Path(path).is_absolute():
+        return path
+    return str((base / path).resolve())
+
+
+def load_config(path: str | Path) -> StackConfig:
+    """Read and validate a TOML config file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot read {p}: {e}") from e
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("<file>", f"{p} is not valid TOML: {e}") from e
+    return from_dict(data, base=p.resolve().parent, source=p.resolve())
+
+
+def default_config() -> StackConfig:
+    """The openvalidators default stack (hub ids)."""
+    return from_dict({})

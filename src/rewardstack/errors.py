@@ -1,0 +1,43 @@
+"""The exception hierarchy of rewardstack.
+
+Every error rewardstack raises on purpose derives from `RewardStackError`, so callers can catch one
+type. Out-of-memory is *not* wrapped: the memory layer catches `torch.OutOfMemoryError` (real or
+simulated) itself and turns it into a retry or a per-completion status.
+"""
+
+from __future__ import annotations
+
+
+class RewardStackError(Exception):
+    """Base class of every error rewardstack raises deliberately."""
+
+
+class ConfigError(RewardStackError):
+    """A config file or value is invalid; the message names the offending key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"config key '{key}': {message}")
+
+
+class InputError(RewardStackError):
+    """A validator step given to the stack is malformed; the message names the line and field."""
+
+    def __init__(self, message: str, *, line: int | None = None, field: str | None = None) -> None:
+        self.line = line
+        self.field = field
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        prefix = (", ".join(where) + ": ") if where else ""
+        super().__init__(prefix + message)
+
+
+class StateError(RewardStackError):
+    """Persisted state could not be read (it is never left half-written by rewardstack itself)."""
+
+
+class ModelLoadError(RewardStackError):
+    """A model or tokenizer could not be loaded from the configured path."""

@@ -1,0 +1,150 @@
+"""The OOM guard: runs a batch, and on out-of-memory frees, splits and retries, then falls back.
+
+The except block only records the error: the retry happens after leaving it, because a live
+exception's traceback pins the frames that hold the failed pass's tensors. A batch that runs out of
+memory is split in half until single inputs remain; a single input that still does not fit is run
+by the fallback (CPU) if there is one, else it gets an explicit OOM status. Nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+log = logging.getLogger("rewardstack.memory")
+
+
+@dataclass
+class Outcome:
+    """The result for one input: a value, or None with the status that says why."""
+
+    value: Any = None
+    status: str = "ok"
+    error: str | None = None
+
+
+@dataclass
+class OomRecord:
+    """One out-of-memory event: which model, which batch shape and lengths, what happened next."""
+
+    model: str
+    batch: int
+    length: int
+    lengths: list[int]
+    message: str
+    action: str  # "split", "cpu_fallback" or "gave_up"
+    injected: bool = False
+    time: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict:
+        """JSON-able form."""
+        return dict(self.__dict__)
+
+
+class InjectedOOM(torch.OutOfMemoryError):
+    """An OOM raised on purpose by a `FaultInjector` (tests, soak runs)."""
+
+
+class FaultInjector:
+    """Raises an injected OOM before a device forward pass with probability `rate`."""
+
+    def __init__(self, rate: float, seed: int = 0) -> None:
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.injected = 0
+
+    def maybe_raise(self, model: str, batch: Sequence[int]) -> None:
+        """Raise an `InjectedOOM` with probability `rate`."""
+        if self.rate > 0 and self.rng.random() < self.rate:
+            self.injected += 1
+            raise InjectedOOM(f"injected OOM in {model} (batch of {len(batch)})")
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Collect garbage and return cached blocks (only called after an OOM, never per step)."""
+    gc.collect()
+    if device.type == "cuda":  # CUDA-only path
+        torch.cuda.empty_cache()
+
+
+def run_guarded(
+    model: str,
+    batches: list[list[int]],
+    lengths: Sequence[int],
+    forward: Callable[[list[int]], Sequence[Any]],
+    *,
+    device: torch.device,
+    fallback: Callable[[list[int]], Sequence[Any]] | None,
+    on_oom: Callable[[OomRecord], None],
+    injector: FaultInjector | None = None,
+) -> dict[int, Outcome]:
+    """Run every batch; return one Outcome per input index. Never raises for OOM or model errors."""
+    results: dict[int, Outcome] = {}
+    stack = list(reversed(batches))
+    while stack:
+        batch = stack.pop()
+        oom_message: str | None = None
+        injected = False
+        other_error: str | None = None
+        values: Sequence[Any] | None = None
+        try:
+            if injector is not None:
+                injector.maybe_raise(model, batch)
+            values = forward(batch)
+        except torch.OutOfMemoryError as e:
+            oom_message = str(e).splitlines()[0] if str(e) else "out of memory"
+            injected = isinstance(e, InjectedOOM)
+        except Exception as e:  # noqa: BLE001 - one bad input must not take the loop down
+            other_error = f"{type(e).__name__}: {e}"
+        # Out of the except block: the traceback and its frames are gone now.
+        if values is not None:
+            if len(values) != len(batch):
+                raise RuntimeError(f"{model}: forward returned {len(values)} values for {len(batch)} inputs")
+            for i, v in zip(batch, values):
+                results[i] = Outcome(value=v)
+            continue
+        if other_error is not None:
+            if len(batch) > 1:  # isolate the input that fails
+                half = len(batch) // 2
+                stack.extend([batch[half:], batch[:half]])
+            else:
+                log.error("%s: input %d failed: %s", model, batch[0], other_error)
+                results[batch[0]] = Outcome(status="error", error=other_error)
+            continue
+        free_device_memory(device)
+        shape_len = max(lengths[i] for i in batch)
+        if len(batch) > 1:
+            action = "split"
+            half = len(batch) // 2
+            stack.extend([batch[half:], batch[:half]])
+        elif fallback is not None:
+            action = "cpu_fallback"
+        else:
+            action = "gave_up"
+        on_oom(
+            OomRecord(
+                model=model,
+                batch=len(batch),
+                length=shape_len,
+                lengths=[int(lengths[i]) for i in batch],
+                message=oom_message or "",
+                action=action,
+                injected=injected,
+            )
+        )
+        if action == "cpu_fallback":
+            assert fallback is not None
+            try:
+                (v,) = fallback(batch)
+                results[batch[0]] = Outcome(value=v)
+            except Exception as e:  # noqa: BLE001
+                results[batch[0]] = Outcome(status="oom", error=f"cpu fallback failed: {e}")
+        elif action == "gave_up":
+            results[batch[0]] = Outcome(status="oom", error=oom_message)
+    return results
