@@ -1,0 +1,151 @@
+"""Shared-prefix forward passes for the decoder (causal) scorers.
+
+All completions of a step share the step's prompt, so their token id lists share a prefix. A causal
+model's hidden states over that prefix do not depend on what follows it, so the prefix is run once
+(keeping its keys and values) and every input's remaining tokens are then run in batches attending
+to the cached prefix. The numbers equal running each full sequence (within float tolerance).
+
+The common prefix is taken on token ids, never on strings: tokenizing prompt + completion as one
+string may merge tokens at the boundary, so the prompt's own tokens are not always a prefix.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix common to all `seqs`, leaving each at least one token.
+
+    Every input keeps one token of its own so that its last position is always in the suffix pass
+    (a classifier reads it there) and the suffix batch is never empty.
+    """
+    if not seqs:
+        return 0
+    shortest = min(len(s) for s in seqs)
+    if shortest <= 1:
+        return 0
+    first = seqs[0]
+    n = shortest - 1
+    for s in seqs[1:]:
+        i = 0
+        while i < n and s[i] == first[i]:
+            i += 1
+        n = i
+        if n == 0:
+            break
+    return n
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device the model's weights are on now (placement may move a model between calls)."""
+    return next(model.parameters()).device
+
+
+def _cache_kwarg(body: torch.nn.Module) -> str:
+    """transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated)."""
+    params = inspect.signature(body.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@dataclass
+class PrefixState:
+    """The prefix's last hidden states [C, H] and per-layer (keys, values), batch 1."""
+
+    length: int
+    hidden: torch.Tensor | None
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class PrefixRunner:
+    """Runs a body (a transformers decoder without its head) over inputs sharing a token prefix.
+
+    `prefix_ids` is computed once per step (e.g. with `common_prefix_len`); the prefix pass itself
+    runs lazily on the first `run`, so it happens inside the memory manager's guard and tracker.
+    """
+
+    def __init__(self, body: torch.nn.Module, prefix_ids: Sequence[int], *, pad_id: int = 0) -> None:
+        self.body = body
+        self.prefix_ids = list(prefix_ids)
+        self.pad_id = pad_id
+        self._state: PrefixState | None = None
+        self._kw = _cache_kwarg(body)
+
+    @property
+    def length(self) -> int:
+        """Number of prefix tokens (0: every input is run whole)."""
+        return len(self.prefix_ids)
+
+    def state(self) -> PrefixState:
+        """The prefix pass's outputs, computed on first use on the body's current device."""
+        device = model_device(self.body)
+        if self._state is not None and (self._state.hidden is None or self._state.hidden.device == device):
+            return self._state
+        if not self.prefix_ids:
+            self._state = PrefixState(0, None, [])
+            return self._state
+        ids = torch.tensor([self.prefix_ids], dtype=torch.long, device=device)
+        cache = DynamicCache()
+        out = self.body(input_ids=ids, use_cache=True, **{self._kw: cache})
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._state = PrefixState(len(self.prefix_ids), out.last_hidden_state[0], kv)
+        return self._state
+
+    def run(self, suffixes: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Last hidden states of each input's tokens after the prefix: ([B, S, H], mask [B, S]).
+
+        Inputs are right-padded to the longest suffix; padded positions come after every real
+        one, so causal attention keeps them from changing real positions' numbers.
+        """
+        device = model_device(self.body)
+        st = self.state()
+        b = len(suffixes)
+        s = max(len(x) for x in suffixes)
+        ids = torch.full((b, s), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, s), dtype=torch.long)
+        for k, x in enumerate(suffixes):
+            ids[k, : len(x)] = torch.tensor(list(x), dtype=torch.long)
+            mask[k, : len(x)] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        kwargs: dict = {}
+        if st.length:
+            # Expanded views: the cache's concatenation makes the only per-row copy.
+            kwargs[self._kw] = DynamicCache(
+                ddp_cache_data=[(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in st.kv]
+            )
+            kwargs["use_cache"] = True
+        else:
+            kwargs["use_cache"] = False
+        full_mask = torch.cat([torch.ones((b, st.length), dtype=torch.long, device=device), mask], dim=1)
+        # Without padding no mask is needed, which lets attention use its causal fast path.
+        attn = None if bool(mask.all()) else full_mask
+        pos = torch.arange(st.length, st.length + s, device=device).unsqueeze(0).expand(b, -1)
+        out = self.body(input_ids=ids, attention_mask=attn, position_ids=pos, **kwargs)
+        return out.last_hidden_state, mask.bool()
+
+    def rows(self, suffix_hidden: torch.Tensor, index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states at absolute `positions` of inputs `index` (in the batch), prefix or suffix.
+
+        A position before the prefix's end is read from the prefix pass (the same for every input);
+        the others from the suffix pass at `position - prefix length`.
+        """
+        st = self.state()
+        c = st.length
+        in_suffix = positions >= c
+        out = suffix_hidden[index, (positions - c).clamp(min=0)]
+        if c and not bool(in_suffix.all()):
+            pre = st.hidden[positions.clamp(max=c - 1)]
+            out = torch.where(in_suffix.unsqueeze(-1), out, pre)
+        return out
+
+
+def split_prefix(seqs: Sequence[Sequence[int]], enabled: bool = True) -> tuple[list[int], list[list[int]]]:
+    """(common prefix ids, each input's remaining ids) for a group of inputs."""
+    c = common_prefix_len(seqs) if enabled else 0
+    prefix = list(seqs[0][:c]) if seqs else []
+    return prefix, [list(s[c:]) for s in seqs]
