@@ -1,17 +1,39 @@
 """Predicts the peak activation bytes of one forward pass from its padded shape.
 
-bytes(B, L) = a + b*B*L + c*B*L^2. `b` carries the per-token tensors (hidden states, logit chunks),
-`c` carries attention scores that grow with the square of the length. The coefficients are fitted by
-least squares to peaks measured in a short profile run; `trust` (<= 1) shrinks the budget a model may
-plan against after its predictions were proved wrong by an OOM.
+bytes(B, L) = a + b*B*L + c*B*L^2 + d*B + e*L + f*L^2.
+
+`b` carries the per-token tensors (hidden states, logit chunks), `c` the attention scores that grow
+with the square of the length (DeBERTa's disentangled attention). The three extra terms are the
+ones measured on real architectures that the first three cannot express: `d` per-sequence tensors
+whose size does not depend on the length (DeBERTa's relative-position embeddings projected per
+batch row), `e` and `f` batch-independent tensors (position ids, DeBERTa's L x L relative-position
+bucket matrix). They default to 0, so `CostModel(a, b, c)` means what it always meant.
+
+The coefficients are fitted by exact non-negative least squares on relative error to peaks measured
+in a short profile run (`profile`); `trust` (<= 1) shrinks the budget a model may plan against
+after its predictions were proved wrong by an OOM.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+import torch
+
+log = logging.getLogger("rewardstack.memory")
+
+TERMS = ("a", "b", "c", "d", "e", "f")
+
+
+def _features(batch: float, length: float) -> list[float]:
+    """The terms of the model, in the order of `TERMS`."""
+    bl = batch * length
+    return [1.0, bl, bl * length, float(batch), float(length), float(length) * length]
 
 
 @dataclass
@@ -23,22 +45,34 @@ class CostModel:
     c: float = 0.0
     trust: float = 1.0
     samples: list[tuple[int, int, int]] = field(default_factory=list)  # (B, L, measured bytes)
+    d: float = 0.0
+    e: float = 0.0
+    f: float = 0.0
+
+    def coefficients(self) -> list[float]:
+        """The coefficients in the order of `TERMS`."""
+        return [self.a, self.b, self.c, self.d, self.e, self.f]
 
     def predict(self, batch: int, length: int) -> float:
         """Predicted peak bytes of one forward pass over a (batch, length) padded rectangle."""
         if batch <= 0 or length <= 0:
             return 0.0
-        bl = batch * length
-        return self.a + self.b * bl + self.c * bl * length
+        return float(sum(k * x for k, x in zip(self.coefficients(), _features(batch, length))))
 
     def fit(self, samples: Sequence[tuple[int, int, int]]) -> "CostModel":
-        """Least-squares fit of a, b, c (all kept >= 0) to measured (B, L, bytes) samples."""
+        """Non-negative least-squares fit of the coefficients to measured (B, L, bytes) samples.
+
+        With fewer distinct batches or lengths than a term needs, that term is left out rather than
+        guessed (e.g. one batch size cannot separate `d*B` from `a`).
+        """
         if not samples:
             raise ValueError("cannot fit a cost model to no samples")
-        x = np.array([[1.0, b * l, b * l * l] for b, l, _ in samples], dtype=np.float64)
+        x = np.array([_features(b, l) for b, l, _ in samples], dtype=np.float64)
         y = np.array([m for _, _, m in samples], dtype=np.float64)
-        coef = _nonneg_lstsq(x, y)
-        self.a, self.b, self.c = (float(v) for v in coef)
+        usable = _identifiable_terms(samples)
+        coef = np.zeros(len(TERMS))
+        coef[usable] = _nnls_relative(x[:, usable], y)
+        self.a, self.b, self.c, self.d, self.e, self.f = (float(v) for v in coef)
         self.samples = [tuple(int(v) for v in s) for s in samples]  # type: ignore[misc]
         return self
 
@@ -53,43 +87,104 @@ class CostModel:
 
     def describe(self) -> str:
         """One line for logs."""
+        extra = "".join(
+            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2")) if v
+        )
+        shapes = sorted({(b, l) for b, l, _ in self.samples})
         return (
-            f"bytes = {self.a:.3g} + {self.b:.3g}*B*L + {self.c:.3g}*B*L^2 "
-            f"(trust {self.trust:.2f}, {len(self.samples)} shapes, max fit error {self.max_error():.1%})"
+            f"bytes = {self.a:.3g} + {self.b:.3g}*B*L + {self.c:.3g}*B*L^2{extra} "
+            f"(trust {self.trust:.2f}, {len(self.samples)} shapes {shapes}, "
+            f"max fit error {self.max_error():.1%})"
         )
 
     def to_dict(self) -> dict:
         """JSON-able form (for logs and telemetry)."""
-        return {"a": self.a, "b": self.b, "c": self.c, "trust": self.trust, "samples": self.samples}
+        return {
+            "a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e, "f": self.f,
+            "trust": self.trust, "samples": self.samples,
+        }
 
 
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with coefficients clamped to >= 0 by dropping negative ones and refitting."""
-    active = list(range(x.shape[1]))
-    while True:
-        # Relative weighting: each sample's error counts relative to its size, so small shapes
-        # are fitted as well as big ones.
-        w = 1.0 / np.maximum(y, 1.0)
-        sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
-        if (sol >= 0).all() or len(active) == 1:
-            coef = np.zeros(x.shape[1])
-            coef[active] = np.maximum(sol, 0)
-            return coef
-        active = [a for a, s in zip(active, sol) if s >= 0] or [active[int(np.argmax(sol))]]
+def _identifiable_terms(samples: Sequence[tuple[int, int, int]]) -> list[int]:
+    """Indices of the terms the samples can tell apart."""
+    batches = {b for b, _, _ in samples}
+    lengths = {l for _, l, _ in samples}
+    terms = [0]  # a
+    if len(lengths) >= 2 or len(batches) >= 2:
+        terms.append(1)  # b*B*L
+    if len(lengths) >= 3:
+        terms.append(2)  # c*B*L^2
+    if len(batches) >= 2 and len(lengths) >= 2:
+        terms.append(3)  # d*B (separable from B*L only with two lengths)
+    if len(batches) >= 2 and len(lengths) >= 2:
+        terms.append(4)  # e*L (separable from B*L only with two batches)
+    if len(batches) >= 2 and len(lengths) >= 3:
+        terms.append(5)  # f*L^2
+    return terms
+
+
+def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares on relative error, by trying every subset of terms.
+
+    Six terms make 63 subsets of tiny solves: cheaper than pulling in scipy, and exact (the
+    optimum is the unconstrained solution on some subset that comes out non-negative).
+    """
+    # Each sample's error counts relative to its size, so small shapes fit as well as big ones.
+    w = 1.0 / np.maximum(y, 1.0)
+    xw, yw = x * w[:, None], y * w
+    n = x.shape[1]
+    best, best_err = np.zeros(n), float("inf")
+    for k in range(1, n + 1):
+        for subset in itertools.combinations(range(n), k):
+            cols = list(subset)
+            sol, *_ = np.linalg.lstsq(xw[:, cols], yw, rcond=None)
+            if (sol < 0).any():
+                continue
+            coef = np.zeros(n)
+            coef[cols] = sol
+            err = float(np.sum((xw @ coef - yw) ** 2))
+            # Prefer fewer terms unless more terms really help (guards against fitting noise).
+            if err < best_err * (1 - 1e-9):
+                best, best_err = coef, err
+    return best
 
 
 def profile_shapes(max_length: int, max_batch: int = 8) -> list[tuple[int, int]]:
-    """A small grid of (batch, length) shapes for a profile run, up to `max_length`."""
-    lengths = sorted({max(8, max_length // 8), max(16, max_length // 4), max(32, max_length // 2), max_length})
-    batches = sorted({1, max(1, max_batch // 2), max_batch})
-    return [(b, l) for l in lengths for b in batches if l <= max_length]
+    """A small grid of (batch, length) shapes for a profile run, up to `max_length`.
+
+    Five lengths spread geometrically (short inputs matter: most completions are short) times
+    three batch sizes: 15 passes, enough to separate all six terms with room to spare.
+    """
+    top = max(1, int(max_length))
+    lengths = sorted({max(1, min(top, v)) for v in (max(8, top // 32), top // 8, top // 4, top // 2, top)})
+    batches = sorted({1, max(1, max_batch // 2), max(1, max_batch)})
+    return [(b, l) for l in lengths for b in batches]
 
 
 def profile(
-    run: Callable[[int, int], None],
-    measure: Callable[[Callable[[], None]], int],
+    run: Callable[[int, int], object],
+    measure: Callable[[Callable[[], object]], int],
     shapes: Sequence[tuple[int, int]],
 ) -> CostModel:
-    """Measure `run(B, L)` at each shape with `measure` (returns peak bytes) and fit a cost model."""
-    samples = [(b, l, measure(lambda b=b, l=l: run(b, l))) for b, l in shapes]
+    """Measure `run(B, L)` at each shape with `measure` (returns peak bytes) and fit a cost model.
+
+    A shape that runs out of (real) memory is skipped and logged: the profile must not crash the
+    load on a device that is already tight; the plan then simply never reaches that shape's size.
+    """
+    samples: list[tuple[int, int, int]] = []
+    skipped: list[tuple[int, int]] = []
+    for b, l in shapes:
+        peak: int | None = None
+        try:
+            peak = measure(lambda b=b, l=l: run(b, l))
+        except torch.OutOfMemoryError:
+            skipped.append((b, l))
+        if peak is None:  # outside the except block: its frames no longer pin the tensors
+            gc.collect()
+            continue
+        samples.append((b, l, int(peak)))
+    if skipped:
+        log.warning("profile: shapes %s ran out of memory and were skipped", skipped)
+    if not samples:
+        raise torch.OutOfMemoryError(f"profile: every shape ran out of memory ({skipped})")
     return CostModel().fit(samples)

@@ -1,10 +1,20 @@
 """Counts live tensor bytes on CPU (or any device) with a PyTorch dispatch mode.
 
-This is the simulated device: every tensor an aten op creates while the tracker is active is
-charged to it until its storage is freed, the peak is recorded per window, and an allocation that
+This is the simulated device: every storage an aten op *creates* while the tracker is active is
+charged to it until that storage is freed, the peak is recorded per window, and an allocation that
 would push live bytes past `budget_bytes` raises the same `torch.OutOfMemoryError` that a CUDA
 allocation raises. Weights created before the tracker is entered are not charged, so the budget is
 the activation budget, as on a GPU where weights are already resident.
+
+Accounting is by storage, not by tensor: a view, an in-place op or an `out=` op returns a tensor
+whose storage is one of its inputs', and is never charged again (a view of a weight, like the
+`weight.t()` inside `linear`, costs nothing). A storage that grows in place (`resize_`) is charged
+the difference. Frees are seen through a weakref callback on the storage's Python object, which
+PyTorch keeps alive exactly as long as the storage itself.
+
+Threads: PyTorch's dispatch-mode stack is thread-local, so each thread that should be counted must
+enter the tracker itself (`with tracker:`, re-entrant per thread); the counters are shared and
+locked, so one tracker sums the bytes of every thread that entered it.
 
 Limits, on purpose: memory a kernel allocates internally and frees before returning (e.g. a fused
 attention's workspace) is invisible, as are tensors created outside any aten op (e.g. by numpy).
@@ -19,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten
 
 
@@ -47,10 +57,21 @@ class Window:
         return self.peak_bytes - self.start_bytes
 
 
+def _storage_of(t: torch.Tensor) -> Any | None:
+    """The untyped storage of a plain tensor (None for meta, sparse, or storage-less tensors)."""
+    if t.device.type == "meta" or t.is_sparse:
+        return None
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 class TensorBytesTracker(TorchDispatchMode):
     """A dispatch mode that counts live tensor bytes and enforces an optional budget.
 
-    Use as a context manager (`with tracker:`); it is re-entrant across `window()` calls.
+    Use as a context manager (`with tracker:`); entering it again in a thread where it is already
+    active is a no-op, so nested `with tracker:` / `window()` calls are safe.
     """
 
     def __init__(self, budget_bytes: int | None = None) -> None:
@@ -59,42 +80,103 @@ class TensorBytesTracker(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.oom_count = 0
+        self.charged_total = 0  # bytes ever charged (a cheap activity counter for logs)
+        # id(storage object) -> (weakref to it, bytes charged). PyTorch keeps one Python object per
+        # live storage, so the id is stable while the storage lives and survives reallocation.
         self._refs: dict[int, tuple[weakref.ref, int]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._open: list[Window] = []  # every window open now, in any thread
+        self._tls = threading.local()
+
+    # -- entering (re-entrant per thread) -----------------------------------------------------
+    def __enter__(self) -> "TensorBytesTracker":
+        depth = getattr(self._tls, "depth", 0)
+        # Pushing the same mode twice would run every op through it twice; count instead.
+        if depth == 0 and not any(m is self for m in _get_current_dispatch_mode_stack()):
+            super().__enter__()
+            self._tls.pushed = True
+        elif depth == 0:
+            self._tls.pushed = False
+        self._tls.depth = depth + 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._tls.depth -= 1
+        if self._tls.depth == 0 and self._tls.pushed:
+            super().__exit__(*exc)
+
+    def is_active(self) -> bool:
+        """Whether the tracker counts ops run by the current thread."""
+        return getattr(self._tls, "depth", 0) > 0 or any(
+            m is self for m in _get_current_dispatch_mode_stack()
+        )
 
     # -- accounting -------------------------------------------------------------------------
-    def _on_free(self, key: int, nbytes: int, _ref: Any = None) -> None:
+    def _on_free(self, key: int, ref: weakref.ref) -> None:
         with self._lock:
-            if self._refs.pop(key, None) is not None:
-                self.live_bytes -= nbytes
+            entry = self._refs.get(key)
+            # Only the callback of the storage that was charged may uncharge it: a new storage
+            # object can reuse a freed id before a late callback runs.
+            if entry is not None and entry[0] is ref:
+                del self._refs[key]
+                self.live_bytes -= entry[1]
 
-    def _charge(self, t: torch.Tensor) -> None:
-        if t.device.type == "meta":
-            return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        nbytes = st.nbytes()
-        key = st.data_ptr()
-        if nbytes == 0 or key in self._refs:
+    def _bump_peak(self) -> None:
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+        for w in self._open:
+            if self.live_bytes > w.peak_bytes:
+                w.peak_bytes = self.live_bytes
+
+    def _charge_outputs(self, outputs: list[torch.Tensor], input_keys: set[int]) -> None:
+        """Charge the storages the op created; raise a simulated OOM if they do not fit."""
+        new: dict[int, tuple[Any, int]] = {}
+        grow: dict[int, int] = {}
+        for t in outputs:
+            st = _storage_of(t)
+            if st is None:
+                continue
+            nbytes = int(st.nbytes())
+            key = id(st)
+            if nbytes == 0:
+                continue
+            entry = self._refs.get(key)
+            if entry is not None:
+                if entry[0]() is st and nbytes > entry[1]:  # grown in place (resize_, out=)
+                    grow[key] = nbytes
+                continue
+            if key in input_keys:  # a view of / in place on a storage made outside the tracker
+                continue
+            new[key] = (st, nbytes)
+        if not new and not grow:
             return
         with self._lock:
-            if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
+            extra = sum(n for _, n in new.values()) + sum(n - self._refs[k][1] for k, n in grow.items())
+            if self.budget_bytes is not None and self.live_bytes + extra > self.budget_bytes:
                 self.oom_count += 1
-                raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
-            ref = weakref.ref(st, lambda r, k=key, n=nbytes: self._on_free(k, n))
-            self._refs[key] = (ref, nbytes)
-            self.live_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+                raise simulated_oom(extra, self.live_bytes, self.budget_bytes)
+            for key, (st, nbytes) in new.items():
+                ref = weakref.ref(st, lambda r, k=key: self._on_free(k, r))
+                self._refs[key] = (ref, nbytes)
+            for key, nbytes in grow.items():
+                self._refs[key] = (self._refs[key][0], nbytes)
+            self.live_bytes += extra
+            self.charged_total += extra
+            self._bump_peak()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        flat_in, _ = tree_flatten((args, kwargs))
+        input_keys = set()
+        for t in flat_in:
+            if isinstance(t, torch.Tensor):
+                st = _storage_of(t)
+                if st is not None:
+                    input_keys.add(id(st))
+        out = func(*args, **kwargs)
         flat, _ = tree_flatten(out)
         try:
-            for t in flat:
-                if isinstance(t, torch.Tensor):
-                    self._charge(t)
+            self._charge_outputs([t for t in flat if isinstance(t, torch.Tensor)], input_keys)
         except torch.OutOfMemoryError:
             # Drop the outputs before raising, as a failed allocation would never have made them.
             del out, flat
@@ -103,30 +185,24 @@ class TensorBytesTracker(TorchDispatchMode):
 
     # -- windows ----------------------------------------------------------------------------
     def reset_peak(self) -> None:
-        """Start a new peak from the bytes live now."""
+        """Start a new global peak from the bytes live now (open windows keep their own)."""
         self.peak_bytes = self.live_bytes
+
+    def live_storages(self) -> int:
+        """How many storages are charged now (for leak checks in tests)."""
+        return len(self._refs)
 
     @contextmanager
     def window(self, name: str = "window") -> Iterator[Window]:
-        """Reset the peak, run the body with tracking on, and fill in the window's peak."""
-        w = Window(name=name, start_bytes=self.live_bytes)
-        outer_peak = self.peak_bytes
-        self.reset_peak()
-        entered = False
-        if not _mode_active(self):
-            self.__enter__()
-            entered = True
+        """Run the body with tracking on and record its own peak (nested windows are independent)."""
+        with self._lock:
+            w = Window(name=name, start_bytes=self.live_bytes, peak_bytes=self.live_bytes)
+            self._open.append(w)
         try:
-            yield w
+            with self:
+                yield w
         finally:
-            if entered:
-                self.__exit__(None, None, None)
-            w.peak_bytes = self.peak_bytes
-            w.end_bytes = self.live_bytes
-            self.peak_bytes = max(outer_peak, self.peak_bytes)
-
-
-def _mode_active(mode: TorchDispatchMode) -> bool:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    return any(m is mode for m in _get_current_dispatch_mode_stack())
+            with self._lock:
+                # by identity: two windows may compare equal as dataclasses
+                self._open[:] = [o for o in self._open if o is not w]
+                w.end_bytes = self.live_bytes
