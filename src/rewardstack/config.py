@@ -144,6 +144,10 @@ def _resolve(path: str, base: Path | None) -> str:
 def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfig:
     merged = copy.deepcopy(DEFAULTS[name])
     explicit = set(raw)
+    if name == "relevance_filter" and "path" in explicit:
+        raise ConfigError(f"models.{name}.path", "the relevance filter takes `paths` (its two embedding models)")
+    if name != "relevance_filter" and "paths" in explicit:
+        raise ConfigError(f"models.{name}.paths", "this model takes a single `path`")
     merged.update(raw)
     # A path given alone replaces the default pair and vice versa.
     if "path" in explicit and "paths" not in explicit:
