@@ -5,13 +5,26 @@ manager plans batches that fit the budget, runs each under the OOM guard and ret
 input. Everything here runs on CPU against a simulated budget, so it is tested without CUDA.
 """
 
+from rewardstack.memory.allocator import configure_allocator, maybe_empty_cache
+from rewardstack.memory.budget import Budget, compute_budget, resolve_budget
 from rewardstack.memory.costmodel import CostModel
-from rewardstack.memory.manager import MemoryManager, Outcome, OomRecord
+from rewardstack.memory.guard import FaultInjector, InjectedOOM
+from rewardstack.memory.manager import MemoryManager, OomRecord, Outcome
+from rewardstack.memory.placement import Decision, Placement
 from rewardstack.memory.planner import plan_batches
 from rewardstack.memory.tracker import TensorBytesTracker, simulated_oom
 
 __all__ = [
+    "Budget",
     "CostModel",
+    "Decision",
+    "FaultInjector",
+    "InjectedOOM",
+    "Placement",
+    "compute_budget",
+    "configure_allocator",
+    "maybe_empty_cache",
+    "resolve_budget",
     "MemoryManager",
     "OomRecord",
     "Outcome",

@@ -7,7 +7,9 @@ with the square of the length (DeBERTa's disentangled attention). The three extr
 ones measured on real architectures that the first three cannot express: `d` per-sequence tensors
 whose size does not depend on the length (DeBERTa's relative-position embeddings projected per
 batch row), `e` and `f` batch-independent tensors (position ids, DeBERTa's L x L relative-position
-bucket matrix). They default to 0, so `CostModel(a, b, c)` means what it always meant.
+bucket matrix). They default to 0, so `CostModel(a, b, c)` means what it always meant. A scorer
+that computes logits in chunks of `chunk` positions (the causal-LM scorers) sets `chunk`, adding a
+term g*B*min(L, chunk): the logit chunk grows with L up to the chunk size and then stays flat.
 
 The coefficients are fitted by exact non-negative least squares on relative error to peaks measured
 in a short profile run (`profile`); `trust` (<= 1) shrinks the budget a model may plan against
@@ -27,13 +29,14 @@ import torch
 
 log = logging.getLogger("rewardstack.memory")
 
-TERMS = ("a", "b", "c", "d", "e", "f")
+TERMS = ("a", "b", "c", "d", "e", "f", "g")
 
 
-def _features(batch: float, length: float) -> list[float]:
+def _features(batch: float, length: float, chunk: int | None = None) -> list[float]:
     """The terms of the model, in the order of `TERMS`."""
     bl = batch * length
-    return [1.0, bl, bl * length, float(batch), float(length), float(length) * length]
+    chunked = batch * min(length, chunk) if chunk else 0.0
+    return [1.0, bl, bl * length, float(batch), float(length), float(length) * length, float(chunked)]
 
 
 @dataclass
@@ -48,16 +51,18 @@ class CostModel:
     d: float = 0.0
     e: float = 0.0
     f: float = 0.0
+    g: float = 0.0
+    chunk: int | None = None
 
     def coefficients(self) -> list[float]:
         """The coefficients in the order of `TERMS`."""
-        return [self.a, self.b, self.c, self.d, self.e, self.f]
+        return [self.a, self.b, self.c, self.d, self.e, self.f, self.g]
 
     def predict(self, batch: int, length: int) -> float:
         """Predicted peak bytes of one forward pass over a (batch, length) padded rectangle."""
         if batch <= 0 or length <= 0:
             return 0.0
-        return float(sum(k * x for k, x in zip(self.coefficients(), _features(batch, length))))
+        return float(sum(k * x for k, x in zip(self.coefficients(), _features(batch, length, self.chunk))))
 
     def fit(self, samples: Sequence[tuple[int, int, int]]) -> "CostModel":
         """Non-negative least-squares fit of the coefficients to measured (B, L, bytes) samples.
@@ -67,12 +72,12 @@ class CostModel:
         """
         if not samples:
             raise ValueError("cannot fit a cost model to no samples")
-        x = np.array([_features(b, l) for b, l, _ in samples], dtype=np.float64)
+        x = np.array([_features(b, l, self.chunk) for b, l, _ in samples], dtype=np.float64)
         y = np.array([m for _, _, m in samples], dtype=np.float64)
-        usable = _identifiable_terms(samples)
+        usable = _identifiable_terms(samples, self.chunk)
         coef = np.zeros(len(TERMS))
         coef[usable] = _nnls_relative(x[:, usable], y)
-        self.a, self.b, self.c, self.d, self.e, self.f = (float(v) for v in coef)
+        self.a, self.b, self.c, self.d, self.e, self.f, self.g = (float(v) for v in coef)
         self.samples = [tuple(int(v) for v in s) for s in samples]  # type: ignore[misc]
         return self
 
@@ -88,7 +93,7 @@ class CostModel:
     def describe(self) -> str:
         """One line for logs."""
         extra = "".join(
-            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2")) if v
+            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"B*min(L,{self.chunk})")) if v
         )
         shapes = sorted({(b, l) for b, l, _ in self.samples})
         return (
@@ -101,11 +106,12 @@ class CostModel:
         """JSON-able form (for logs and telemetry)."""
         return {
             "a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e, "f": self.f,
+            "g": self.g, "chunk": self.chunk,
             "trust": self.trust, "samples": self.samples,
         }
 
 
-def _identifiable_terms(samples: Sequence[tuple[int, int, int]]) -> list[int]:
+def _identifiable_terms(samples: Sequence[tuple[int, int, int]], chunk: int | None = None) -> list[int]:
     """Indices of the terms the samples can tell apart."""
     batches = {b for b, _, _ in samples}
     lengths = {l for _, l, _ in samples}
@@ -120,13 +126,15 @@ def _identifiable_terms(samples: Sequence[tuple[int, int, int]]) -> list[int]:
         terms.append(4)  # e*L (separable from B*L only with two batches)
     if len(batches) >= 2 and len(lengths) >= 3:
         terms.append(5)  # f*L^2
+    if chunk and any(l < chunk for l in lengths) and any(l > chunk for l in lengths):
+        terms.append(6)  # g*B*min(L, chunk): needs lengths on both sides of the chunk
     return terms
 
 
 def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Exact non-negative least squares on relative error, by trying every subset of terms.
 
-    Six terms make 63 subsets of tiny solves: cheaper than pulling in scipy, and exact (the
+    Seven terms make 127 subsets of tiny solves: cheaper than pulling in scipy, and exact (the
     optimum is the unconstrained solution on some subset that comes out non-negative).
     """
     # Each sample's error counts relative to its size, so small shapes fit as well as big ones.
@@ -149,14 +157,17 @@ def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def profile_shapes(max_length: int, max_batch: int = 8) -> list[tuple[int, int]]:
+def profile_shapes(max_length: int, max_batch: int = 8, chunk: int | None = None) -> list[tuple[int, int]]:
     """A small grid of (batch, length) shapes for a profile run, up to `max_length`.
 
     Five lengths spread geometrically (short inputs matter: most completions are short) times
     three batch sizes: 15 passes, enough to separate all six terms with room to spare.
     """
     top = max(1, int(max_length))
-    lengths = sorted({max(1, min(top, v)) for v in (max(8, top // 32), top // 8, top // 4, top // 2, top)})
+    picks = [max(8, top // 32), top // 8, top // 4, top // 2, top]
+    if chunk and chunk < top:
+        picks += [max(1, chunk // 2), chunk]  # both sides of the chunk's knee
+    lengths = sorted({max(1, min(top, v)) for v in picks})
     batches = sorted({1, max(1, max_batch // 2), max(1, max_batch)})
     return [(b, l) for l in lengths for b in batches]
 
@@ -165,6 +176,7 @@ def profile(
     run: Callable[[int, int], object],
     measure: Callable[[Callable[[], object]], int],
     shapes: Sequence[tuple[int, int]],
+    chunk: int | None = None,
 ) -> CostModel:
     """Measure `run(B, L)` at each shape with `measure` (returns peak bytes) and fit a cost model.
 
@@ -187,4 +199,4 @@ def profile(
         log.warning("profile: shapes %s ran out of memory and were skipped", skipped)
     if not samples:
         raise torch.OutOfMemoryError(f"profile: every shape ran out of memory ({skipped})")
-    return CostModel().fit(samples)
+    return CostModel(chunk=chunk).fit(samples)

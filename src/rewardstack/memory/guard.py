@@ -52,17 +52,38 @@ class InjectedOOM(torch.OutOfMemoryError):
 
 
 class FaultInjector:
-    """Raises an injected OOM before a device forward pass with probability `rate`."""
+    """Raises an injected OOM before a device forward pass with probability `rate`.
 
-    def __init__(self, rate: float, seed: int = 0) -> None:
+    Deterministic: the same seed and the same sequence of calls inject at the same passes.
+    `models` limits injection to those model names (None: all). `calls` and `injected` count
+    passes seen and OOMs raised, per model in `by_model`.
+    """
+
+    def __init__(self, rate: float, seed: int = 0, *, models: Sequence[str] | None = None) -> None:
         self.rate = rate
+        self.seed = seed
+        self.models = set(models) if models is not None else None
         self.rng = random.Random(seed)
+        self.calls = 0
         self.injected = 0
+        self.by_model: dict[str, list[int]] = {}  # name -> [calls, injected]
+
+    def reset(self) -> None:
+        """Start the same sequence of injections again."""
+        self.rng = random.Random(self.seed)
+        self.calls = self.injected = 0
+        self.by_model.clear()
 
     def maybe_raise(self, model: str, batch: Sequence[int]) -> None:
         """Raise an `InjectedOOM` with probability `rate`."""
+        if self.models is not None and model not in self.models:
+            return
+        self.calls += 1
+        counts = self.by_model.setdefault(model, [0, 0])
+        counts[0] += 1
         if self.rate > 0 and self.rng.random() < self.rate:
             self.injected += 1
+            counts[1] += 1
             raise InjectedOOM(f"injected OOM in {model} (batch of {len(batch)})")
 
 

@@ -1,24 +1,35 @@
 """The memory manager: the one object scorers ask to run their forward passes.
 
-It owns the budget, the tracker (simulated device on CPU), the per-model cost models and the OOM log.
-`run` plans batches from token lengths, runs them under the OOM guard and returns outcomes in input
-order. `length_cap` tells a scorer how long one input may be and still fit alone.
+It owns the budget, the tracker (simulated device on CPU), the per-model cost models, the OOM log
+and (when the stack's weights do not fit) the placement. `run` plans batches from token lengths,
+makes sure the model is on its device, runs the batches under the OOM guard and returns outcomes in
+input order. `length_cap` tells a scorer how long one input may be and still fit alone.
+
+The stack's order of calls (see docs in `setup`):
+  configure_allocator(); mm = MemoryManager(None, device=...); build scorers (they `calibrate`);
+  mm.register_model(name, modules) per model; mm.setup(cfg) -> Budget; then score.
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
+from rewardstack.memory.budget import Budget, compute_budget
 from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack.memory.guard import FaultInjector, OomRecord, Outcome, run_guarded
+from rewardstack.memory.placement import Decision, Placement
 from rewardstack.memory.planner import max_fitting_length, plan_batches
 from rewardstack.memory.tracker import TensorBytesTracker
 
 log = logging.getLogger("rewardstack.memory")
+
+# On CUDA, when the weights do not fit, the share of the usable memory kept for activations.
+ACTIVATION_SHARE = 0.2
 
 
 class MemoryManager:
@@ -43,9 +54,78 @@ class MemoryManager:
         self.injector = injector
         self.cost_models: dict[str, CostModel] = {}
         self.oom_log: list[OomRecord] = []
+        self.placement: Placement | None = None
+        self.budget: Budget | None = None
+        self._registered: dict[str, tuple[list[torch.nn.Module], float, bool]] = {}
         if simulate is None:
             simulate = self.device.type != "cuda"
         self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulate else None
+
+    # -- budget and placement ---------------------------------------------------------------
+    def set_budget(self, budget_bytes: int | None) -> None:
+        """Change the activation budget (and the simulated device's limit)."""
+        self.budget_bytes = budget_bytes
+        if self.tracker is not None:
+            self.tracker.budget_bytes = budget_bytes
+        log.info("activation budget: %s", "unlimited" if budget_bytes is None else f"{budget_bytes} bytes")
+
+    def register_model(
+        self, name: str, modules: list[torch.nn.Module], *, priority: float = 1.0, cpu_ok: bool = False
+    ) -> None:
+        """Declare a model's modules (for weight accounting and placement). `cpu_ok`: may run on CPU."""
+        self._registered[name] = (list(modules), priority, cpu_ok)
+        if self.placement is not None:
+            self.placement.register(name, list(modules), priority=priority, cpu_ok=cpu_ok)
+
+    def place(self, weights_budget: int | None, *, move: bool | None = None) -> dict[str, Decision]:
+        """Plan placement of the registered models under a weight budget (bytes on the device)."""
+        self.placement = Placement(self.device, weights_budget, move=move)
+        for name, (mods, prio, cpu_ok) in self._registered.items():
+            self.placement.register(name, mods, priority=prio, cpu_ok=cpu_ok)
+        return self.placement.plan()
+
+    def setup(self, cfg: Any, *, total_memory: Callable[[torch.device], int] | None = None) -> Budget:
+        """Resolve the budget from a StackConfig and place the registered models.
+
+        CUDA: usable = total x gpu_utilization - headroom. If the weights fit in usable minus an
+        activation share, all are resident and activations get the rest (or `memory_budget`).
+        Otherwise weights get (1 - ACTIVATION_SHARE) of usable, placed by `Placement`.
+        CPU (simulated device): `memory_budget` is both the activation budget the tracker enforces
+        and the size of the simulated device the weights are placed into; None: unlimited.
+        """
+        from rewardstack.memory.placement import module_bytes
+
+        seen: dict[int, torch.nn.Module] = {}
+        for mods, _, _ in self._registered.values():
+            for m in mods:
+                seen[id(m)] = m
+        weights = sum(module_bytes(m) for m in seen.values())
+        if self.device.type == "cuda" or total_memory is not None:
+            total = compute_budget(cfg, self.device, 0, total_memory=total_memory)
+            usable = int((total.total_bytes or 0) * cfg.gpu_utilization) - cfg.headroom_bytes
+            if weights <= usable * (1 - ACTIVATION_SHARE):
+                weights_budget: int | None = None
+                budget = compute_budget(cfg, self.device, weights, total_memory=total_memory)
+            else:
+                weights_budget = int(usable * (1 - ACTIVATION_SHARE))
+                act = cfg.memory_budget if cfg.memory_budget is not None else usable - weights_budget
+                budget = Budget(str(self.device), int(act), "device", total.total_bytes,
+                                cfg.gpu_utilization, weights_budget, cfg.headroom_bytes)
+        else:
+            budget = compute_budget(cfg, self.device, weights)
+            weights_budget = cfg.memory_budget
+        self.budget = budget
+        log.info("memory budget: %s (stack weights %d bytes)", budget.describe(), weights)
+        self.set_budget(budget.activation_bytes)
+        if self._registered:
+            self.place(weights_budget)
+        return budget
+
+    def device_for(self, name: str) -> torch.device:
+        """The device `name`'s forward runs on now (the host if placement put it on CPU)."""
+        if self.placement is None or name not in self.placement.names():
+            return self.device
+        return self.placement.where(name)
 
     # -- cost models ------------------------------------------------------------------------
     def cost_model(self, name: str) -> CostModel:
@@ -71,22 +151,26 @@ class MemoryManager:
         max_length: int,
         max_batch: int = 8,
         shapes: Sequence[tuple[int, int]] | None = None,
+        chunk: int | None = None,
     ) -> CostModel:
-        """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model."""
-        grid = list(shapes) if shapes is not None else profile_shapes(max_length, max_batch)
-        with torch.inference_mode():
-            cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), grid)
+        """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
+
+        `chunk`: the scorer computes logits in chunks of this many positions (adds that term).
+        """
+        grid = list(shapes) if shapes is not None else profile_shapes(max_length, max_batch, chunk)
+        cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), grid, chunk)
         self.set_cost_model(name, cost)
         return cost
 
     # -- measuring --------------------------------------------------------------------------
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
-        """Peak activation bytes of running `fn` (tracker on CPU, allocator stats on CUDA)."""
-        if self.tracker is not None:
-            with self.tracker.window(name) as w, _no_budget(self.tracker):
-                fn()
-            return w.peak_increase
-        return _cuda_peak(fn, self.device)  # CUDA-only path
+        """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
+        with torch.inference_mode():  # what `run` does: no autograd graph is kept
+            if self.tracker is not None:
+                with self.tracker.window(name) as w, _no_budget(self.tracker):
+                    fn()
+                return w.peak_increase
+            return _cuda_peak(fn, self.device)  # pragma: no cover - CUDA-only path
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -109,20 +193,27 @@ class MemoryManager:
     ) -> list[Outcome]:
         """Plan batches for `lengths`, run `forward(indices)` on each under the guard.
 
-        `forward` returns one value per index it was given. `fallback` (same signature, one index)
-        scores an input off-device when even a batch of one runs out of memory; on a CPU device
-        with a simulated budget the default fallback is `forward` run in host memory (no budget).
+        `forward` returns one value per index it was given, with inputs moved to the model's
+        current device. `fallback` (same signature, one index) scores an input off-device when
+        even a batch of one runs out of memory; with a simulated device the default fallback is
+        `forward` run in host memory (untracked). A model that placement put on the CPU runs in
+        host memory too, outside the device budget.
         """
         if not lengths:
             return []
+        on_host = False
+        if self.placement is not None and name in self.placement.names():
+            self.placement.ensure(name)
+            on_host = self.device_for(name) != self.device or self.placement.decisions[name].where == "cpu"
         cost = self.cost_model(name)
-        budget = float("inf") if self.budget_bytes is None else self.budget_bytes
-        batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch)
+        budget = float("inf") if (self.budget_bytes is None or on_host) else float(self.budget_bytes)
+        if self.tracker is not None and budget != float("inf"):
+            # Bytes already live on the simulated device (kept outputs, caches) are not free.
+            budget = max(0.0, budget - self.tracker.live_bytes)
+        batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True)
         if fallback is None and self.tracker is not None:
-            tracker = self.tracker
-
             def fallback(idx: list[int]) -> Sequence[Any]:
-                with _no_budget(tracker):
+                with _host_memory():
                     return forward(idx)
 
         def on_oom(rec: OomRecord) -> None:
@@ -134,17 +225,43 @@ class MemoryManager:
                 rec.model, rec.batch, rec.length, rec.lengths[:8], rec.action, rec.message,
             )
 
-        with torch.inference_mode(), (self.tracker if self.tracker is not None else nullcontext()):
-            results = run_guarded(
-                name, batches, lengths, forward,
-                device=self.device, fallback=fallback, on_oom=on_oom, injector=self.injector,
-            )
+        with torch.inference_mode():
+            if on_host:
+                # Placed on CPU: host memory, no device budget, no injected device OOMs.
+                with _host_memory():
+                    results = run_guarded(name, batches, lengths, forward, device=torch.device("cpu"),
+                                          fallback=None, on_oom=on_oom, injector=None)
+            elif self.tracker is not None:
+                with self.tracker:
+                    results = run_guarded(name, batches, lengths, forward, device=self.device,
+                                          fallback=fallback, on_oom=on_oom, injector=self.injector)
+            else:
+                results = run_guarded(name, batches, lengths, forward, device=self.device,
+                                      fallback=fallback, on_oom=on_oom, injector=self.injector)
         return [results[i] for i in range(len(lengths))]
+
+    def summary(self) -> dict:
+        """Budget, cost models, OOM counts and placement, JSON-able (for logs and telemetry)."""
+        return {
+            "budget_bytes": self.budget_bytes,
+            "peak_bytes": self.tracker.peak_bytes if self.tracker is not None else None,
+            "ooms": len(self.oom_log),
+            "ooms_injected": sum(r.injected for r in self.oom_log),
+            "cost_models": {n: c.to_dict() for n, c in self.cost_models.items()},
+            "placement": self.placement.summary() if self.placement is not None else None,
+        }
+
+
+@contextmanager
+def _host_memory() -> Iterator[None]:
+    """Run outside every dispatch mode: host memory, invisible to the simulated device."""
+    with _disable_current_modes():
+        yield
 
 
 @contextmanager
 def _no_budget(tracker: TensorBytesTracker) -> Iterator[None]:
-    """Lift the tracker's budget inside (host memory, profile runs); keep counting."""
+    """Lift the tracker's budget inside (profile runs); keep counting."""
     saved = tracker.budget_bytes
     tracker.budget_bytes = None
     try:
@@ -153,7 +270,7 @@ def _no_budget(tracker: TensorBytesTracker) -> Iterator[None]:
         tracker.budget_bytes = saved
 
 
-def _cuda_peak(fn: Callable[[], Any], device: torch.device) -> int:  # CUDA-only path
+def _cuda_peak(fn: Callable[[], Any], device: torch.device) -> int:  # pragma: no cover - CUDA-only path
     torch.cuda.synchronize(device)
     start = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)

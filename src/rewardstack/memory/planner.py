@@ -37,12 +37,15 @@ def plan_batches(
     *,
     margin: float = 0.9,
     max_batch: int | None = None,
+    largest_first: bool = False,
 ) -> list[list[int]]:
     """Group input indices into batches whose padded rectangle is predicted to fit the budget.
 
     Batches hold indices into `lengths`, each batch sorted by ascending length. Callers cut inputs
     to `max_fitting_length` first; an input that still does not fit alone gets a batch of its own
-    (the OOM guard then handles it).
+    (the OOM guard then handles it). `largest_first` returns the batch with the largest predicted
+    peak first: a wrong prediction fails fast, and the caching allocator reserves its biggest
+    block once instead of growing (and fragmenting) step by step.
     """
     limit = usable_bytes(budget_bytes, cost, margin)
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -58,4 +61,6 @@ def plan_batches(
         current.append(i)
     if current:
         batches.append(current)
+    if largest_first:
+        batches.sort(key=lambda b: -cost.predict(len(b), max(lengths[b[-1]], 1)))
     return batches

@@ -1,0 +1,261 @@
+"""Model placement: which models stay resident on the device, which run on CPU, which are swapped in.
+
+When the weights of the whole stack fit the weight budget, every model is resident. When they do
+not, `plan()` decides per model, and logs each decision with its reason:
+
+- `cpu`: small models that are allowed to (filters) run on the host, because swapping them in and
+  out every step costs more transfer than their CPU forward pass; and models larger than the whole
+  weight budget, which could never be on the device.
+- `resident`: by priority (then size, smallest first), as many as fit while leaving a swap slot
+  big enough for the largest model that is swapped.
+- `swap`: the rest, moved onto the device on demand by `ensure(name)`, evicting the least recently
+  used swapped-in models until they fit. Every swap is counted and logged.
+
+Modules shared by several models (one embedding model for relevance and diversity) are counted and
+moved once, and never evicted while another model on the device still uses them.
+
+On a machine whose device is the host (CPU), placement is simulated: residency and swaps are
+accounted exactly the same way but modules are not moved (`move=False`), so the logic is testable
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+log = logging.getLogger("rewardstack.memory")
+
+Where = Literal["resident", "cpu", "swap"]
+
+
+@dataclass
+class Decision:
+    """Where one model lives and why."""
+
+    where: Where
+    reason: str
+    bytes: int = 0
+
+
+@dataclass
+class _Model:
+    name: str
+    modules: list[torch.nn.Module]
+    priority: float
+    cpu_ok: bool
+    size: int
+
+
+@dataclass
+class SwapEvent:
+    """One model moved onto the device, and the models evicted for it."""
+
+    name: str
+    evicted: list[str] = field(default_factory=list)
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (each storage once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        st = t.untyped_storage()
+        if id(st) in seen:
+            continue
+        seen.add(id(st))
+        total += st.nbytes()
+    return total
+
+
+class Placement:
+    """Decides and enforces where each registered model's weights live.
+
+    `budget_bytes` is the device memory the weights may take (None: unlimited, all resident).
+    `small_bytes`: models allowed on CPU (`cpu_ok`) at most this big go to CPU when the stack does
+    not fit (default: 1/16 of the budget).
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        budget_bytes: int | None,
+        *,
+        host: torch.device | str = "cpu",
+        move: bool | None = None,
+        small_bytes: int | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.host = torch.device(host)
+        self.budget_bytes = budget_bytes
+        # Moving only makes sense between two different memories; on a CPU-only box we simulate.
+        self.move = (self.device != self.host) if move is None else move
+        self.small_bytes = small_bytes
+        self._models: dict[str, _Model] = {}
+        self._sizes: dict[int, int] = {}  # id(module) -> bytes
+        self._mods: dict[int, torch.nn.Module] = {}
+        self.decisions: dict[str, Decision] = {}
+        self._on_device: set[int] = set()  # ids of modules on the (real or simulated) device
+        self._lru: OrderedDict[str, None] = OrderedDict()  # swapped-in models, least recent first
+        self.swaps = 0
+        self.evictions = 0
+        self.swap_log: list[SwapEvent] = []
+
+    # -- registration -----------------------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        modules: list[torch.nn.Module],
+        *,
+        priority: float = 1.0,
+        cpu_ok: bool = False,
+        size: int | None = None,
+    ) -> None:
+        """Add a model (its torch modules); higher `priority` stays resident first."""
+        for m in modules:
+            self._mods[id(m)] = m
+            self._sizes.setdefault(id(m), module_bytes(m))
+        total = size if size is not None else sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
+        self._models[name] = _Model(name, list(modules), priority, cpu_ok, int(total))
+        self.decisions.pop(name, None)
+
+    def names(self) -> list[str]:
+        """Registered model names."""
+        return list(self._models)
+
+    def total_bytes(self) -> int:
+        """Weights of every registered model, shared modules counted once."""
+        return sum(self._sizes.values())
+
+    def _bytes_of(self, ids: set[int]) -> int:
+        return sum(self._sizes[i] for i in ids)
+
+    def _ids(self, name: str) -> set[int]:
+        return {id(m) for m in self._models[name].modules}
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self) -> dict[str, Decision]:
+        """Decide where every registered model lives; log each decision and its reason."""
+        budget = self.budget_bytes
+        total = self.total_bytes()
+        models = list(self._models.values())
+        dec: dict[str, Decision] = {}
+        if budget is None or total <= budget:
+            why = "no weight budget" if budget is None else f"whole stack {_mib(total)} fits {_mib(budget)}"
+            dec = {m.name: Decision("resident", why, m.size) for m in models}
+        else:
+            small = self.small_bytes if self.small_bytes is not None else budget // 16
+            rest: list[_Model] = []
+            for m in models:
+                if m.cpu_ok and m.size <= small:
+                    dec[m.name] = Decision(
+                        "cpu", f"small ({_mib(m.size)} <= {_mib(small)}): a CPU pass is cheaper than swapping it every step", m.size)
+                elif m.size > budget:
+                    dec[m.name] = Decision("cpu", f"{_mib(m.size)} exceeds the whole weight budget {_mib(budget)}", m.size)
+                else:
+                    rest.append(m)
+            resident: set[int] = set()
+            chosen: list[_Model] = []
+            order = sorted(rest, key=lambda m: (-m.priority, m.size, m.name))
+            for m in order:
+                trial = resident | self._ids(m.name)
+                others = [o for o in rest if o is not m and o not in chosen]
+                # Keep room for the largest model that will have to be swapped in.
+                slot = max((self._bytes_of(self._ids(o.name) - trial) for o in others), default=0)
+                if self._bytes_of(trial) + slot <= budget:
+                    resident = trial
+                    chosen.append(m)
+            for m in rest:
+                if m in chosen:
+                    dec[m.name] = Decision("resident", f"priority {m.priority:g}: fits with a swap slot left ({_mib(self._bytes_of(resident))} resident of {_mib(budget)})", m.size)
+                else:
+                    dec[m.name] = Decision("swap", f"{_mib(total)} of weights exceed {_mib(budget)}: swapped in on demand (LRU)", m.size)
+        self.decisions = dec
+        for name, d in dec.items():
+            log.info("placement: %s -> %s (%s): %s", name, d.where, _mib(d.bytes), d.reason)
+        self._apply()
+        return dict(dec)
+
+    def _apply(self) -> None:
+        """Put resident models on the device and the others on the host."""
+        keep: set[int] = set()
+        for name, d in self.decisions.items():
+            if d.where == "resident":
+                keep |= self._ids(name)
+        for i in list(self._mods):
+            self._set(i, i in keep)
+        self._lru.clear()
+
+    def _set(self, mid: int, on_device: bool) -> None:
+        if (mid in self._on_device) == on_device:
+            return
+        if self.move:
+            self._mods[mid].to(self.device if on_device else self.host)  # CUDA-only in practice
+        if on_device:
+            self._on_device.add(mid)
+        else:
+            self._on_device.discard(mid)
+
+    # -- running ----------------------------------------------------------------------------
+    def device_bytes(self) -> int:
+        """Weight bytes on the device now."""
+        return self._bytes_of(self._on_device)
+
+    def where(self, name: str) -> torch.device:
+        """The device a model's forward runs on now (after `ensure`)."""
+        return self.device if self._ids(name) <= self._on_device else self.host
+
+    def ensure(self, name: str) -> Decision:
+        """Make `name` runnable: swap it onto the device (evicting LRU swapped-in models) if needed."""
+        if name not in self._models:
+            return Decision("resident", "not registered with placement")
+        if not self.decisions:
+            self.plan()
+        d = self.decisions.get(name) or self.plan()[name]
+        if d.where != "swap":
+            return d
+        need = self._ids(name)
+        if need <= self._on_device:
+            self._lru[name] = None
+            self._lru.move_to_end(name)  # most recently used
+            return d
+        budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
+        event = SwapEvent(name)
+        while self._bytes_of(self._on_device | need) > budget and self._lru:
+            victim = next(iter(self._lru))
+            self._lru.pop(victim)
+            # A module shared with another model still on the device stays.
+            still = set().union(*(self._ids(n) for n in self._lru), *(
+                self._ids(n) for n, dd in self.decisions.items() if dd.where == "resident"), need)
+            for mid in self._ids(victim) - still:
+                self._set(mid, False)
+            event.evicted.append(victim)
+            self.evictions += 1
+        for mid in need:
+            self._set(mid, True)
+        self._lru[name] = None
+        self.swaps += 1
+        self.swap_log.append(event)
+        log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
+                 f", evicted {event.evicted}" if event.evicted else "", self.swaps)
+        return d
+
+    def summary(self) -> dict:
+        """Decisions, swap counts and bytes, JSON-able (for logs and telemetry)."""
+        return {
+            "budget_bytes": self.budget_bytes,
+            "total_bytes": self.total_bytes(),
+            "device_bytes": self.device_bytes(),
+            "swaps": self.swaps,
+            "evictions": self.evictions,
+            "models": {n: {"where": d.where, "reason": d.reason, "bytes": d.bytes} for n, d in self.decisions.items()},
+            "swapped_in": list(self._lru),
+        }
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1024**2:.1f} MiB"

@@ -1,0 +1,52 @@
+"""Tests of the cost model: exact recovery of synthetic terms, and fits within 15% on tiny real models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
+from rewardstack.memory.manager import MemoryManager
+from rewardstack.memory.testing import LOGIT_CHUNK, build
+
+
+def test_fit_recovers_all_six_terms() -> None:
+    true = CostModel(a=1000, b=50, c=0.5, d=3000, e=7, f=0.25, g=40, chunk=128)
+    samples = [(b, l, int(true.predict(b, l))) for b, l in profile_shapes(512, 8, chunk=128)]
+    fit = CostModel(chunk=128).fit(samples)
+    for b, l in [(1, 8), (3, 100), (7, 300), (8, 512)]:
+        assert fit.predict(b, l) == pytest.approx(true.predict(b, l), rel=1e-3)
+    assert min(fit.coefficients()) >= 0
+
+
+def test_old_three_term_api_still_works() -> None:
+    cm = CostModel(10.0, 2.0, 1.0)
+    assert cm.predict(2, 3) == 10 + 2 * 6 + 1 * 18
+    assert "B*L^2" in cm.describe() and set(cm.to_dict()) >= {"a", "b", "c", "trust", "samples"}
+
+
+def test_fit_never_goes_negative_and_handles_one_batch_size() -> None:
+    samples = [(1, l, 100 + 10 * l) for l in (8, 16, 64)]
+    fit = CostModel().fit(samples)
+    assert min(fit.coefficients()) >= 0 and fit.max_error() < 1e-6
+
+
+def test_profile_skips_shapes_that_run_out_of_memory() -> None:
+    def run(b: int, l: int) -> None:
+        if b * l > 1000:
+            raise torch.OutOfMemoryError("too big")
+
+    cm = profile(run, lambda fn: (fn(), 0)[1] + 1, profile_shapes(512, 8))
+    assert all(b * l <= 1000 for b, l, _ in cm.samples)
+
+
+@pytest.mark.parametrize("family", ["deberta", "bert", "llama", "gptj"])
+def test_fit_within_15_percent_on_tiny_models(family: str) -> None:
+    _, run = build(family, hidden=32, layers=1)
+    mm = MemoryManager(None)
+    chunk = LOGIT_CHUNK if family == "llama" else None
+    cm = mm.calibrate(family, run, max_length=256, max_batch=4, chunk=chunk)
+    # Off-grid shapes inside the profiled range.
+    for b, l in [(1, 24), (2, 50), (3, 100), (4, 180), (2, 256), (3, 200)]:
+        measured = mm.measure(lambda: run(b, l))
+        assert abs(cm.predict(b, l) - measured) / measured < 0.15, (family, b, l, measured, cm.describe())
