@@ -1,0 +1,98 @@
+"""Tests of model placement on a simulated device: residency, CPU, LRU swaps, the manager hook."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rewardstack.config import StackConfig
+from rewardstack.memory import MemoryManager, Placement
+from rewardstack.memory.budget import compute_budget, resolve_budget, weights_bytes
+
+
+def _mod(n_floats: int) -> torch.nn.Module:
+    m = torch.nn.Linear(1, 1, bias=False)
+    m.weight = torch.nn.Parameter(torch.zeros(n_floats, 1), requires_grad=False)
+    return m
+
+
+MiB = 1024**2
+
+
+def test_everything_resident_when_it_fits() -> None:
+    p = Placement("cpu", 10 * MiB)
+    p.register("a", [_mod(MiB // 4)])  # 1 MiB
+    p.register("b", [_mod(MiB // 2)])
+    assert {d.where for d in p.plan().values()} == {"resident"}
+
+
+def test_over_budget_small_to_cpu_big_swapped_lru(caplog) -> None:  # noqa: ANN001
+    caplog.set_level(logging.INFO, "rewardstack.memory")
+    p = Placement("cpu", 10 * MiB)
+    p.register("filter", [_mod(MiB // 8)], cpu_ok=True)  # 0.5 MiB, small
+    p.register("big1", [_mod(MiB)], priority=3)  # 4 MiB each
+    p.register("big2", [_mod(MiB)], priority=2)
+    p.register("big3", [_mod(MiB)], priority=1)
+    p.register("huge", [_mod(3 * MiB)])  # 12 MiB > budget
+    dec = p.plan()
+    assert dec["filter"].where == "cpu" and dec["huge"].where == "cpu"
+    assert dec["big1"].where == "resident"
+    assert {dec["big2"].where, dec["big3"].where} == {"swap"}
+    for name in ["big2", "big3", "big2", "big2", "big3"]:
+        p.ensure(name)
+        assert p.device_bytes() <= 10 * MiB
+        assert p.where(name) == p.device
+    assert p.swaps == 4 and p.evictions == 3  # big2 twice in a row costs nothing
+    s = p.summary()
+    assert s["swaps"] == 4 and s["models"]["huge"]["where"] == "cpu"
+    assert "placement: huge -> cpu" in caplog.text and "swapped in big3" in caplog.text
+
+
+def test_shared_modules_count_once_and_stay() -> None:
+    shared = _mod(MiB // 2)  # 2 MiB
+    p = Placement("cpu", 5 * MiB)
+    p.register("relevance", [shared, _mod(MiB // 4)])
+    p.register("diversity", [shared])
+    p.register("other", [_mod(MiB // 2)])
+    assert p.total_bytes() == 5 * MiB
+    assert {d.where for d in p.plan().values()} == {"resident"}
+
+
+def test_manager_runs_every_model_with_budget_below_weights(caplog) -> None:  # noqa: ANN001
+    caplog.set_level(logging.INFO, "rewardstack.memory")
+    mm = MemoryManager(None)
+    mods = {n: _mod(MiB) for n in ("a", "b", "c")}  # 4 MiB each, 12 MiB in all
+    for n, m in mods.items():
+        mm.register_model(n, [m])
+    mm.register_model("tiny", [_mod(1024)], cpu_ok=True)
+    budget = mm.setup(StackConfig(memory_budget=9 * MiB))
+    assert budget.activation_bytes == 9 * MiB
+    for step in range(3):
+        for n in ("a", "b", "c", "tiny"):
+            out = mm.run(n, [3, 4], lambda idx: [float(i) for i in idx])
+            assert [o.value for o in out] == [0.0, 1.0]
+    summ = mm.summary()["placement"]
+    assert summ["swaps"] >= 3 and summ["models"]["tiny"]["where"] == "cpu"
+    assert "placement:" in caplog.text
+
+
+def test_budget_resolution() -> None:
+    cfg = StackConfig()
+    assert resolve_budget(cfg, "cpu", 0) is None
+    assert resolve_budget(StackConfig(memory_budget=123), "cpu", 0) == 123
+    b = compute_budget(cfg, "cuda", 10 * 1024**3, total_memory=lambda d: 80 * 1024**3)
+    assert b.activation_bytes == int(80 * 1024**3 * 0.9) - 10 * 1024**3 - 512 * MiB
+    assert "total" in b.describe()
+    tight = compute_budget(cfg, "cuda", 100 * 1024**3, total_memory=lambda d: 80 * 1024**3)
+    assert tight.activation_bytes == 0
+    assert weights_bytes([torch.nn.Linear(4, 4)]) == (16 + 4) * 4
+
+
+def test_setup_on_simulated_cuda_places_when_weights_do_not_fit() -> None:
+    mm = MemoryManager(None, simulate=True)
+    for n in ("a", "b"):
+        mm.register_model(n, [_mod(MiB)])  # 4 MiB each
+    b = mm.setup(StackConfig(headroom_bytes=1), total_memory=lambda d: 8 * MiB)
+    assert b.activation_bytes and b.activation_bytes > 0
+    assert mm.placement is not None and "swap" in {d.where for d in mm.placement.decisions.values()}
