@@ -1,0 +1,139 @@
+"""DPO scorer: parity with a literal per-position implementation of the spec, -11 cases, memory."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from causal_fixtures import close, make_runtime, model_config, reference_dpo
+from rewardstack.scorers import dpo
+from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.workload import text
+
+
+@pytest.fixture(scope="session")
+def dpo_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("standins") / "dpo"
+    return folder, dpo.make_standin(folder)
+
+
+@pytest.fixture(scope="session")
+def scorer(dpo_folder: tuple[Path, dict]) -> dpo.DpoScorer:
+    folder, entry = dpo_folder
+    # A small chunk so that long completions span several chunks (carried penalty counts).
+    cfg = model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 256})
+    return dpo.build(cfg, make_runtime())
+
+
+def _completions(rng: random.Random) -> list[str | None]:
+    words = "alpha beta gamma delta".split()
+    return [
+        "", "   ", "abcde", "abcdef", None, "ü 🙂 ✓ naïve",
+        text(rng, 40), text(rng, 300), text(rng, 1200),
+        " ".join(rng.choice(words) for _ in range(900)),  # heavy repetition, ~1,800 tokens
+        "the " * 1000,  # one token repeated ~1,000 times
+        text(rng, 10_000),  # about 2,000 tokens of varied text
+    ]
+
+
+def test_parity_with_literal_reference(scorer: dpo.DpoScorer) -> None:
+    rng = random.Random(3)
+    prompt = text(rng, 400)
+    comps = _completions(rng)
+    res = scorer.score(ScoreRequest(prompt, comps, "augment"))
+    lengths = [len(scorer.tokenizer(c).input_ids) for c in comps if c]
+    assert max(lengths) >= 1900  # completions span 0 .. ~2,000 tokens
+    for c, s, st in zip(comps, res.scores, res.statuses):
+        if c is None:
+            assert math.isnan(s) and st == Status.FAILED
+            continue
+        ref = reference_dpo(scorer.model, scorer.tokenizer, prompt, c)
+        assert close(s, ref, 1e-4), (c[:30], s, ref)
+        assert st == Status.OK
+
+
+def test_penalty_is_applied(scorer: dpo.DpoScorer) -> None:
+    prompt = "Repeat after me:"
+    comp = "the " * 200
+    got = scorer.score(ScoreRequest(prompt, [comp])).scores[0]
+    unpenalized = reference_dpo(scorer.model, scorer.tokenizer, prompt, comp, penalty=1.0)
+    assert close(got, reference_dpo(scorer.model, scorer.tokenizer, prompt, comp))
+    assert abs(got - unpenalized) > 1e-2  # the test above would notice a missing penalty
+
+
+def test_low_score_cases(scorer: dpo.DpoScorer) -> None:
+    res = scorer.score(ScoreRequest("p", ["", "12345", "     x", None]))
+    assert res.scores[:2] == [-11.0, -11.0]
+    assert res.scores[2] == pytest.approx(reference_dpo(scorer.model, scorer.tokenizer, "p", "     x"))
+    long_prompt = "word " * 9000  # over 8,192 tokens: P >= max_len
+    res = scorer.score(ScoreRequest(long_prompt, ["a fine completion"]))
+    assert res.scores == [-11.0]
+    assert scorer.score(ScoreRequest("p", [None, None])).statuses == [Status.FAILED] * 2
+
+
+def test_max_length_cut(tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = tmp_path_factory.mktemp("standins") / "dpo_short"
+    entry = dpo.make_standin(folder, max_length=300)
+    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 64}), make_runtime())
+    rng = random.Random(5)
+    prompt = text(rng, 600)
+    comps = [text(rng, 200), text(rng, 3000), "go " * 400, text(rng, 20)]
+    res = sc.score(ScoreRequest(prompt, comps))
+    assert Status.TRUNCATED in res.statuses
+    for c, s in zip(comps, res.scores):
+        assert close(s, reference_dpo(sc.model, sc.tokenizer, prompt, c), 1e-4)
+    # A prompt at or over the cut scores -11.
+    assert sc.score(ScoreRequest(text(rng, 3000), ["a fine completion"])).scores == [-11.0]
+
+
+def test_batched_equals_alone_and_prefix_off(dpo_folder: tuple[Path, dict], scorer: dpo.DpoScorer) -> None:
+    rng = random.Random(9)
+    prompt = text(rng, 300)
+    comps = [text(rng, rng.randint(6, 800)) for _ in range(12)]
+    batched = scorer.score(ScoreRequest(prompt, comps)).scores
+    alone = [scorer.score(ScoreRequest(prompt, [c])).scores[0] for c in comps[:4]]
+    folder, entry = dpo_folder
+    plain = dpo.build(model_config("dpo_reward_model", folder, entry, options={"shared_prefix": False}), make_runtime())
+    no_prefix = plain.score(ScoreRequest(prompt, comps)).scores
+    for a, b in zip(batched, alone):
+        assert close(a, b)
+    for a, b in zip(batched, no_prefix):
+        assert close(a, b)
+
+
+def test_peak_memory_bounded_by_chunk(dpo_folder: tuple[Path, dict]) -> None:
+    folder, entry = dpo_folder
+    chunk = 256
+    rt = make_runtime()
+    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": chunk}), rt)
+    rng = random.Random(11)
+    comp = text(rng, 40_000)
+    n = len(sc.tokenizer("Q: " + comp).input_ids)
+    assert n >= 8000
+    tracker = rt.memory.tracker
+    assert tracker is not None
+    start = tracker.live_bytes
+    tracker.reset_peak()
+    res = sc.score(ScoreRequest("Q: ", [comp]))
+    peak = tracker.peak_bytes - start
+    vocab = sc.lm_head.weight.shape[0]
+    full = 8000 * vocab * 4
+    assert res.statuses == [Status.TRUNCATED] or res.statuses == [Status.OK]
+    assert math.isfinite(res.scores[0])
+    assert peak < full / 8, (peak, full)
+    assert peak < 6 * chunk * vocab * 4 + 64 * 2**20  # a few chunk-sized buffers plus the body
+
+
+def test_budget_length_cap_and_oom_statuses(dpo_folder: tuple[Path, dict]) -> None:
+    folder, entry = dpo_folder
+    rt = make_runtime(budget=40 * 2**20)
+    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 128}), rt)
+    rng = random.Random(2)
+    res = sc.score(ScoreRequest("Q: ", [text(rng, 40_000), text(rng, 100)]))
+    assert res.statuses[1] == Status.OK
+    assert res.statuses[0] in (Status.TRUNCATED, Status.OK, Status.OOM)
+    assert all(math.isfinite(s) or st == Status.OOM for s, st in zip(res.scores, res.statuses))
