@@ -1,0 +1,174 @@
+"""Shared machinery of the encoder scorers (OpenAssistant, NSFW, relevance, diversity).
+
+Length bounds that never trust an absurd tokenizer `model_max_length`, right-padded batches built
+from token-id rows, the load-time calibration of a model's cost model, and `run_rows`: every row of
+a step through the memory manager in as few forward passes as the budget (and a per-pass token cap
+that keeps peak memory flat for very long inputs) allows.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+import torch
+
+from rewardstack.memory.guard import Outcome
+from rewardstack.scorers.base import Runtime, Status
+
+SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 says 1e30) is not believed
+# Families whose position ids start at padding_idx + 1: two position rows are never usable.
+POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "bart"})
+
+
+def default_pass_tokens(bound: int, device: torch.device) -> int:
+    """Tokens one padded pass may hold, by default. On CPU, passes past one full window gain no
+    throughput, so one window: a 40,000-character input then peaks like one 512-token input. On
+    an accelerator, bigger passes keep it busy; the memory budget bounds them there."""
+    return bound if device.type == "cpu" else 16 * bound
+
+
+def position_limit(config: Any) -> int | None:
+    """The longest input the model's position embeddings accept (None: relative positions only)."""
+    if getattr(config, "relative_attention", False) and not getattr(config, "position_biased_input", True):
+        return None  # DeBERTa-v3: no absolute positions, any length runs (at quadratic cost)
+    mpe = getattr(config, "max_position_embeddings", None)
+    if not isinstance(mpe, int) or mpe <= 0:
+        return None
+    return mpe - (2 if getattr(config, "model_type", "") in POSITION_OFFSET_TYPES else 0)
+
+
+def resolve_max_length(tokenizer: Any, config: Any, override: int | None = None, default: int | None = None) -> int:
+    """The input-length bound in tokens: override, else `default`, else a sane tokenizer value,
+    else the config's position limit (512 if nothing says). Never above the position limit."""
+    limit = position_limit(config)
+    if override:
+        bound = int(override)
+    elif default:
+        bound = int(default)
+    else:
+        tok_max = getattr(tokenizer, "model_max_length", None)
+        if isinstance(tok_max, (int, float)) and 0 < tok_max <= SANE_MAX_LENGTH:
+            bound = int(tok_max)
+        else:
+            bound = limit or 512
+    return max(4, min(bound, limit) if limit else bound)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are now (placement may move a model between calls)."""
+    return next(model.parameters()).device
+
+
+def accepts(model: torch.nn.Module, arg: str) -> bool:
+    """Whether `model.forward` takes keyword `arg` (MPNet takes no token_type_ids)."""
+    return arg in inspect.signature(model.forward).parameters
+
+
+def pad_batch(
+    model: torch.nn.Module,
+    rows: Sequence[Sequence[int]],
+    pad_id: int,
+    types: Sequence[Sequence[int]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device."""
+    n, width = len(rows), max(1, max(len(r) for r in rows))
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    tt = torch.zeros((n, width), dtype=torch.long) if types is not None else None
+    for j, r in enumerate(rows):
+        ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[j, : len(r)] = 1
+        if tt is not None and types is not None:
+            tt[j, : len(r)] = torch.tensor(types[j], dtype=torch.long)
+    device = model_device(model)
+    batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if tt is not None and accepts(model, "token_type_ids"):
+        batch["token_type_ids"] = tt.to(device)
+    return batch
+
+
+def calibrate(
+    runtime: Runtime,
+    name: str,
+    model: torch.nn.Module,
+    head: Callable[[Any, torch.Tensor], torch.Tensor],
+    max_length: int,
+    token_id: int,
+) -> None:
+    """Fit the cost model of `name` from measured peaks of dummy passes (once per name)."""
+    if name in runtime.memory.cost_models:
+        return  # a checkpoint shared by two scorers is profiled once
+
+    def run(b: int, length: int) -> None:
+        batch = pad_batch(model, [[token_id] * length] * b, 0, [[0] * length] * b)
+        head(model(**batch), batch["attention_mask"])
+
+    # A short grid: passes are capped at a few windows, and the fit is linear in the batch size.
+    lengths = sorted({max(8, max_length // 8), max(16, max_length // 4), max(32, max_length // 2), max_length})
+    shapes = [(1, n) for n in lengths] + [(2, lengths[1]), (4, lengths[0]), (2, lengths[2])]
+    runtime.memory.calibrate(name, run, max_length=max_length, max_batch=4, shapes=shapes)
+
+
+def token_groups(order: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Cut length-sorted indices into groups whose padded rectangle stays within `max_tokens`."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * max(lengths[i], 1) > max_tokens:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def run_rows(
+    runtime: Runtime,
+    name: str,
+    model: torch.nn.Module,
+    rows: Sequence[Sequence[int]],
+    head: Callable[[Any, torch.Tensor], torch.Tensor],
+    *,
+    pad_id: int,
+    types: Sequence[Sequence[int]] | None = None,
+    max_tokens: int,
+    max_batch: int | None = None,
+) -> list[Outcome]:
+    """One Outcome per row: `head(model output, attention mask)` row j, on CPU, in input order.
+
+    The memory manager plans batches against the budget; inside a planned batch, passes are cut
+    so that no pass pads more than `max_tokens` tokens, which keeps the peak of a step with one
+    40,000-character input near that of a short one.
+    """
+    lengths = [len(r) for r in rows]
+
+    def forward(idx: list[int]) -> list[Any]:
+        order = sorted(idx, key=lambda i: lengths[i])
+        values: dict[int, Any] = {}
+        for group in token_groups(order, lengths, max_tokens):
+            batch = pad_batch(
+                model, [rows[i] for i in group], pad_id, [types[i] for i in group] if types is not None else None
+            )
+            out = head(model(**batch), batch["attention_mask"]).float().cpu()
+            del batch  # free the group's activations before the next group
+            for j, i in enumerate(group):
+                values[i] = out[j]
+        return [values[i] for i in idx]
+
+    return runtime.memory.run(name, lengths, forward, max_batch=max_batch)
+
+
+def worst_status(statuses: Sequence[str]) -> str:
+    """The status of a value computed from several rows (windows): any failure wins."""
+    for s in (Status.OOM, Status.ERROR, Status.TRUNCATED):
+        if s in statuses:
+            return s
+    return Status.OK
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of token vectors over the attention mask (the sentence-transformers pooling)."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
