@@ -118,17 +118,25 @@ def ref_mpnet_embedding(model: Any, tok: Any, texts: list[str], max_length: int 
     return F.normalize(_mean_pool(out, enc["attention_mask"]), p=2, dim=1)
 
 
-def ref_relevance(m1: Any, t1: Any, m2: Any, t2: Any, prompt: str, completion: str,
-                  bounds: tuple[float, float], max_length: int | None = None) -> float:
-    """The spec's relevance mask for one completion (re-embeds the prompt, as the reference did)."""
-    c, p = ref_bert_embedding(m1, t1, completion, max_length), ref_bert_embedding(m1, t1, prompt, max_length)
-    if float(-(((c - p) ** 2).mean() ** 0.5)) < bounds[0]:
-        return 0.0
-    # One text per pass, as the reference embeds them.
-    c2 = ref_mpnet_embedding(m2, t2, [completion], max_length)[0]
+def ref_relevance_scores(m1: Any, t1: Any, m2: Any, t2: Any, prompt: str, completions: list[str],
+                         max_length: int | None = None) -> list[tuple[float, float]]:
+    """Model 1 and model 2 scores of the spec, one completion per pass (the prompt embedded once
+    here only to keep the test fast; the reference re-embedded it, with the same result)."""
+    p1 = ref_bert_embedding(m1, t1, prompt, max_length)
     p2 = ref_mpnet_embedding(m2, t2, [prompt], max_length)[0]
-    sim = abs(float(torch.dot(F.normalize(p2, dim=0), F.normalize(c2, dim=0))))
-    return 0.0 if sim < bounds[1] else 1.0
+    out = []
+    for c in completions:
+        s1 = float(-(((ref_bert_embedding(m1, t1, c, max_length) - p1) ** 2).mean() ** 0.5))
+        c2 = ref_mpnet_embedding(m2, t2, [c], max_length)[0]
+        out.append((s1, abs(float(torch.dot(F.normalize(p2, dim=0), F.normalize(c2, dim=0))))))
+    return out
+
+
+def ref_relevance_mask(scores: tuple[float, float], bounds: tuple[float, float]) -> float:
+    """The spec's rule: model 1 below its bound stops at 0; then model 2; else 1."""
+    if scores[0] < bounds[0]:
+        return 0.0
+    return 0.0 if scores[1] < bounds[1] else 1.0
 
 
 class RefDiversity:
