@@ -18,7 +18,7 @@ import torch
 
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
 from rewardstack.errors import InputError, StateError
-from rewardstack.memory.manager import MemoryManager
+from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack.normalize import RunningNormalizer
 from rewardstack.scorers import build_scorer
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
@@ -112,13 +112,25 @@ class RewardStack:
     def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self.memory = memory if memory is not None else _default_memory(config, self.device)
+        if self.device.type == "cuda":
+            configure_allocator()  # must precede the first CUDA allocation
+        own_memory = memory is None
+        self.memory = memory if memory is not None else MemoryManager(None, device=self.device, margin=config.safety_margin)
         self.models = ModelCache(self.device)
         self.runtime = Runtime(device=self.device, memory=self.memory, models=self.models)
         self.scorers: dict[str, Scorer] = {}
         for cfg in config.active_models():
             log.info("building %s", cfg.name)
             self.scorers[cfg.name] = build_scorer(cfg, self.runtime)
+        for name, scorer in self.scorers.items():
+            modules = scorer.modules()
+            if modules:
+                # Filters are small: placement may keep them on CPU when the card is short.
+                self.memory.register_model(name, modules, cpu_ok=scorer.kind == "mask")
+        if own_memory:
+            # Budget = device total x utilization - weights - headroom (or memory_budget), then
+            # placement decides what stays resident when the weights alone do not fit.
+            self.memory.setup(config)
         self.normalizers = {name: RunningNormalizer() for name in REWARD_MODELS}
         self.store = StateStore(config.state_dir)
         self.steps_scored = 0
@@ -225,6 +237,8 @@ class RewardStack:
         result.event = self._event(step, result, time.time() - started)
         if save:
             self.save_state()
+        if self.device.type == "cuda":
+            maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
         return result
 
     def _run(self, name: str, request: ScoreRequest) -> ScoreResult:
@@ -263,14 +277,3 @@ class RewardStack:
         event["statuses"] = result.statuses
         event["model_statuses"] = result.model_statuses
         return event
-
-
-def _default_memory(config: StackConfig, device: torch.device) -> MemoryManager:
-    """The memory manager the config asks for (budget resolved by the memory layer)."""
-    try:
-        from rewardstack.memory.budget import resolve_budget
-    except ImportError:  # the budget module lands with the memory layer
-        budget = config.memory_budget
-    else:
-        budget = resolve_budget(config, device, weights_bytes=0)
-    return MemoryManager(budget, device=device, margin=config.safety_margin)
