@@ -109,7 +109,7 @@ class OpenAssistantScorer(_Classifier):
         bound = min(self.max_length, self.runtime.memory.length_cap(self.name, self.max_length))
         try:
             ids, types, cut = self.encode(request.prompt, texts, bound)  # type: ignore[arg-type]
-        except Exception as e:  # noqa: BLE001 - a tokenizer failure must not take the step down
+        except Exception:  # noqa: BLE001 - a tokenizer failure must not take the step down
             for i in live:
                 result.statuses[i] = Status.ERROR
             return result
