@@ -36,6 +36,9 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False) -> Pa
     from rewardstack.config import load_config
     from rewardstack.scorers import standin_builder
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar per tiny shard is noise
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     config_path = root / CONFIG_NAME
