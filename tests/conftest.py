@@ -20,3 +20,27 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 def fake_config(tmp_path, fake_registry):  # noqa: ANN001, ANN201
     """A StackConfig on CPU with a temporary state dir and fake model scorers."""
     return config_mod.from_dict({"device": "cpu", "state_dir": str(tmp_path / "state")})
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """The offline stand-in stack, built once per test session; returns its folder."""
+    from rewardstack.standins import make_standins
+
+    root = tmp_path_factory.mktemp("standins")
+    make_standins(root)
+    return root
+
+
+def standin_config(root, state_dir, **top):  # noqa: ANN001, ANN003, ANN201
+    """A StackConfig over the stand-ins with every model on (all five reward models weighted)."""
+    import tomllib
+
+    data = tomllib.loads((root / "stack.toml").read_text())
+    data.update(top)
+    data["state_dir"] = str(state_dir)
+    weights = {"dpo_reward_model": 0.2, "rlhf_reward_model": 0.2, "reciprocate_reward_model": 0.2,
+               "dahoas_reward_model": 0.2, "prompt_reward_model": 0.2}
+    for name, w in weights.items():
+        data["models"][name]["weight"] = w
+    return config_mod.from_dict(data, base=root)

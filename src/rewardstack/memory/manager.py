@@ -202,9 +202,11 @@ class MemoryManager:
         if not lengths:
             return []
         on_host = False
-        if self.placement is not None and name in self.placement.names():
-            self.placement.ensure(name)
-            on_host = self.device_for(name) != self.device or self.placement.decisions[name].where == "cpu"
+        # A run named `model[k]` (one of a scorer's several models) is placed with its scorer.
+        owner = name.split("[", 1)[0]
+        if self.placement is not None and owner in self.placement.names():
+            self.placement.ensure(owner)
+            on_host = self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
         cost = self.cost_model(name)
         budget = float("inf") if (self.budget_bytes is None or on_host) else float(self.budget_bytes)
         if self.tracker is not None and budget != float("inf"):

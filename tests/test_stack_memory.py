@@ -1,0 +1,106 @@
+"""The memory layer under the whole stack, on the stand-ins: budgets, injected OOMs, placement.
+
+These are issue-level checks: every scorer runs under a simulated device budget with 100,000-character
+completions, OOMs injected at random forward passes never change a score or lose a completion, and a
+budget smaller than the stack's weights still scores every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+
+import pytest
+
+from conftest import standin_config
+from rewardstack import RewardStack
+from rewardstack.config import ALL_MODELS
+from rewardstack.memory import FaultInjector
+from rewardstack.memory.budget import weights_bytes
+from rewardstack.scorers.base import Status
+from rewardstack.workload import text
+
+MODEL_SCORERS = [n for n in ALL_MODELS if n not in ("blacklist_filter", "task_validator_filter")]
+
+
+def _steps(seed: int, n_steps: int, n: int, long_chars: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    tasks = ["augment", "followup0", "answer0", "followup1", "answer1"]
+    steps = []
+    for s in range(n_steps):
+        base = text(rng, 160)
+        comps = [text(rng, rng.choice([0, 3, 20, 80, 200, 600])) for _ in range(n)]
+        if long_chars and s == 0:
+            comps[1] = text(rng, long_chars)
+        steps.append({"name": tasks[s % len(tasks)], "prompt": base + " Ask about it.", "base_prompt": base, "completions": comps})
+    return steps
+
+
+def _same(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= 1e-4 * max(1.0, abs(b))
+
+
+def test_long_completions_stay_within_budget_and_fitting_scores_are_unchanged(standins, tmp_path) -> None:  # noqa: ANN001
+    budget = 48 * 1024**2
+    planned = RewardStack(standin_config(standins, tmp_path / "a", memory_budget=budget), load_state=False)
+    free = RewardStack(standin_config(standins, tmp_path / "b"), load_state=False)
+    assert planned.memory.tracker is not None and planned.memory.budget_bytes == budget
+    steps = _steps(1, 2, 6, long_chars=100_000)
+    planned.memory.tracker.reset_peak()
+    for step in steps:
+        got = planned.score_step(step, save=False)
+        want = free.score_step(step, save=False)
+        assert planned.memory.tracker.peak_bytes <= budget
+        for name in MODEL_SCORERS:
+            for i, (g, w) in enumerate(zip(got.raw[name], want.raw[name])):
+                sg, sw = got.model_statuses[name][i], want.model_statuses[name][i]
+                assert sg in (Status.OK, Status.TRUNCATED), (name, i, sg)
+                if sg == Status.OK and sw == Status.OK:
+                    assert _same(g, w), (name, i, g, w)
+        if step is steps[0]:
+            # The 100,000-character completion is cut, and that is said, never silent.
+            assert got.model_statuses["rlhf_reward_model"][1] == Status.TRUNCATED
+            assert got.statuses[1] == Status.TRUNCATED
+    assert planned.memory.oom_log == [] or all(r.action != "gave_up" for r in planned.memory.oom_log)
+
+
+def test_injected_ooms_never_change_a_score(standins, tmp_path) -> None:  # noqa: ANN001
+    clean = RewardStack(standin_config(standins, tmp_path / "a"), load_state=False)
+    faulty = RewardStack(standin_config(standins, tmp_path / "b"), load_state=False)
+    faulty.memory.injector = FaultInjector(rate=0.1, seed=3)
+    steps = _steps(2, 8, 8)
+    for step in steps:
+        want = clean.score_step(step, save=False)
+        got = faulty.score_step(step, save=False)
+        for name in MODEL_SCORERS:
+            for i, (g, w) in enumerate(zip(got.raw[name], want.raw[name])):
+                status = got.model_statuses[name][i]
+                assert _same(g, w) or status in (Status.OOM,), (name, i, g, w, status)
+        for i, (g, w) in enumerate(zip(got.rewards, want.rewards)):
+            assert _same(g, w) or got.statuses[i] == Status.OOM
+    injected = faulty.memory.injector.injected
+    assert injected >= 5, "the injector should have fired several times"
+    assert sum(r.injected for r in faulty.memory.oom_log) == injected
+    assert all(r.model and r.lengths for r in faulty.memory.oom_log)
+
+
+def test_budget_below_weights_still_scores_every_step(standins, tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    probe = RewardStack(standin_config(standins, tmp_path / "p"), load_state=False)
+    total = weights_bytes([m for s in probe.scorers.values() for m in s.modules()])
+    budget = total // 2
+    with caplog.at_level(logging.INFO, logger="rewardstack"):
+        stack = RewardStack(standin_config(standins, tmp_path / "s", memory_budget=budget), load_state=False)
+        for step in _steps(3, 4, 5):
+            res = stack.score_step(step, save=False)
+            assert all(s in (Status.OK, Status.TRUNCATED) for s in res.statuses)
+            assert all(math.isfinite(r) for r in res.rewards)
+    summary = stack.memory.summary()["placement"]
+    wheres = {d["where"] for d in summary["models"].values()}
+    assert wheres - {"resident"}, "with half the weights' bytes, some model must move"
+    assert summary["swaps"] > 0
+    assert summary["device_bytes"] <= budget
+    text_log = caplog.text
+    assert "placement" in text_log.lower() and "swap" in text_log.lower()
