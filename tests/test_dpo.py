@@ -137,3 +137,27 @@ def test_budget_length_cap_and_oom_statuses(dpo_folder: tuple[Path, dict]) -> No
     assert res.statuses[1] == Status.OK
     assert res.statuses[0] in (Status.TRUNCATED, Status.OK, Status.OOM)
     assert all(math.isfinite(s) or st == Status.OOM for s, st in zip(res.scores, res.statuses))
+
+
+def test_chunk_sizes_and_lse_paths_agree(scorer: dpo.DpoScorer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk tuned at load changes speed only; the shift-free log-sum-exp equals the shifted one."""
+    assert 1 <= scorer.chunk <= scorer.max_chunk and scorer.chunk in scorer.chunk_timings
+    rng = random.Random(4)
+    prompt = text(rng, 200)
+    comps = [text(rng, 600), "the " * 300, text(rng, 50)]
+    base = scorer.score(ScoreRequest(prompt, comps)).scores
+    tuned = scorer.chunk
+    try:
+        for c in (16, 512):
+            scorer.chunk = c
+            for a, b in zip(scorer.score(ScoreRequest(prompt, comps)).scores, base):
+                assert close(a, b, 1e-5), (c, a, b)
+    finally:
+        scorer.chunk = tuned
+    h = torch.randn(8, scorer.lm_head.weight.shape[1])
+    assert scorer.logit_head.bound(h) >= float(scorer._head(h).abs().max())  # the bound holds
+    monkeypatch.setattr(dpo, "SAFE_EXP", -1.0)  # never provably bounded: the max-shift path
+    shifted = scorer.score(ScoreRequest(prompt, comps)).scores
+    for c, s, b in zip(comps, shifted, base):
+        assert close(s, b, 1e-5)
+        assert close(s, reference_dpo(scorer.model, scorer.tokenizer, prompt, c), 1e-4)
