@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from rewardstack.memory.budget import Budget, compute_budget
+from rewardstack.memory.budget import Budget, compute_budget, weights_bytes
 from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack.memory.guard import FaultInjector, OomRecord, Outcome, run_guarded
 from rewardstack.memory.placement import Decision, Placement
@@ -93,13 +93,11 @@ class MemoryManager:
         CPU (simulated device): `memory_budget` is both the activation budget the tracker enforces
         and the size of the simulated device the weights are placed into; None: unlimited.
         """
-        from rewardstack.memory.placement import module_bytes
-
         seen: dict[int, torch.nn.Module] = {}
         for mods, _, _ in self._registered.values():
             for m in mods:
                 seen[id(m)] = m
-        weights = sum(module_bytes(m) for m in seen.values())
+        weights = weights_bytes(list(seen.values()))
         if self.device.type == "cuda" or total_memory is not None:
             total = compute_budget(cfg, self.device, 0, total_memory=total_memory)
             usable = int((total.total_bytes or 0) * cfg.gpu_utilization) - cfg.headroom_bytes

@@ -28,6 +28,8 @@ from typing import Literal
 
 import torch
 
+from rewardstack.memory.budget import weights_bytes
+
 log = logging.getLogger("rewardstack.memory")
 
 Where = Literal["resident", "cpu", "swap"]
@@ -57,19 +59,6 @@ class SwapEvent:
 
     name: str
     evicted: list[str] = field(default_factory=list)
-
-
-def module_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a module's parameters and buffers (each storage once)."""
-    seen: set[int] = set()
-    total = 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        st = t.untyped_storage()
-        if id(st) in seen:
-            continue
-        seen.add(id(st))
-        total += st.nbytes()
-    return total
 
 
 class Placement:
@@ -118,7 +107,7 @@ class Placement:
         """Add a model (its torch modules); higher `priority` stays resident first."""
         for m in modules:
             self._mods[id(m)] = m
-            self._sizes.setdefault(id(m), module_bytes(m))
+            self._sizes.setdefault(id(m), weights_bytes([m]))
         total = size if size is not None else sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
         self._models[name] = _Model(name, list(modules), priority, cpu_ok, int(total))
         self.decisions.pop(name, None)

@@ -47,8 +47,7 @@ class _Classifier(Scorer):
         assert cfg.path, f"{name}: no path"
         self.name = name
         self.runtime = runtime
-        self.tokenizer = runtime.models.tokenizer(cfg.path, revision=cfg.revision)
-        self.model = runtime.models.model(
+        self.tokenizer, self.model = runtime.models.pretrained(
             cfg.path, AutoModelForSequenceClassification, dtype=cfg.dtype, revision=cfg.revision
         )
         self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, cfg.max_length, default_length)

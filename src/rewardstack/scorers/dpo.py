@@ -195,8 +195,7 @@ class DpoScorer(Scorer):
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.runtime = cfg, runtime
-        self.tokenizer = runtime.models.tokenizer(cfg.path, revision=cfg.revision)
-        self.model = runtime.models.model(cfg.path, AutoModelForCausalLM, dtype=cfg.dtype, revision=cfg.revision)
+        self.tokenizer, self.model = runtime.models.pretrained(cfg.path, AutoModelForCausalLM, dtype=cfg.dtype, revision=cfg.revision)
         self.body = self.model.base_model
         self.lm_head = self.model.get_output_embeddings()
         self.scale = logits_scale(self.model)

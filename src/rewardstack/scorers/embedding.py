@@ -82,8 +82,7 @@ class Embedder:
 
         self.runtime, self.windowed, self.name = runtime, windowed, name
         self.key = (path, dtype, revision, windowed)
-        self.tokenizer = runtime.models.tokenizer(path, revision=revision)
-        self.model = runtime.models.model(path, AutoModel, dtype=dtype, revision=revision)
+        self.tokenizer, self.model = runtime.models.pretrained(path, AutoModel, dtype=dtype, revision=revision)
         self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, override)
         opts = options or {}
         self.max_tokens = int(opts.get("max_batch_tokens", enc.default_pass_tokens(self.max_length, runtime.device)))

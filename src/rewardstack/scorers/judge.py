@@ -71,8 +71,7 @@ class JudgeScorer(Scorer):
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.runtime = cfg, runtime
-        self.tokenizer = runtime.models.tokenizer(cfg.path, revision=cfg.revision)
-        self.model = runtime.models.model(cfg.path, AutoModelForCausalLM, dtype=cfg.dtype, revision=cfg.revision)
+        self.tokenizer, self.model = runtime.models.pretrained(cfg.path, AutoModelForCausalLM, dtype=cfg.dtype, revision=cfg.revision)
         cap = int(cfg.options.get("max_input", 2048))
         self.max_len = min(sane_max_length(self.tokenizer, self.model.config, cfg.max_length), cap) - NEW_TOKENS
         tok = self.tokenizer

@@ -74,6 +74,11 @@ class ModelCache:
             log.info("loaded %s from %s (%s, %s)", name, path, dtype, self.device)
         return self._models[key]
 
+    def pretrained(self, path: str, loader: Callable[..., torch.nn.Module] | type, *, dtype: str = "float32",
+                   revision: str | None = None) -> tuple[Any, torch.nn.Module]:
+        """The (tokenizer, model) pair of one checkpoint, both loaded once and shared."""
+        return self.tokenizer(path, revision=revision), self.model(path, loader, dtype=dtype, revision=revision)
+
     def loaded(self) -> list[torch.nn.Module]:
         """Every distinct model loaded so far."""
         return list(self._models.values())

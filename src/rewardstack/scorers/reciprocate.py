@@ -57,8 +57,7 @@ class ReciprocateScorer(Scorer):
         from transformers import AutoModelForSequenceClassification
 
         self.cfg, self.runtime = cfg, runtime
-        self.tokenizer = runtime.models.tokenizer(cfg.path, revision=cfg.revision)
-        self.model = runtime.models.model(
+        self.tokenizer, self.model = runtime.models.pretrained(
             cfg.path, AutoModelForSequenceClassification, dtype=cfg.dtype, revision=cfg.revision
         )
         self.body = self.model.base_model
