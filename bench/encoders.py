@@ -229,6 +229,10 @@ class Bench:
 
 
 def main() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # keep the table readable: no load bars or length warnings
+    hf_logging.disable_progress_bar()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref-steps", type=int, default=3,
                     help="steps the (slow) per-completion reference runs, plus the 40,000-character one")

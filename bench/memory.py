@@ -3,9 +3,9 @@
 Run: `.venv/bin/python bench/memory.py` (a few minutes on 2 CPU cores). For each scorer family's
 architecture (tiny random models built from configs, like the stand-ins) it calibrates the cost
 model on the profile grid, then measures the peak of off-grid shapes with the tensor-bytes tracker
-and prints predicted vs measured and the error (target: within 15%). Then, when the stack exists
-(`rewardstack.stack.RewardStack` and the stand-ins), it scores `heavy_tailed_steps()` under a
-simulated budget and prints the tracker's peak against that budget. Every number is measured.
+and prints predicted vs measured and the error (target: within 15%). Then the whole stand-in stack scores
+`heavy_tailed_steps()` (9 steps x 50 completions, one of 40,000 characters) under a simulated budget
+and prints the tracker's peak against that budget. Every number is measured.
 """
 
 from __future__ import annotations
@@ -66,49 +66,46 @@ def cost_model_table() -> float:
     return worst_all
 
 
-def full_stack(budget: int = 64 * 1024**2) -> None:
-    """Score the heavy-tailed workload with the stand-in stack under a simulated budget."""
+def full_stack(budget: int = 32 * 1024**2) -> None:
+    """Score the 9-step, 50-completion heavy-tailed workload on the stand-ins under a simulated budget."""
+    from rewardstack.config import load_config
+    from rewardstack.stack import RewardStack
+    from rewardstack.standins import make_standins
+    from rewardstack.workload import heavy_tailed_steps
+
+    steps = heavy_tailed_steps()
     print()
-    print(f"== full stack on heavy_tailed_steps(3 steps x 24) under a simulated budget of {budget / 1024**2:.0f} MiB ==")
-    try:
-        from rewardstack.config import load_config
-        from rewardstack.stack import RewardStack
-        from rewardstack.standins import make_standins
-        from rewardstack.workload import heavy_tailed_steps
-    except ImportError as e:
-        print(f"skipped: the stack is not importable yet ({e})")
-        return
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = load_config(make_standins(Path(tmp) / "standins"))
-            cfg.memory_budget = budget
-            cfg.state_dir = str(Path(tmp) / "state")
-            mm = MemoryManager(budget, device=cfg.device, margin=cfg.safety_margin)
-            t = time.time()
-            stack = RewardStack(cfg, memory=mm)
-            load_s = time.time() - t
-            # A shortened workload (3 steps x 24 completions, one 40k-char completion) keeps the bench
-            # within minutes on 2 CPU cores; the shape of the tail is the same.
-            steps = heavy_tailed_steps(n_steps=3, n_completions=24)
-            t = time.time()
-            statuses: dict[str, int] = {}
-            assert mm.tracker is not None
-            with mm.tracker.window("stack") as w:
-                for step in steps:
-                    res = stack.score_step(step.to_dict(), save=False)
-                    for s in res.statuses:
-                        statuses[s] = statuses.get(s, 0) + 1
-            run_s = time.time() - t
-        peak = w.peak_bytes
-        print(f"steps {len(steps)}, completions {sum(len(s.completions) for s in steps)}, load {load_s:.1f}s, scoring {run_s:.1f}s")
-        print(f"tracker peak {peak / 1024**2:.2f} MiB vs budget {budget / 1024**2:.0f} MiB: {'WITHIN' if peak <= budget else 'OVER'} "
-              f"({peak / budget:.0%}); OOMs {len(mm.oom_log)}; statuses {statuses}")
-    except Exception as e:  # noqa: BLE001 - the stack is still being wired; report, don't crash the bench
-        print(f"full-stack run failed: {type(e).__name__}: {e}")
+    print(f"== full stack on heavy_tailed_steps() ({len(steps)} steps x {len(steps[0].completions)}, "
+          f"one 40,000-char completion) under a simulated budget of {budget / 1024**2:.0f} MiB ==")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(make_standins(Path(tmp) / "standins"))
+        cfg.memory_budget = budget
+        cfg.state_dir = str(Path(tmp) / "state")
+        t = time.time()
+        stack = RewardStack(cfg)
+        load_s = time.time() - t
+        mm = stack.memory
+        assert mm.tracker is not None and mm.budget_bytes == budget
+        t = time.time()
+        statuses: dict[str, int] = {}
+        with mm.tracker.window("stack") as w:
+            for step in steps:
+                res = stack.score_step(step.to_dict(), save=False)
+                for s in res.statuses:
+                    statuses[s] = statuses.get(s, 0) + 1
+        run_s = time.time() - t
+    peak = w.peak_bytes
+    print(f"steps {len(steps)}, completions {sum(len(s.completions) for s in steps)}, load {load_s:.1f}s, scoring {run_s:.1f}s")
+    print(f"tracker peak {peak / 1024**2:.2f} MiB vs budget {budget / 1024**2:.0f} MiB: {'WITHIN' if peak <= budget else 'OVER'} "
+          f"({peak / budget:.0%}); OOMs {len(mm.oom_log)}; statuses {statuses}")
 
 
 def main() -> None:
     """Print both tables."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # keep the table readable: no load bars or length warnings
+    hf_logging.disable_progress_bar()
     logging.basicConfig(level=logging.WARNING)
     torch.manual_seed(0)
     t = time.time()
