@@ -50,3 +50,16 @@ def test_fit_within_15_percent_on_tiny_models(family: str) -> None:
     for b, l in [(1, 24), (2, 50), (3, 100), (4, 180), (2, 256), (3, 200)]:
         measured = mm.measure(lambda: run(b, l))
         assert abs(cm.predict(b, l) - measured) / measured < 0.15, (family, b, l, measured, cm.describe())
+
+
+def test_chunk_over_batch_rows_is_fitted() -> None:
+    # DPO's logit buffer holds min(B*L, chunk) rows of the whole batch, not chunk rows per sequence.
+    chunk = 128
+    truth = lambda b, l: 5_000 + 300 * b * l + 120_000 * min(b * l, chunk) + 90_000 * b  # noqa: E731
+    shapes = [(b, l) for b in (1, 2, 4) for l in (16, 64, 128, 256, 512)]
+    samples = [(b, l, truth(b, l)) for b, l in shapes]
+    cm = CostModel(chunk=chunk, chunk_rows=True).fit(samples)
+    assert cm.max_error() < 0.01
+    assert abs(cm.predict(8, 1000) - truth(8, 1000)) / truth(8, 1000) < 0.01
+    per_sequence = CostModel(chunk=chunk).fit(samples)
+    assert per_sequence.max_error() > 0.05  # the per-sequence form cannot express it

@@ -10,6 +10,8 @@ batch row), `e` and `f` batch-independent tensors (position ids, DeBERTa's L x L
 bucket matrix). They default to 0, so `CostModel(a, b, c)` means what it always meant. A scorer
 that computes logits in chunks of `chunk` positions (the causal-LM scorers) sets `chunk`, adding a
 term g*B*min(L, chunk): the logit chunk grows with L up to the chunk size and then stays flat.
+A scorer whose chunks run over the rows of the whole batch (DPO) sets `chunk_rows`, and the term
+becomes g*min(B*L, chunk).
 
 The coefficients are fitted by exact non-negative least squares on relative error to peaks measured
 in a short profile run (`profile`); `trust` (<= 1) shrinks the budget a model may plan against
@@ -32,10 +34,13 @@ log = logging.getLogger("rewardstack.memory")
 TERMS = ("a", "b", "c", "d", "e", "f", "g")
 
 
-def _features(batch: float, length: float, chunk: int | None = None) -> list[float]:
+def _features(batch: float, length: float, chunk: int | None = None, chunk_rows: bool = False) -> list[float]:
     """The terms of the model, in the order of `TERMS`."""
     bl = batch * length
-    chunked = batch * min(length, chunk) if chunk else 0.0
+    if not chunk:
+        chunked = 0.0
+    else:
+        chunked = min(bl, chunk) if chunk_rows else batch * min(length, chunk)
     return [1.0, bl, bl * length, float(batch), float(length), float(length) * length, float(chunked)]
 
 
@@ -53,6 +58,7 @@ class CostModel:
     f: float = 0.0
     g: float = 0.0
     chunk: int | None = None
+    chunk_rows: bool = False  # the chunk spans the batch's rows: g*min(B*L, chunk)
 
     def coefficients(self) -> list[float]:
         """The coefficients in the order of `TERMS`."""
@@ -62,7 +68,7 @@ class CostModel:
         """Predicted peak bytes of one forward pass over a (batch, length) padded rectangle."""
         if batch <= 0 or length <= 0:
             return 0.0
-        return float(sum(k * x for k, x in zip(self.coefficients(), _features(batch, length, self.chunk))))
+        return float(sum(k * x for k, x in zip(self.coefficients(), _features(batch, length, self.chunk, self.chunk_rows))))
 
     def fit(self, samples: Sequence[tuple[int, int, int]]) -> "CostModel":
         """Non-negative least-squares fit of the coefficients to measured (B, L, bytes) samples.
@@ -72,9 +78,9 @@ class CostModel:
         """
         if not samples:
             raise ValueError("cannot fit a cost model to no samples")
-        x = np.array([_features(b, l, self.chunk) for b, l, _ in samples], dtype=np.float64)
+        x = np.array([_features(b, l, self.chunk, self.chunk_rows) for b, l, _ in samples], dtype=np.float64)
         y = np.array([m for _, _, m in samples], dtype=np.float64)
-        usable = _identifiable_terms(samples, self.chunk)
+        usable = _identifiable_terms(samples, self.chunk, self.chunk_rows)
         coef = np.zeros(len(TERMS))
         coef[usable] = _nnls_relative(x[:, usable], y)
         self.a, self.b, self.c, self.d, self.e, self.f, self.g = (float(v) for v in coef)
@@ -93,7 +99,7 @@ class CostModel:
     def describe(self) -> str:
         """One line for logs."""
         extra = "".join(
-            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"B*min(L,{self.chunk})")) if v
+            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"min(B*L,{self.chunk})" if self.chunk_rows else f"B*min(L,{self.chunk})")) if v
         )
         shapes = sorted({(b, l) for b, l, _ in self.samples})
         return (
@@ -106,12 +112,14 @@ class CostModel:
         """JSON-able form (for logs and telemetry)."""
         return {
             "a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e, "f": self.f,
-            "g": self.g, "chunk": self.chunk,
+            "g": self.g, "chunk": self.chunk, "chunk_rows": self.chunk_rows,
             "trust": self.trust, "samples": self.samples,
         }
 
 
-def _identifiable_terms(samples: Sequence[tuple[int, int, int]], chunk: int | None = None) -> list[int]:
+def _identifiable_terms(
+    samples: Sequence[tuple[int, int, int]], chunk: int | None = None, chunk_rows: bool = False
+) -> list[int]:
     """Indices of the terms the samples can tell apart."""
     batches = {b for b, _, _ in samples}
     lengths = {l for _, l, _ in samples}
@@ -126,8 +134,9 @@ def _identifiable_terms(samples: Sequence[tuple[int, int, int]], chunk: int | No
         terms.append(4)  # e*L (separable from B*L only with two batches)
     if len(batches) >= 2 and len(lengths) >= 3:
         terms.append(5)  # f*L^2
-    if chunk and any(l < chunk for l in lengths) and any(l > chunk for l in lengths):
-        terms.append(6)  # g*B*min(L, chunk): needs lengths on both sides of the chunk
+    sizes = {b * l for b, l, _ in samples} if chunk_rows else lengths
+    if chunk and any(v < chunk for v in sizes) and any(v > chunk for v in sizes):
+        terms.append(6)  # the chunk term: needs sizes on both sides of the chunk
     return terms
 
 
@@ -177,6 +186,7 @@ def profile(
     measure: Callable[[Callable[[], object]], int],
     shapes: Sequence[tuple[int, int]],
     chunk: int | None = None,
+    chunk_rows: bool = False,
 ) -> CostModel:
     """Measure `run(B, L)` at each shape with `measure` (returns peak bytes) and fit a cost model.
 
@@ -199,4 +209,4 @@ def profile(
         log.warning("profile: shapes %s ran out of memory and were skipped", skipped)
     if not samples:
         raise torch.OutOfMemoryError(f"profile: every shape ran out of memory ({skipped})")
-    return CostModel(chunk=chunk).fit(samples)
+    return CostModel(chunk=chunk, chunk_rows=chunk_rows).fit(samples)

@@ -150,13 +150,15 @@ class MemoryManager:
         max_batch: int = 8,
         shapes: Sequence[tuple[int, int]] | None = None,
         chunk: int | None = None,
+        chunk_rows: bool = False,
     ) -> CostModel:
         """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
 
-        `chunk`: the scorer computes logits in chunks of this many positions (adds that term).
+        `chunk`: the scorer computes logits in chunks of this many positions (adds that term);
+        `chunk_rows`: the chunks run over the rows of the whole batch, not of each sequence.
         """
         grid = list(shapes) if shapes is not None else profile_shapes(max_length, max_batch, chunk)
-        cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), grid, chunk)
+        cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), grid, chunk, chunk_rows)
         self.set_cost_model(name, cost)
         return cost
 

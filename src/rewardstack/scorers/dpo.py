@@ -213,7 +213,7 @@ class DpoScorer(Scorer):
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         calib_len = min(self.max_len, int(cfg.options.get("calibration_length", 512)))
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib_len, max_batch=4)
+        runtime.memory.calibrate(self.name, self._dummy, max_length=calib_len, max_batch=4, chunk=self.chunk, chunk_rows=True)
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
