@@ -90,7 +90,7 @@ def full_stack(budget: int = 32 * 1024**2) -> None:
         statuses: dict[str, int] = {}
         with mm.tracker.window("stack") as w:
             for step in steps:
-                res = stack.score_step(step.to_dict(), save=False)
+                res = stack.score_step(step, save=False)
                 for s in res.statuses:
                     statuses[s] = statuses.get(s, 0) + 1
         run_s = time.time() - t

@@ -64,7 +64,7 @@ def test_stack_on_cuda_scores_within_budget(standins, tmp_path) -> None:  # noqa
     torch.cuda.reset_peak_memory_stats(0)
     base = torch.cuda.memory_allocated(0)
     for step in heavy_tailed_steps(n_steps=3, n_completions=20):
-        res = stack.score_step(step.to_dict(), save=False)
+        res = stack.score_step(step, save=False)
         assert all(math.isfinite(r) for r in res.rewards)
     assert stack.memory.budget_bytes is not None
     assert torch.cuda.max_memory_allocated(0) - base <= stack.memory.budget_bytes

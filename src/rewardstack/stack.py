@@ -44,6 +44,15 @@ class Step:
     new_forward_pass: bool | None = None
     """Whether this step opens a validator forward pass (default: the `augment` step does)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSONL form `rewardstack score` reads (fields left unset are left out)."""
+        d: dict[str, Any] = {"name": self.name, "prompt": self.prompt, "completions": list(self.completions)}
+        for key in ("base_prompt", "uids", "completion_times", "block", "gating_loss", "set_weights", "new_forward_pass"):
+            value = getattr(self, key)
+            if value is not None:
+                d[key] = value
+        return d
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, line: int | None = None) -> "Step":
         """Validate a JSON object into a Step; errors name the line and field."""

@@ -7,7 +7,8 @@ the OpenAssistant model). `heavy_tailed_steps` makes that shape reproducibly fro
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+
+from rewardstack.stack import Step
 
 _WORDS = (
     "the model answer question summary data memory budget token layer value reward miner "
@@ -16,24 +17,6 @@ _WORDS = (
 ).split()
 
 TASKS = ("augment", "followup0", "answer0", "followup1", "answer1", "followup2", "answer2", "followup3", "answer3")
-
-
-@dataclass
-class Step:
-    """One validator step: task name, prompt, base prompt and completions (None = failed)."""
-
-    name: str
-    prompt: str
-    completions: list[str | None]
-    base_prompt: str | None = None
-    uids: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """The JSONL form `rewardstack score` reads."""
-        d = {"name": self.name, "prompt": self.prompt, "completions": self.completions, "uids": self.uids}
-        if self.base_prompt is not None:
-            d["base_prompt"] = self.base_prompt
-        return d
 
 
 def text(rng: random.Random, chars: int) -> str:

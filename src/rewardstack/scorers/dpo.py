@@ -30,7 +30,7 @@ from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult,
 from rewardstack.scorers.prefix import (
     PrefixRunner,
     model_device,
-    padding_groups,
+    run_in_groups,
     save_standin_tokenizer,
     split_prefix,
 )
@@ -317,15 +317,12 @@ class DpoScorer(Scorer):
         prefix, _ = split_prefix(ids, self.use_prefix)
         runner = PrefixRunner(self.body, prefix, pad_id=self.pad_id)
 
-        def forward(batch: list[int]) -> list[float]:
-            out: list[float] = [math.nan] * len(batch)
-            for group in padding_groups([len(ids[j]) for j in batch]):
-                vals = self._forward(runner, [ids[batch[g]] for g in group], [p] * len(group))
-                for g, v in zip(group, vals):
-                    out[g] = v
-            return out
+        lengths = [len(x) for x in ids]
 
-        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch)
+        def forward(batch: list[int]) -> list[float]:
+            return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [p] * len(sel)))
+
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch)
         for i, o in zip(keep, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status

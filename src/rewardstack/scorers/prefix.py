@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -174,6 +175,15 @@ def padding_groups(lengths: Sequence[int], slack: float = 0.25) -> list[list[int
     if cur:
         groups.append(cur)
     return groups
+
+
+def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[int]], Sequence[float]]) -> list[float]:
+    """`run(indices)` on each padding group of `batch` (`lengths[j]` per index); values in batch order."""
+    out = [math.nan] * len(batch)
+    for group in padding_groups([lengths[j] for j in batch]):
+        for g, v in zip(group, run([batch[g] for g in group])):
+            out[g] = v
+    return out
 
 
 def save_standin_tokenizer(folder: Path, model_max_length: int) -> Any:

@@ -20,7 +20,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.dpo import sane_max_length
-from rewardstack.scorers.prefix import PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
 
@@ -103,15 +103,12 @@ class ReciprocateScorer(Scorer):
         prefix = prefix[: min(pos + [len(prefix)])]
         runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id)
 
-        def forward(batch: list[int]) -> list[float]:
-            out = [math.nan] * len(batch)
-            for group in padding_groups([len(ids[j]) for j in batch]):
-                vals = self._forward(runner, [ids[batch[g]] for g in group], [pos[batch[g]] for g in group])
-                for g, v in zip(group, vals):
-                    out[g] = v
-            return out
+        lengths = [len(x) for x in ids]
 
-        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch)
+        def forward(batch: list[int]) -> list[float]:
+            return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [pos[j] for j in sel]))
+
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch)
         for i, o in zip(live, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status
