@@ -96,3 +96,14 @@ def test_setup_on_simulated_cuda_places_when_weights_do_not_fit() -> None:
     b = mm.setup(StackConfig(headroom_bytes=1), total_memory=lambda d: 8 * MiB)
     assert b.activation_bytes and b.activation_bytes > 0
     assert mm.placement is not None and "swap" in {d.where for d in mm.placement.decisions.values()}
+
+
+def test_setup_on_simulated_cuda_with_a_fixed_activation_budget() -> None:
+    # memory_budget fixes the activations; the card's size still decides what the weights get.
+    mm = MemoryManager(None, simulate=True)
+    for n in ("a", "b"):
+        mm.register_model(n, [_mod(MiB)])  # 4 MiB each
+    b = mm.setup(StackConfig(headroom_bytes=1, memory_budget=MiB), total_memory=lambda d: 8 * MiB)
+    assert b.activation_bytes == MiB and mm.budget_bytes == MiB
+    assert mm.placement is not None and mm.placement.budget_bytes is not None and mm.placement.budget_bytes > 0
+    assert "swap" in {d.where for d in mm.placement.decisions.values()}

@@ -61,7 +61,7 @@ def weights_bytes(modules: list[torch.nn.Module]) -> int:
     return total
 
 
-def _cuda_total(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
+def cuda_total_memory(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
     _free, total = torch.cuda.mem_get_info(device)
     return int(total)
 
@@ -79,7 +79,7 @@ def compute_budget(
         return Budget(str(dev), int(cfg.memory_budget), "config", weights_bytes=weights)
     if dev.type != "cuda" and total_memory is None:
         return Budget(str(dev), None, "unlimited", weights_bytes=weights)
-    total = (total_memory or _cuda_total)(dev)
+    total = (total_memory or cuda_total_memory)(dev)
     usable = int(total * cfg.gpu_utilization) - weights - cfg.headroom_bytes
     if usable <= 0:
         # The weights alone do not fit: placement must offload; plan activations against what a

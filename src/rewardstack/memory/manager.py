@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from rewardstack.memory.budget import Budget, compute_budget, weights_bytes
+from rewardstack.memory.budget import Budget, cuda_total_memory, compute_budget, weights_bytes
 from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack.memory.guard import FaultInjector, OomRecord, Outcome, run_guarded
 from rewardstack.memory.placement import Decision, Placement
@@ -99,15 +99,16 @@ class MemoryManager:
                 seen[id(m)] = m
         weights = weights_bytes(list(seen.values()))
         if self.device.type == "cuda" or total_memory is not None:
-            total = compute_budget(cfg, self.device, 0, total_memory=total_memory)
-            usable = int((total.total_bytes or 0) * cfg.gpu_utilization) - cfg.headroom_bytes
+            # The card's size, whether or not memory_budget fixes the activation budget.
+            total_bytes = (total_memory or cuda_total_memory)(self.device)
+            usable = int(total_bytes * cfg.gpu_utilization) - cfg.headroom_bytes
             if weights <= usable * (1 - ACTIVATION_SHARE):
                 weights_budget: int | None = None
                 budget = compute_budget(cfg, self.device, weights, total_memory=total_memory)
             else:
                 weights_budget = int(usable * (1 - ACTIVATION_SHARE))
                 act = cfg.memory_budget if cfg.memory_budget is not None else usable - weights_budget
-                budget = Budget(str(self.device), int(act), "device", total.total_bytes,
+                budget = Budget(str(self.device), int(act), "device", total_bytes,
                                 cfg.gpu_utilization, weights_budget, cfg.headroom_bytes)
         else:
             budget = compute_budget(cfg, self.device, weights)
