@@ -135,3 +135,12 @@ def test_bad_steps_name_the_field(obj: dict, field: str) -> None:
     with pytest.raises(InputError) as e:
         Step.from_dict(obj, line=7)
     assert e.value.field == field and "line 7" in str(e.value)
+
+
+def test_state_of_a_switched_off_scorer_is_kept(fake_config, tmp_path, fake_registry) -> None:  # noqa: ANN001
+    stack = RewardStack(fake_config)
+    stack.store.save({"diversity_reward_model": {"history": [[1.0, 2.0]]}, "normalizers": {}})
+    off = from_dict({"state_dir": fake_config.state_dir, "models": {"diversity_reward_model": {"enabled": False}}})
+    again = RewardStack(off)
+    again.score_step(_step(["one text", "two text"]))
+    assert again.store.load()["diversity_reward_model"] == {"history": [[1.0, 2.0]]}

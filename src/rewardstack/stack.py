@@ -143,6 +143,7 @@ class RewardStack:
         self.normalizers = {name: RunningNormalizer() for name in REWARD_MODELS}
         self.store = StateStore(config.state_dir)
         self.steps_scored = 0
+        self._dormant: dict[str, dict[str, Any]] = {}
         if load_state:
             self.load_state()
 
@@ -156,7 +157,9 @@ class RewardStack:
     # -- state ------------------------------------------------------------------------------
     def state_sections(self) -> dict[str, dict[str, Any]]:
         """Everything that must outlive the process, by section."""
-        sections: dict[str, dict[str, Any]] = {
+        # State of scorers switched off in this run is carried over untouched, not dropped.
+        sections: dict[str, dict[str, Any]] = dict(self._dormant)
+        sections |= {
             "normalizers": {n: norm.to_dict() for n, norm in self.normalizers.items()},
             "stack": {"steps_scored": self.steps_scored},
         }
@@ -173,6 +176,7 @@ class RewardStack:
     def load_state(self) -> None:
         """Restore persisted state, if any."""
         sections = self.store.load()
+        self._dormant = {k: v for k, v in sections.items() if k in ALL_MODELS and k not in self.scorers}
         try:
             for name, d in sections.get("normalizers", {}).items():
                 if name in self.normalizers:
