@@ -3,7 +3,8 @@
 Run: `.venv/bin/python bench/memory.py` (a few minutes on 2 CPU cores). For each scorer family's
 architecture (tiny random models built from configs, like the stand-ins) it calibrates the cost
 model on the profile grid, then measures the peak of off-grid shapes with the tensor-bytes tracker
-and prints predicted vs measured and the error (target: within 15%). Then the whole stand-in stack scores
+and prints predicted vs measured and the error (target: within 15%); then the same for every scorer
+of the stand-in stack, each with its own cost model and profile run. Then the whole stand-in stack scores
 `heavy_tailed_steps()` (9 steps x 50 completions, one of 40,000 characters) under a simulated budget
 and prints the tracker's peak against that budget. Every number is measured.
 """
@@ -66,7 +67,35 @@ def cost_model_table() -> float:
     return worst_all
 
 
-def full_stack(budget: int = 32 * 1024**2) -> None:
+def scorer_table(shapes: tuple[tuple[int, int], ...] = ((3, 48), (5, 200), (2, 300), (6, 400))) -> float:
+    """Each stand-in scorer's own cost model against its own profile run at shapes off its grid."""
+    from rewardstack.config import load_config
+    from rewardstack.stack import RewardStack
+    from rewardstack.standins import make_standins
+
+    print()
+    print("== each scorer of the stand-in stack: predicted vs measured peak at shapes off the profile grid ==")
+    print(f"{'scorer':<26} {'B':>3} {'L':>5} {'predicted':>12} {'measured':>12} {'error':>7}")
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(make_standins(Path(tmp) / "standins"))
+        cfg.state_dir = str(Path(tmp) / "state")
+        for name in ("dahoas_reward_model", "prompt_reward_model"):
+            cfg.models[name].weight = 0.1  # on, so that every scorer is measured
+        cfg.models["rlhf_reward_model"].weight = 0.2
+        stack = RewardStack(cfg)
+        mm = stack.memory
+        for name, cost in mm.cost_models.items():
+            top = max(l for _, l, _ in cost.samples)
+            for b, l, pred, meas in mm.check_cost_model(name, [(b, min(l, top - 1)) for b, l in shapes]):
+                err = (pred - meas) / max(meas, 1)
+                worst = max(worst, abs(err))
+                print(f"{name:<26} {b:>3} {l:>5} {pred:>12,.0f} {meas:>12,} {err:>+7.1%}")
+    print(f"worst error over every scorer: {worst:.1%} (target 15%): {'PASS' if worst <= 0.15 else 'FAIL'}")
+    return worst
+
+
+def full_stack(budget: int = 64 * 1024**2) -> None:
     """Score the 9-step, 50-completion heavy-tailed workload on the stand-ins under a simulated budget."""
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
@@ -110,6 +139,7 @@ def main() -> None:
     torch.manual_seed(0)
     t = time.time()
     cost_model_table()
+    scorer_table()
     full_stack()
     print(f"\ntotal {time.time() - t:.0f}s")
 

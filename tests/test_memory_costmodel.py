@@ -63,3 +63,13 @@ def test_chunk_over_batch_rows_is_fitted() -> None:
     assert abs(cm.predict(8, 1000) - truth(8, 1000)) / truth(8, 1000) < 0.01
     per_sequence = CostModel(chunk=chunk).fit(samples)
     assert per_sequence.max_error() > 0.05  # the per-sequence form cannot express it
+
+
+def test_check_cost_model_measures_off_grid_shapes_with_the_profile_run() -> None:
+    mm = MemoryManager(None)
+    run = lambda b, l: torch.ones(b, l, l).softmax(-1).sum()  # noqa: E731
+    mm.calibrate("attn", run, max_length=128, max_batch=4)
+    rows = mm.check_cost_model("attn", [(3, 50), (5, 100)])
+    assert [(b, l) for b, l, _, _ in rows] == [(3, 50), (5, 100)]
+    for _, _, predicted, measured in rows:
+        assert measured > 0 and abs(predicted - measured) / measured < 0.15

@@ -57,6 +57,7 @@ class MemoryManager:
         self.placement: Placement | None = None
         self.budget: Budget | None = None
         self._registered: dict[str, tuple[list[torch.nn.Module], float, bool]] = {}
+        self._profile_runs: dict[str, Callable[[int, int], Any]] = {}
         if simulate is None:
             simulate = self.device.type != "cuda"
         self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulate else None
@@ -161,7 +162,13 @@ class MemoryManager:
         grid = list(shapes) if shapes is not None else profile_shapes(max_length, max_batch, chunk)
         cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), grid, chunk, chunk_rows)
         self.set_cost_model(name, cost)
+        self._profile_runs[name] = run
         return cost
+
+    def check_cost_model(self, name: str, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
+        """(B, L, predicted, measured) at `shapes`, measured with the profile run `calibrate` used."""
+        run, cost = self._profile_runs[name], self.cost_models[name]
+        return [(b, l, cost.predict(b, l), self.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]
 
     # -- measuring --------------------------------------------------------------------------
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
