@@ -41,7 +41,7 @@ def test_openassistant_bound_ignores_absurd_tokenizer_length(oa) -> None:  # noq
 
 
 def test_openassistant_parity(oa) -> None:  # noqa: ANN001
-    texts = random_texts(1, 60, max_chars=1200)
+    texts = random_texts(1, 200, max_chars=1200)
     res = oa.score(ScoreRequest(PROMPT, list(texts)))
     for t, s, st in zip(texts, res.scores, res.statuses):
         assert len(oa.tokenizer(PROMPT, t)["input_ids"]) <= 512  # within the model's length
@@ -74,7 +74,7 @@ def test_openassistant_long_prompt_falls_back_to_longest_first(oa) -> None:  # n
 
 
 def test_nsfw_parity_with_windows(nsfw) -> None:  # noqa: ANN001
-    texts = random_texts(2, 70, max_chars=1500) + [text(random.Random(k), 2500 + 1500 * k) for k in range(4)]
+    texts = random_texts(2, 150, max_chars=1500) + [text(random.Random(k), 2500 + 1500 * k) for k in range(4)]
     res = nsfw.score(ScoreRequest("base", list(texts)))
     assert any(len(nsfw.tokenizer(t)["input_ids"]) > 1024 for t in texts)  # several windows
     want = [ref_nsfw(nsfw.model, nsfw.tokenizer, t) for t in texts]

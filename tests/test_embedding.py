@@ -55,7 +55,7 @@ def test_shared_checkpoint(pair) -> None:  # noqa: ANN001
 
 
 def test_relevance_parity(fresh) -> None:  # noqa: ANN001
-    texts = random_texts(11, 40, max_chars=1500) + [text(random.Random(1), 3500)]  # several windows
+    texts = random_texts(11, 120, max_chars=1500) + [text(random.Random(1), 3500)]  # several windows
     _, rel, _ = fresh()
     m1, t1, m2, t2 = rel.first.model, rel.first.tokenizer, rel.second.model, rel.second.tokenizer
     raw = ref_relevance_scores(m1, t1, m2, t2, BASE, texts)
