@@ -139,6 +139,28 @@ def test_budget_length_cap_and_oom_statuses(dpo_folder: tuple[Path, dict]) -> No
     assert all(math.isfinite(s) or st == Status.OOM for s, st in zip(res.scores, res.statuses))
 
 
+def test_tight_budget_shrinks_the_chunk_before_cutting(dpo_folder: tuple[Path, dict]) -> None:
+    folder, entry = dpo_folder
+    rng = random.Random(5)
+    prompt, comp = "Q: ", text(rng, 4000)  # ~1,000 tokens
+    free = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 512, "tune_logits_chunk": False}), make_runtime())
+    want = free.score(ScoreRequest(prompt, [comp])).scores[0]
+    cost = free.runtime.memory.cost_model("dpo_reward_model")
+    # A budget that holds the input only with a chunk of at most 64 rows.
+    budget = int(cost.predict(1, 1100) - (512 - 64) * cost.g) + 1
+    rt = make_runtime(budget=int(budget / 0.9) + 1)
+    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 512, "tune_logits_chunk": False}), rt)
+    assert rt.memory.tracker is not None
+    with rt.memory.tracker.window("score") as w:  # the profile run at load had no budget: not counted
+        res = sc.score(ScoreRequest(prompt, [comp]))
+    assert res.statuses == [Status.OK] and close(res.scores[0], want, 1e-5)
+    n = len(sc.tokenizer(prompt + comp).input_ids)
+    cost.chunk = 512
+    assert cost.predict(1, n) > rt.memory.budget_bytes * rt.memory.margin  # a 512-row chunk would not fit
+    assert sc.chunk < 512 and sc.tuned_chunk == 512
+    assert w.peak_bytes <= rt.memory.budget_bytes
+
+
 def test_chunk_sizes_and_lse_paths_agree(scorer: dpo.DpoScorer, monkeypatch: pytest.MonkeyPatch) -> None:
     """The chunk tuned at load changes speed only; the shift-free log-sum-exp equals the shifted one."""
     assert 1 <= scorer.chunk <= scorer.max_chunk and scorer.chunk in scorer.chunk_timings
@@ -146,14 +168,14 @@ def test_chunk_sizes_and_lse_paths_agree(scorer: dpo.DpoScorer, monkeypatch: pyt
     prompt = text(rng, 200)
     comps = [text(rng, 600), "the " * 300, text(rng, 50)]
     base = scorer.score(ScoreRequest(prompt, comps)).scores
-    tuned = scorer.chunk
+    tuned = scorer.tuned_chunk
     try:
         for c in (16, 512):
-            scorer.chunk = c
+            scorer.tuned_chunk = c
             for a, b in zip(scorer.score(ScoreRequest(prompt, comps)).scores, base):
                 assert close(a, b, 1e-5), (c, a, b)
     finally:
-        scorer.chunk = tuned
+        scorer.tuned_chunk = tuned
     h = torch.randn(8, scorer.lm_head.weight.shape[1])
     assert scorer.logit_head.bound(h) >= float(scorer._head(h).abs().max())  # the bound holds
     monkeypatch.setattr(dpo, "SAFE_EXP", -1.0)  # never provably bounded: the max-shift path

@@ -208,6 +208,7 @@ class DpoScorer(Scorer):
         tune = bool(cfg.options.get("tune_logits_chunk", True))
         self.chunk_timings: dict[int, float] = {}
         self.chunk = self._tune_chunk() if tune else self.max_chunk
+        self.tuned_chunk = self.chunk  # a tight budget may lower `chunk` per call; this is the fast one
         self.use_prefix = bool(cfg.options.get("shared_prefix", True))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         pad = self.tokenizer.pad_token_id
@@ -257,6 +258,21 @@ class DpoScorer(Scorer):
                 self.chunk_timings[c] = best
         return min(cands, key=lambda c: self.chunk_timings[c])
 
+    def _fit_chunk(self, longest: int) -> int:
+        """Shrink the logits chunk, not the input, while the budget cannot hold `longest` tokens.
+
+        The chunk only trades speed for memory (every chunk gives the same numbers), so under a
+        tight budget it halves first, down to 16 rows; only then are inputs cut. Returns the
+        length cap that remains. The cost model's chunk term follows the chunk in use.
+        """
+        memory, cost = self.runtime.memory, self.runtime.memory.cost_model(self.name)
+        self.chunk = cost.chunk = self.tuned_chunk
+        cap = min(self.max_len, memory.length_cap(self.name, self.max_len))
+        while cap < longest and self.chunk > 16:
+            self.chunk = cost.chunk = self.chunk // 2
+            cap = min(self.max_len, memory.length_cap(self.name, self.max_len))
+        return cap
+
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens, all but the first row scored."""
         g = torch.Generator().manual_seed(0)
@@ -298,7 +314,7 @@ class DpoScorer(Scorer):
                 res.scores[i] = LOW
             return res
         enc = self.tokenizer([request.prompt + request.completions[i] for i in todo]).input_ids
-        cap = min(self.max_len, self.runtime.memory.length_cap(self.name, self.max_len))
+        cap = self._fit_chunk(min(self.max_len, max(len(x) for x in enc)))
         ids: list[list[int]] = []
         keep: list[int] = []
         for i, x in zip(todo, enc):
