@@ -58,3 +58,20 @@ def test_config_error_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFi
     rc = main(["score", "--config", str(bad), "--input", str(steps), "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and "models.*.weight" in err[0]
+
+
+def test_lone_surrogate_line_is_reported_and_the_rest_scored(tmp_path: Path, fake_registry, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text(
+        '{"name": "followup0", "prompt": "hello", "completions": ["abc \\ud800 def", "xyz"]}\n'
+        + json.dumps({"name": "answer0", "prompt": "p", "completions": ["fine answer"]}) + "\n"
+    )
+    out = tmp_path / "events.jsonl"
+    rc = main(["score", "--config", str(_config(tmp_path)), "--input", str(steps), "--output", str(out)])
+    assert rc == 2 and "completions[0]" in capsys.readouterr().err
+    assert [json.loads(x)["name"] for x in out.read_text().splitlines()] == ["answer0"]
+
+
+def test_save_every_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["score", "--config", "c", "--input", "i", "--output", "o", "--save-every", "0"])

@@ -44,3 +44,19 @@ def test_largest_first_orders_by_predicted_peak() -> None:
     batches = plan_batches(lengths, cost, 500, margin=1.0, largest_first=True)
     peaks = [cost.predict(len(b), max(lengths[i] for i in b)) for b in batches]
     assert peaks == sorted(peaks, reverse=True)
+
+
+def test_length_cap_counts_bytes_already_live_on_the_device() -> None:
+    import torch
+
+    from rewardstack.memory import CostModel, MemoryManager
+
+    mm = MemoryManager(1_000_000, margin=1.0)
+    mm.set_cost_model("m", CostModel(b=1000.0))  # 1,000 bytes per token
+    assert mm.length_cap("m", 10_000) == 1000
+    assert mm.tracker is not None
+    with mm.tracker:
+        held = torch.empty(500_000, dtype=torch.uint8)  # half the device, live
+    assert mm.length_cap("m", 10_000) == 500
+    del held
+    assert mm.length_cap("m", 10_000) == 1000

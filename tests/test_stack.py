@@ -129,6 +129,8 @@ def test_state_survives_restart(fake_config) -> None:  # noqa: ANN001
         ({"name": "augment", "prompt": "p", "completions": [1]}, "completions"),
         ({"name": "augment", "prompt": "p", "completions": ["a"], "uids": [1, 2]}, "uids"),
         ({"name": "augment", "prompt": "p", "completions": ["a"], "failed": [1]}, "failed"),
+        ({"name": "augment", "prompt": "p", "completions": ["ok", "abc \ud800 def"]}, "completions[1]"),
+        ({"name": "augment", "prompt": "\udfff", "completions": []}, "prompt"),
     ],
 )
 def test_bad_steps_name_the_field(obj: dict, field: str) -> None:
@@ -144,3 +146,28 @@ def test_state_of_a_switched_off_scorer_is_kept(fake_config, tmp_path, fake_regi
     again = RewardStack(off)
     again.score_step(_step(["one text", "two text"]))
     assert again.store.load()["diversity_reward_model"] == {"history": [[1.0, 2.0]]}
+
+
+def test_non_finite_score_with_ok_status_becomes_error(fake_config, monkeypatch) -> None:  # noqa: ANN001
+    import fakes
+
+    real = fakes.FakeReward.score
+
+    def leaky(self, request):  # noqa: ANN001, ANN202 - a model that returns inf but says ok
+        res = real(self, request)
+        res.scores = [math.inf if c == "INF" else x for c, x in zip(request.completions, res.scores)]
+        return res
+
+    monkeypatch.setattr(fakes.FakeReward, "score", leaky)
+    stack = RewardStack(fake_config)
+    res = stack.score_step(_step(["INF", "fine text", "more text"]))
+    assert res.model_statuses["rlhf_reward_model"][0] == "error" and math.isnan(res.raw["rlhf_reward_model"][0])
+    assert res.statuses[0] == "error" and all(math.isfinite(r) for r in res.rewards)
+    assert stack.normalizers["rlhf_reward_model"].count == 2
+
+
+def test_empty_best_is_blacklisted_like_the_reference(fake_config) -> None:  # noqa: ANN001
+    stack = RewardStack(fake_config)
+    stack.score_step(_step(["", ""], name="followup0"))
+    res = stack.score_step(_step(["", "a question?"], name="followup1"))
+    assert res.normalized["blacklist_filter"] == [0.0, 1.0]

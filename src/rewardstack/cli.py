@@ -151,6 +151,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `rewardstack` command."""
     p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0])
@@ -161,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, help="stack config (TOML)")
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
     s.add_argument("--output", required=True, help="events, one per line ('-' for stdout)")
-    s.add_argument("--save-every", type=int, default=1, help="persist state every N steps (and at the end)")
+    s.add_argument("--save-every", type=_positive_int, default=1, help="persist state every N steps (and at the end)")
     s.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")

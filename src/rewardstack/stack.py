@@ -90,6 +90,9 @@ class Step:
         nfp = d.get("new_forward_pass")
         if nfp is not None and not isinstance(nfp, bool):
             raise InputError("must be true or false", line=line, field="new_forward_pass")
+        for key, value in [("prompt", d["prompt"]), ("base_prompt", base)] + [(f"completions[{i}]", c) for i, c in enumerate(comps)]:
+            if isinstance(value, str) and not _is_valid_unicode(value):
+                raise InputError("is not valid Unicode (it holds a lone surrogate)", line=line, field=key)
         # Completions arrive stripped in the validator; strip here so every scorer agrees.
         comps = [c.strip() if isinstance(c, str) else None for c in comps]
         return cls(
@@ -99,6 +102,15 @@ class Step:
             block=d.get("block"), gating_loss=d.get("gating_loss"), set_weights=d.get("set_weights"),
             new_forward_pass=nfp,
         )
+
+
+def _is_valid_unicode(text: str) -> bool:
+    """False for strings JSON can carry but UTF-8 cannot (lone surrogates such as \\ud800)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -243,7 +255,7 @@ class RewardStack:
             i_best = max(range(n), key=lambda i: (rewards[i], -i))  # first of the maxima, like argmax
             best = (step.completions[i_best] or "").strip()
         blacklist = self.scorers.get("blacklist_filter")
-        if blacklist is not None and best:
+        if blacklist is not None and n:  # the reference records the best even when it is empty
             blacklist.record_best(step.name, best)  # type: ignore[attr-defined]
         self.steps_scored += 1
         result = StepResult(rewards, best, raw, normalized, statuses, model_statuses)
@@ -267,6 +279,12 @@ class RewardStack:
             )
         if len(res.scores) != len(request.completions):
             raise RuntimeError(f"{name} returned {len(res.scores)} scores for {len(request.completions)} completions")
+        for i, (x, st) in enumerate(zip(res.scores, res.statuses)):
+            if st in Status.SCORED and not math.isfinite(x):
+                # A model that produced NaN or inf did not score: say so, never a silent NaN.
+                log.warning("%s gave a non-finite score (%r) for completion %d", name, x, i)
+                res.statuses[i] = Status.ERROR
+                res.scores[i] = math.nan
         return res
 
     def _event(self, step: Step, result: StepResult, elapsed: float) -> dict[str, Any]:

@@ -141,7 +141,10 @@ class MemoryManager:
         """The longest input (alone) that the budget is predicted to hold, at most `upper`."""
         if self.budget_bytes is None:
             return upper
-        return max(1, max_fitting_length(self.cost_model(name), self.budget_bytes, self.margin, upper))
+        budget = float(self.budget_bytes)
+        if self.tracker is not None:
+            budget = max(0.0, budget - self.tracker.live_bytes)  # as `run` plans: live bytes are not free
+        return max(1, max_fitting_length(self.cost_model(name), budget, self.margin, upper))
 
     def calibrate(
         self,
