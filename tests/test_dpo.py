@@ -139,6 +139,18 @@ def test_budget_length_cap_and_oom_statuses(dpo_folder: tuple[Path, dict]) -> No
     assert all(math.isfinite(s) or st == Status.OOM for s, st in zip(res.scores, res.statuses))
 
 
+def test_budget_below_the_prompt_is_oom_not_minus_eleven(dpo_folder: tuple[Path, dict]) -> None:
+    folder, entry = dpo_folder
+    rt = make_runtime(budget=4 * 2**20)
+    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 16, "tune_logits_chunk": False}), rt)
+    cap = rt.memory.length_cap("dpo_reward_model", sc.max_len)
+    assert cap < sc.max_len // 4  # the budget, not the spec's max length, is what binds
+    prompt = text(random.Random(8), 8 * cap)  # more prompt tokens than the budget holds, < max_len
+    assert cap < len(sc.tokenizer(prompt).input_ids) < sc.max_len
+    res = sc.score(ScoreRequest(prompt, ["a completion long enough"]))
+    assert res.statuses == [Status.OOM] and math.isnan(res.scores[0])
+
+
 def test_tight_budget_shrinks_the_chunk_before_cutting(dpo_folder: tuple[Path, dict]) -> None:
     folder, entry = dpo_folder
     rng = random.Random(5)

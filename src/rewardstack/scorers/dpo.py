@@ -322,6 +322,11 @@ class DpoScorer(Scorer):
                 res.statuses[i] = Status.TRUNCATED
             if len(x) > cap:  # the budget cannot hold it whole: cut further (not the spec's number)
                 res.statuses[i] = Status.TRUNCATED
+            if cap <= p < len(x):
+                # The budget cannot hold one completion token after the prompt: not scored (a -11
+                # here would be our budget's number, not the spec's, and would enter the statistics).
+                res.statuses[i] = Status.OOM
+                continue
             x = x[: min(self.max_len, cap)]
             if len(x) <= p:  # no scored row: the reference's 0/0 = NaN gives -11
                 res.scores[i] = LOW
