@@ -58,8 +58,8 @@ def test_long_completions_stay_within_budget_and_fitting_scores_are_unchanged(st
             for i, (g, w) in enumerate(zip(got.raw[name], want.raw[name])):
                 sg, sw = got.model_statuses[name][i], want.model_statuses[name][i]
                 assert sg in (Status.OK, Status.TRUNCATED), (name, i, sg)
-                if sg == Status.OK and sw == Status.OK:
-                    assert _same(g, w), (name, i, g, w)
+                if not (step is steps[0] and i == 1):  # every input but the 100k one fits:
+                    assert sg == sw and _same(g, w), (name, i, sg, sw, g, w)  # planning changes nothing
         if step is steps[0]:
             # The 100,000-character completion is cut, and that is said, never silent.
             assert got.model_statuses["rlhf_reward_model"][1] == Status.TRUNCATED
