@@ -107,3 +107,12 @@ def test_setup_on_simulated_cuda_with_a_fixed_activation_budget() -> None:
     assert b.activation_bytes == MiB and mm.budget_bytes == MiB
     assert mm.placement is not None and mm.placement.budget_bytes is not None and mm.placement.budget_bytes > 0
     assert "swap" in {d.where for d in mm.placement.decisions.values()}
+
+
+def test_models_start_where_their_weights_are() -> None:
+    # A model already on the device is known to be there, so offloading it really moves it.
+    p = Placement("cpu", 3 * MiB, move=False)
+    p.register("big", [_mod(MiB)])  # 4 MiB: more than the whole budget
+    assert p.device_bytes() == 4 * MiB  # loaded onto the device before placement
+    p.plan()
+    assert p.decisions["big"].where == "cpu" and p.device_bytes() == 0

@@ -108,6 +108,10 @@ class Placement:
         for m in modules:
             self._mods[id(m)] = m
             self._sizes.setdefault(id(m), weights_bytes([m]))
+            # Start from where the weights really are (models load onto the device), so that
+            # `_apply` moves an offloaded model off the device instead of assuming it is not there.
+            if any(_same_device(p.device, self.device) for p in m.parameters()):
+                self._on_device.add(id(m))
         total = size if size is not None else sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
         self._models[name] = _Model(name, list(modules), priority, cpu_ok, int(total))
         self.decisions.pop(name, None)
@@ -244,6 +248,11 @@ class Placement:
             "models": {n: {"where": d.where, "reason": d.reason, "bytes": d.bytes} for n, d in self.decisions.items()},
             "swapped_in": list(self._lru),
         }
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """`cuda` and `cuda:0` are the same device when the index is left out."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def _mib(n: float) -> str:
