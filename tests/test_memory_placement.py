@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from rewardstack.config import StackConfig
@@ -116,3 +117,33 @@ def test_models_start_where_their_weights_are() -> None:
     assert p.device_bytes() == 4 * MiB  # loaded onto the device before placement
     p.plan()
     assert p.decisions["big"].where == "cpu" and p.device_bytes() == 0
+
+
+def test_weights_capacity_and_staging_while_loading(caplog: pytest.LogCaptureFixture) -> None:
+    from rewardstack.scorers.base import Scorer
+    from rewardstack.stack import RewardStack
+
+    mm = MemoryManager(None, simulate=True)
+    assert mm.weights_capacity(StackConfig()) is None  # CPU: no real device limit
+    cap = mm.weights_capacity(StackConfig(headroom_bytes=0, gpu_utilization=1.0), total_memory=lambda d: 9 * MiB)
+    assert cap == int(9 * MiB * 0.8)  # 7.2 MiB
+
+    class Holder(Scorer):
+        def __init__(self, mods: list[torch.nn.Module]) -> None:
+            self.mods = mods
+
+        def score(self, request):  # noqa: ANN001, ANN201
+            raise NotImplementedError
+
+        def modules(self) -> list[torch.nn.Module]:
+            return self.mods
+
+    shared = _mod(MiB)  # 4 MiB
+    on_device: dict[int, torch.nn.Module] = {}
+    with caplog.at_level(logging.INFO, logger="rewardstack"):
+        RewardStack._stage("a", Holder([shared]), on_device, cap)  # 4 of 7.2 MiB: stays
+        RewardStack._stage("b", Holder([shared]), on_device, cap)  # shares a's weights: nothing new
+        RewardStack._stage("c", Holder([_mod(MiB)]), on_device, cap)  # 4 + 4 MiB > 7.2 MiB: staged on the host
+    staged = [r.getMessage() for r in caplog.records if "staged on the host" in r.getMessage()]
+    assert list(on_device) == [id(shared)]
+    assert len(staged) == 1 and staged[0].startswith("placement: c ")

@@ -19,6 +19,7 @@ import torch
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
 from rewardstack.errors import InputError, StateError
 from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
+from rewardstack.memory.budget import weights_bytes
 from rewardstack.normalize import RunningNormalizer
 from rewardstack.scorers import build_scorer
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
@@ -140,9 +141,13 @@ class RewardStack:
         self.models = ModelCache(self.device)
         self.runtime = Runtime(device=self.device, memory=self.memory, models=self.models)
         self.scorers: dict[str, Scorer] = {}
+        capacity = self.memory.weights_capacity(config)
+        on_device: dict[int, torch.nn.Module] = {}
         for cfg in config.active_models():
             log.info("building %s", cfg.name)
-            self.scorers[cfg.name] = build_scorer(cfg, self.runtime)
+            scorer = self.scorers[cfg.name] = build_scorer(cfg, self.runtime)
+            if capacity is not None:  # CUDA-only path
+                self._stage(cfg.name, scorer, on_device, capacity)
         for name, scorer in self.scorers.items():
             modules = scorer.modules()
             if modules:
@@ -158,6 +163,24 @@ class RewardStack:
         self._dormant: dict[str, dict[str, Any]] = {}
         if load_state:
             self.load_state()
+
+    @staticmethod
+    def _stage(name: str, scorer: Scorer, on_device: dict[int, torch.nn.Module], capacity: int) -> None:
+        """Move a just-calibrated scorer's weights to the host if the device cannot keep them too.
+
+        Each model loads and calibrates on the device; one that would push the weights past
+        `capacity` waits on the host, and placement (`MemoryManager.setup`) then brings back what
+        stays resident and swaps the rest in on demand.
+        """
+        new = {id(m): m for m in scorer.modules() if id(m) not in on_device}
+        if not new:
+            return
+        if weights_bytes(list(on_device.values()) + list(new.values())) <= capacity:
+            on_device.update(new)
+            return
+        log.info("placement: %s staged on the host while loading (weights past %d bytes)", name, capacity)
+        for m in new.values():
+            m.to("cpu")
 
     @classmethod
     def from_config(cls, path: str, **kwargs: Any) -> "RewardStack":

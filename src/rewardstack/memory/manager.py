@@ -121,6 +121,17 @@ class MemoryManager:
             self.place(weights_budget)
         return budget
 
+    def weights_capacity(self, cfg: Any, *, total_memory: Callable[[torch.device], int] | None = None) -> int | None:
+        """Device bytes the weights may hold while models load (None: no real device limit).
+
+        The share `setup` gives weights when they do not all fit: usable x (1 - ACTIVATION_SHARE).
+        """
+        if self.device.type != "cuda" and total_memory is None:
+            return None
+        total_bytes = (total_memory or cuda_total_memory)(self.device)
+        usable = int(total_bytes * cfg.gpu_utilization) - cfg.headroom_bytes
+        return max(0, int(usable * (1 - ACTIVATION_SHARE)))
+
     def device_for(self, name: str) -> torch.device:
         """The device `name`'s forward runs on now (the host if placement put it on CPU)."""
         if self.placement is None or name not in self.placement.names():
