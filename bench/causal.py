@@ -33,16 +33,17 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import MiB, peak_of, timed  # noqa: E402
 from causal_fixtures import model_config, reference_dahoas, reference_dpo  # noqa: E402
 
-from rewardstack.memory import MemoryManager, TensorBytesTracker  # noqa: E402
+from rewardstack.memory import MemoryManager  # noqa: E402
 from rewardstack.scorers import dahoas, dpo, judge, reciprocate  # noqa: E402
 from rewardstack.scorers.base import Runtime, ScoreRequest  # noqa: E402
 from rewardstack.scorers.loading import ModelCache  # noqa: E402
 from rewardstack.scorers.prefix import PrefixRunner, padding_groups, split_prefix  # noqa: E402
 from rewardstack.workload import Step, heavy_tailed_steps, text  # noqa: E402
 
-MiB = 2**20
 
 
 def runtime(tracked: bool) -> Runtime:
@@ -56,17 +57,6 @@ def untracked(scorer: Any) -> Any:
     return scorer
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
-def peak_of(fn: Callable[[], Any]) -> int:
-    tracker = TensorBytesTracker(None)
-    with torch.inference_mode(), tracker.window("peak") as w:
-        fn()
-    return w.peak_increase
 
 
 def n_live(steps: list[Step]) -> int:

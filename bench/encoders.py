@@ -31,33 +31,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
+from common import MiB, peak_of, timed  # noqa: E402
 from encoder_fixtures import (  # noqa: E402
     config, make_runtime, make_standins, ref_bert_embedding, ref_mpnet_embedding, ref_nsfw, ref_openassistant,
 )
 
-from rewardstack.memory import TensorBytesTracker  # noqa: E402
 from rewardstack.scorers import classifier, embedding  # noqa: E402
 from rewardstack.scorers import encoding as enc  # noqa: E402
 from rewardstack.scorers.base import ScoreRequest  # noqa: E402
 from rewardstack.scorers.prefix import padding_groups  # noqa: E402
 from rewardstack.workload import Step, heavy_tailed_steps, text  # noqa: E402
 
-MiB = 2**20
 ORDER = ("rlhf_reward_model", "reciprocate_reward_model", "relevance_filter", "diversity_reward_model", "nsfw_filter")
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
-def peak_of(fn: Callable[[], Any]) -> int:
-    """Peak live tensor bytes while `fn` runs (the simulated device's count, no budget)."""
-    tracker = TensorBytesTracker(None)
-    with torch.inference_mode(), tracker.window("peak") as w:
-        fn()
-    return w.peak_increase
 
 
 def forward_rows(model: torch.nn.Module, rows: list[list[int]], pad_id: int, head: Callable) -> float:
