@@ -171,3 +171,14 @@ def test_empty_best_is_blacklisted_like_the_reference(fake_config) -> None:  # n
     stack.score_step(_step(["", ""], name="followup0"))
     res = stack.score_step(_step(["", "a question?"], name="followup1"))
     assert res.normalized["blacklist_filter"] == [0.0, 1.0]
+
+
+def test_scorer_returning_the_wrong_length_is_an_error_not_a_crash(fake_config, monkeypatch) -> None:  # noqa: ANN001
+    import fakes
+
+    from rewardstack.scorers.base import ScoreResult
+
+    monkeypatch.setattr(fakes.FakeMask, "score", lambda self, request: ScoreResult([1.0], ["ok"]))
+    res = RewardStack(fake_config).score_step(_step(["one text", "two text", None]))
+    assert res.model_statuses["nsfw_filter"] == ["error", "error", "failed"]
+    assert res.rewards == [0.0, 0.0, 0.0]

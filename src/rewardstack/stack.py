@@ -291,17 +291,14 @@ class RewardStack:
 
     def _run(self, name: str, request: ScoreRequest) -> ScoreResult:
         """One scorer on one request; a scorer that raises marks every live completion ERROR."""
+        n = len(request.completions)
         try:
             res = self.scorers[name].score(request)
-        except Exception as e:  # noqa: BLE001 - the scoring loop must not crash
-            log.exception("%s raised; its completions are marked '%s'", name, Status.ERROR)
-            n = len(request.completions)
-            return ScoreResult(
-                [math.nan] * n,
-                [Status.FAILED if c is None else Status.ERROR for c in request.completions],
-            )
-        if len(res.scores) != len(request.completions):
-            raise RuntimeError(f"{name} returned {len(res.scores)} scores for {len(request.completions)} completions")
+            if len(res.scores) != n:
+                raise RuntimeError(f"returned {len(res.scores)} scores for {n} completions")
+        except Exception:  # noqa: BLE001 - the scoring loop must not crash
+            log.exception("%s failed; its completions are marked '%s'", name, Status.ERROR)
+            return ScoreResult([math.nan] * n, [Status.FAILED if c is None else Status.ERROR for c in request.completions])
         for i, (x, st) in enumerate(zip(res.scores, res.statuses)):
             if st in Status.SCORED and not math.isfinite(x):
                 # A model that produced NaN or inf did not score: say so, never a silent NaN.
