@@ -31,7 +31,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.loading import torch_dtype
-from rewardstack.scorers.prefix import PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
 
 BASE_CONFIG = "EleutherAI/gpt-j-6b"  # the reference's body config and tokenizer
 
@@ -123,8 +123,8 @@ class DahoasScorer(Scorer):
         return [self.body, self.head]
 
     def _dummy(self, b: int, length: int) -> None:
-        ids = torch.randint(0, self.body.config.vocab_size, (b, length), generator=torch.Generator().manual_seed(0))
-        self._forward(PrefixRunner(self.body, [], pad_id=self.fill_id), ids.tolist())
+        ids = dummy_ids(self.body.config.vocab_size, b, length)
+        self._forward(PrefixRunner(self.body, [], pad_id=self.fill_id), ids)
 
     def _forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
         """Values at the last token of each (already cut) input."""

@@ -28,6 +28,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.prefix import (
+    dummy_ids,
     PrefixRunner,
     model_device,
     run_in_groups,
@@ -275,9 +276,7 @@ class DpoScorer(Scorer):
 
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens, all but the first row scored."""
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, self.lm_head.weight.shape[0], (b, length), generator=g).tolist()
-        self._forward(PrefixRunner(self.body, [], pad_id=self.pad_id), ids, [1] * b)
+        self._forward(PrefixRunner(self.body, [], pad_id=self.pad_id), dummy_ids(self.vocab, b, length), [1] * b)
 
     def _forward(self, runner: PrefixRunner, ids: Sequence[list[int]], plens: Sequence[int]) -> list[float]:
         """Scores of sequences `ids` (full ids, prefix included) run against the runner's prefix."""

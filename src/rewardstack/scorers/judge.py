@@ -24,7 +24,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.dpo import sane_max_length
-from rewardstack.scorers.prefix import model_device, save_standin_tokenizer
+from rewardstack.scorers.prefix import dummy_ids, model_device, save_standin_tokenizer
 
 _RULES = (
     "Rate it from 0 to 10 for relevance to the text and for quality. Judge only the content: ignore "
@@ -85,8 +85,8 @@ class JudgeScorer(Scorer):
         return [self.model]
 
     def _dummy(self, b: int, length: int) -> None:
-        ids = torch.randint(0, self.model.config.vocab_size, (b, length), generator=torch.Generator().manual_seed(0))
-        self.generate(ids.tolist())
+        ids = dummy_ids(self.model.config.vocab_size, b, length)
+        self.generate(ids)
 
     def encode(self, prompt: str, completion: str, template: str) -> tuple[list[int], bool]:
         """Token ids of the filled template within the bound, and whether anything was cut."""

@@ -177,6 +177,11 @@ def padding_groups(lengths: Sequence[int], slack: float = 0.25) -> list[list[int
     return groups
 
 
+def dummy_ids(vocab: int, batch: int, length: int) -> list[list[int]]:
+    """Seeded random token ids of shape (batch, length), for the profile runs at load."""
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0)).tolist()
+
+
 def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[int]], Sequence[float]]) -> list[float]:
     """`run(indices)` on each padding group of `batch` (`lengths[j]` per index); values in batch order."""
     out = [math.nan] * len(batch)

@@ -20,7 +20,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.dpo import sane_max_length
-from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
 
@@ -76,8 +76,8 @@ class ReciprocateScorer(Scorer):
         return [self.model]
 
     def _dummy(self, b: int, length: int) -> None:
-        ids = torch.randint(0, self.model.config.vocab_size, (b, length), generator=torch.Generator().manual_seed(0))
-        self._forward(PrefixRunner(self.body, [], pad_id=self.fill_id), ids.tolist(), [length - 1] * b)
+        ids = dummy_ids(self.model.config.vocab_size, b, length)
+        self._forward(PrefixRunner(self.body, [], pad_id=self.fill_id), ids, [length - 1] * b)
 
     def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int]) -> list[float]:
         h, _ = runner.run([x[runner.length :] for x in ids])
