@@ -194,15 +194,6 @@ class MemoryManager:
                 return w.peak_increase
             return _cuda_peak(fn, self.device)  # pragma: no cover - CUDA-only path
 
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Track (and on CPU, enforce the budget of) everything run inside."""
-        if self.tracker is None:
-            yield
-            return
-        with self.tracker.window("run"):
-            yield
-
     # -- running ----------------------------------------------------------------------------
     def run(
         self,

@@ -28,14 +28,13 @@ class Status:
     FAILED = "failed"  # the miner's response failed (timeout, transport error): not scored
     OOM = "oom"  # every retry (split batches, CPU) ran out of memory: not scored
     ERROR = "error"  # the model raised something other than OOM: not scored
-    DISABLED = "disabled"  # the model is switched off; it logs zeros
 
     SCORED = frozenset({OK, TRUNCATED})
 
     @staticmethod
     def worst(statuses: Sequence[str]) -> str:
         """The most severe of several statuses (used to summarize one completion over scorers)."""
-        order = [Status.FAILED, Status.OOM, Status.ERROR, Status.TRUNCATED, Status.OK, Status.DISABLED]
+        order = [Status.FAILED, Status.OOM, Status.ERROR, Status.TRUNCATED, Status.OK]
         for s in order:
             if s in statuses:
                 return s
