@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack.errors import ConfigError
+from rewardstack.settings import TABLES, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
 
 REWARD_MODELS = (
     "dpo_reward_model",
@@ -115,6 +116,12 @@ class StackConfig:
     safety_margin: float = 0.9
     """Share of the budget the batch planner fills with predicted peaks."""
     models: dict[str, ModelConfig] = field(default_factory=dict)
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    """The `[memory]` table (see `rewardstack.settings`)."""
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    """The `[telemetry]` table."""
+    service: ServiceSettings = field(default_factory=ServiceSettings)
+    """The `[service]` table."""
     source: Path | None = None
     """The file the config was read from (None if built in code)."""
 
@@ -127,7 +134,7 @@ class StackConfig:
         return {n: self.models[n].weight for n in REWARD_MODELS}
 
 
-_TOP_KEYS = {f.name for f in fields(StackConfig)} - {"models", "source"}
+_TOP_KEYS = {f.name for f in fields(StackConfig)} - {"models", "source"} - set(TABLES)
 _MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"name"}
 
 
@@ -198,8 +205,8 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
     if not isinstance(data, dict):
         raise ConfigError("<root>", "must be a table")
     for key in data:
-        if key != "models" and key not in _TOP_KEYS:
-            raise ConfigError(key, f"unknown key; expected one of: models, {', '.join(sorted(_TOP_KEYS))}")
+        if key != "models" and key not in _TOP_KEYS and key not in TABLES:
+            raise unknown_key_error("", key, {"models", *TABLES, *_TOP_KEYS})
     models_raw = data.get("models", {})
     if not isinstance(models_raw, dict):
         raise ConfigError("models", "must be a table of model tables")
@@ -208,7 +215,10 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
             raise ConfigError(f"models.{name}", f"unknown model; expected one of: {', '.join(ALL_MODELS)}")
         if not isinstance(raw, dict):
             raise ConfigError(f"models.{name}", "must be a table")
-    top = {k: v for k, v in data.items() if k != "models"}
+    top = {k: v for k, v in data.items() if k != "models" and k not in TABLES}
+    tables = {name: parse_table(cls, data.get(name), name) for name, cls in TABLES.items()}
+    if tables["telemetry"].run_dir is not None:
+        tables["telemetry"].run_dir = _resolve_dir(tables["telemetry"].run_dir, base)
     if "device" in top and not isinstance(top["device"], str):
         raise ConfigError("device", f"must be a string such as 'cpu' or 'cuda:0', got {top['device']!r}")
     if "state_dir" in top:
@@ -223,7 +233,7 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
         v = top.get(key)
         if v is not None and (not isinstance(v, (int, float)) or not 0 < v <= 1):
             raise ConfigError(key, f"must be a number in (0, 1], got {v!r}")
-    cfg = StackConfig(**top, source=source)
+    cfg = StackConfig(**top, **tables, source=source)
     cfg.models = {n: _model_from(n, models_raw.get(n, {}), base) for n in ALL_MODELS}
     total = sum(cfg.models[n].weight for n in REWARD_MODELS)
     if abs(total - 1.0) > 1e-6:

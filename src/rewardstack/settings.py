@@ -1,0 +1,179 @@
+"""Settings tables of the config file that features add: `[memory]`, `[telemetry]`, `[service]`.
+
+Each table is a dataclass; its fields' docstrings (the string literal under each field) are the
+help that `rewardstack config --explain` prints. `parse_table` validates a TOML table against one:
+an unknown key is an error naming the closest valid key, and a value of the wrong type names its
+key. Fields whose metadata says `bytes` accept an integer or a size string ("40GiB", "512MiB").
+Command-line flags override what a table sets (each command says which).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import re
+import textwrap
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
+
+from rewardstack.errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_bytes(value: int | str, *, key: str = "<bytes>") -> int:
+    """Bytes from an integer or a size string: `1073741824`, `"512MiB"`, `"40GiB"`, `"1.5 GB"`."""
+    if isinstance(value, bool):
+        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB' or '512MiB', got {value!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB', got {value!r}")
+    if n <= 0:
+        raise ConfigError(key, f"must be positive, got {value!r}")
+    return n
+
+
+def closest(key: str, valid: typing.Iterable[str]) -> str:
+    """' (did you mean `x`?)' for the closest valid key, or '' when nothing is close."""
+    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def unknown_key_error(prefix: str, key: str, valid: typing.Iterable[str]) -> ConfigError:
+    """The error for a key a table does not declare: names it, the closest valid one, and all."""
+    valid = sorted(valid)
+    return ConfigError(f"{prefix}{key}", f"unknown key{closest(key, valid)}; valid keys: {', '.join(valid)}")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (the help line of that setting)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # pragma: no cover - source not available (frozen builds)
+        return {}
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _check_type(value: Any, hint: Any, key: str, is_bytes: bool) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if is_bytes:
+        return parse_bytes(value, key=key)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(key, f"must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(key, f"must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be a string, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"must be a list, got {value!r}")
+        return [_check_type(v, args[0], key, False) for v in value] if args else value
+    return value
+
+
+T = TypeVar("T")
+
+
+def parse_table(cls: type[T], raw: Any, prefix: str) -> T:
+    """Validate the TOML table `raw` (under `[prefix]`) into the dataclass `cls`."""
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(prefix, "must be a table")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise unknown_key_error(f"{prefix}.", key, known)
+        f = known[key]
+        v = _check_type(value, hints[key], f"{prefix}.{key}", bool(f.metadata.get("bytes")))
+        check = f.metadata.get("check")
+        if check is not None and v is not None:
+            problem = check(v)
+            if problem:
+                raise ConfigError(f"{prefix}.{key}", problem)
+        values[key] = v
+    return cls(**values)
+
+
+def explain_table(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) of every setting of a table, for `config --explain`."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in fields(cls):  # type: ignore[arg-type]
+        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
+        kind = "bytes" if f.metadata.get("bytes") else getattr(hints[f.name], "__name__", str(hints[f.name]).replace("typing.", ""))
+        rows.append((f"{prefix}.{f.name}", kind, repr(default), docs.get(f.name, "")))
+    return rows
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be positive, got {v!r}"
+
+
+def byte_field(default: int | None, **meta: Any) -> Any:
+    """A setting in bytes: an integer or a size string in TOML."""
+    return field(default=default, metadata={"bytes": True, **meta})
+
+
+@dataclass
+class MemorySettings:
+    """`[memory]`: how the card is sized and how cost models are kept."""
+
+    device_memory: int | None = byte_field(None)
+    """Behave as on a card of this size (e.g. "40GiB"): budget, placement and a hard cap on CUDA; on CPU the simulated device's size. Unset: the real card (CUDA) or `memory_budget` (CPU)."""
+
+
+@dataclass
+class TelemetrySettings:
+    """`[telemetry]`: the run directory, its size cap, metrics and alarms."""
+
+    run_dir: str | None = None
+    """Folder for timeline.jsonl, events.jsonl, incidents/ and summary.json (relative to the config file). Unset: no run directory unless a command's --run-dir gives one."""
+
+
+@dataclass
+class ServiceSettings:
+    """`[service]`: `rewardstack serve`'s address and limits."""
+
+    host: str = "127.0.0.1"
+    """Address to bind; anything but loopback requires a bearer token."""
+    port: int = field(default=8000, metadata={"check": _positive})
+    """TCP port."""
+
+
+TABLES: dict[str, type] = {"memory": MemorySettings, "telemetry": TelemetrySettings, "service": ServiceSettings}
