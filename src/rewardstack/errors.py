@@ -41,3 +41,12 @@ class StateError(RewardStackError):
 
 class ModelLoadError(RewardStackError):
     """A model or tokenizer could not be loaded from the configured path."""
+
+
+class SequenceError(RewardStackError):
+    """A step's sequence number is not the next one of its namespace (and not a stored repeat)."""
+
+    def __init__(self, got: int, expected: int) -> None:
+        self.got = got
+        self.expected = expected
+        super().__init__(f"field 'sequence': got {got}, expected {expected}")

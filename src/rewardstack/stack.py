@@ -4,6 +4,16 @@
 prompt and completions, each is normalized by its running normalizer, combined with the configured
 weights, multiplied by every active mask (which see the base prompt), and turned into the event dict
 with the spec's field names. Nothing here touches tensors: scorers and the memory layer do.
+
+The step is two parts, usable apart (the HTTP service batches the first over several clients and
+keeps one second part per client; the Ray scale-out runs them in different processes):
+
+- the stateless part, `RewardStack.forward(step) -> ForwardResult`: every forward pass (the reward
+  models, the masks without state, diversity's embeddings); text in, raw values and embeddings out;
+- the stateful part, `RewardState.apply(forward) -> StepResult`: normalizers, the blacklist, the
+  diversity history and the committed sequence number; raw values in, rewards and event out.
+
+`score_step(step) == state.apply(forward(step))`, then the state is saved.
 """
 
 from __future__ import annotations
@@ -11,18 +21,21 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
-from rewardstack.errors import InputError, StateError
+from rewardstack.errors import InputError, SequenceError, StateError
 from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack.memory.budget import weights_bytes
 from rewardstack.normalize import RunningNormalizer
 from rewardstack.scorers import build_scorer
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.embedding import DiversityHistory, DiversityMask, Embedding
+from rewardstack.scorers.rules import Blacklist, BlacklistState
 from rewardstack.scorers.loading import ModelCache
 from rewardstack.state import StateStore
 
@@ -44,11 +57,13 @@ class Step:
     set_weights: Any = None
     new_forward_pass: bool | None = None
     """Whether this step opens a validator forward pass (default: the `augment` step does)."""
+    logged_best: str | None = None
+    """The `best` a recorded run logged for this step (replay): the blacklist records it instead of the stack's own best."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSONL form `rewardstack score` reads (fields left unset are left out)."""
         d: dict[str, Any] = {"name": self.name, "prompt": self.prompt, "completions": list(self.completions)}
-        for key in ("base_prompt", "uids", "completion_times", "block", "gating_loss", "set_weights", "new_forward_pass"):
+        for key in ("base_prompt", "uids", "completion_times", "block", "gating_loss", "set_weights", "new_forward_pass", "logged_best"):
             value = getattr(self, key)
             if value is not None:
                 d[key] = value
@@ -91,6 +106,9 @@ class Step:
         nfp = d.get("new_forward_pass")
         if nfp is not None and not isinstance(nfp, bool):
             raise InputError("must be true or false", line=line, field="new_forward_pass")
+        logged_best = d.get("logged_best")
+        if logged_best is not None and not isinstance(logged_best, str):
+            raise InputError("must be a string", line=line, field="logged_best")
         for key, value in [("prompt", d["prompt"]), ("base_prompt", base)] + [(f"completions[{i}]", c) for i, c in enumerate(comps)]:
             if isinstance(value, str) and not _is_valid_unicode(value):
                 raise InputError("is not valid Unicode (it holds a lone surrogate)", line=line, field=key)
@@ -101,7 +119,7 @@ class Step:
             uids=list(uids) if uids is not None else None,
             completion_times=[float(t) for t in times] if times is not None else None,
             block=d.get("block"), gating_loss=d.get("gating_loss"), set_weights=d.get("set_weights"),
-            new_forward_pass=nfp,
+            new_forward_pass=nfp, logged_best=logged_best.strip() if logged_best is not None else None,
         )
 
 
@@ -126,6 +144,225 @@ class StepResult:
     """One status per completion: the most severe over every active scorer."""
     model_statuses: dict[str, list[str]]
     event: dict[str, Any] = field(default_factory=dict)
+
+
+BLACKLIST = "blacklist_filter"
+DIVERSITY = "diversity_reward_model"
+RECENT_RESULTS = 64
+"""How many committed results a state keeps for retried requests (by sequence number)."""
+
+
+@dataclass
+class ForwardResult:
+    """What the stateless part gives for one step: raw values per model and diversity's embeddings.
+
+    `results` holds one ScoreResult per active model-backed scorer without state (reward models,
+    relevance, NSFW, task validator). `embeddings` holds, per stateful mask that needs a model
+    (diversity), one (vector on CPU, status) per live completion. Nothing here depends on any state,
+    so it can be computed for several clients' steps together, in any order, in any process.
+    """
+
+    step: Step
+    results: dict[str, ScoreResult]
+    embeddings: dict[str, list[Embedding]] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    """When the forward pass began (the event's `step_length` runs from here to the commit)."""
+
+
+def _checked(name: str, request: ScoreRequest, fn: Any) -> ScoreResult:
+    """Run one scorer (or its stateful half); a raise marks every live completion ERROR.
+
+    A wrong number of scores is an error too, and a non-finite score with a scored status becomes
+    ERROR with NaN: never a silent NaN, never a crash of the scoring loop.
+    """
+    n = len(request.completions)
+    try:
+        res = fn(request)
+        if len(res.scores) != n:
+            raise RuntimeError(f"returned {len(res.scores)} scores for {n} completions")
+    except Exception:  # noqa: BLE001 - the scoring loop must not crash
+        log.exception("%s failed; its completions are marked '%s'", name, Status.ERROR)
+        return ScoreResult([math.nan] * n, [Status.FAILED if c is None else Status.ERROR for c in request.completions])
+    for i, (x, st) in enumerate(zip(res.scores, res.statuses)):
+        if st in Status.SCORED and not math.isfinite(x):
+            # A model that produced NaN or inf did not score: say so, never a silent NaN.
+            log.warning("%s gave a non-finite score (%r) for completion %d", name, x, i)
+            res.statuses[i] = Status.ERROR
+            res.scores[i] = math.nan
+    return res
+
+
+def opens_forward_pass(step: Step) -> bool:
+    """Whether `step` opens a validator forward pass (explicitly, or by being the `augment` step)."""
+    return step.new_forward_pass if step.new_forward_pass is not None else step.name == "augment"
+
+
+class RewardState:
+    """The stateful part of the stack: what one validator (namespace) carries from step to step.
+
+    Holds the reward models' running normalizers, the blacklist of the forward pass in progress,
+    the diversity history, the number of committed steps (which is also the last committed
+    sequence number: steps are numbered from 1) and the results of the last `RECENT_RESULTS`
+    committed sequence numbers, for retried requests. Needs the config (weights, which masks are
+    on), never a model: `apply` is arithmetic on the stateless part's output.
+    """
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.normalizers = {name: RunningNormalizer() for name in REWARD_MODELS}
+        self.blacklist = BlacklistState()
+        self.diversity = DiversityHistory()
+        self.steps_scored = 0
+        self.recent: OrderedDict[int, str] = OrderedDict()
+        """Sequence number -> the stored response of that step (JSON text), the last RECENT_RESULTS."""
+        self.dormant: dict[str, dict[str, Any]] = {}
+        """Saved state of scorers switched off in this run: carried over untouched, not dropped."""
+
+    # -- sequence numbers -------------------------------------------------------------------
+    @property
+    def sequence(self) -> int:
+        """The last committed sequence number (0 before the first step)."""
+        return self.steps_scored
+
+    def check_sequence(self, sequence: int | None) -> str | None:
+        """None when `sequence` (or no sequence) is the next step; the stored result of a repeat.
+
+        Raises SequenceError naming the expected number for a gap, or for a repeat whose result is
+        no longer kept (older than the last RECENT_RESULTS).
+        """
+        if sequence is None or sequence == self.steps_scored + 1:
+            return None
+        stored = self.recent.get(sequence)
+        if stored is not None:
+            return stored
+        raise SequenceError(sequence, self.steps_scored + 1)
+
+    def remember(self, sequence: int, response: str) -> None:
+        """Keep the response of committed step `sequence` for retries (the oldest beyond 64 go)."""
+        self.recent[sequence] = response
+        while len(self.recent) > RECENT_RESULTS:
+            self.recent.popitem(last=False)
+
+    # -- the stateful half of a step --------------------------------------------------------
+    def _active(self, name: str) -> bool:
+        return self.config.models[name].active
+
+    def apply(self, fwd: ForwardResult) -> StepResult:
+        """Normalize, mask and combine one step's raw values; update every piece of state."""
+        step = fwd.step
+        n = len(step.completions)
+        if opens_forward_pass(step):
+            self.blacklist.reset()
+        base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
+        raw: dict[str, list[float]] = {}
+        normalized: dict[str, list[float]] = {}
+        model_statuses: dict[str, list[str]] = {}
+        rewards = [0.0] * n
+        for name in REWARD_MODELS:
+            weight = self.config.models[name].weight
+            res = fwd.results.get(name)
+            if res is None:
+                raw[name] = [0.0] * n
+                normalized[name] = [0.0] * n
+                continue
+            raw[name] = res.scores
+            normalized[name] = self.normalizers[name](res.scores)
+            model_statuses[name] = res.statuses
+            rewards = [r + weight * x for r, x in zip(rewards, normalized[name])]
+        for name in MASKS:
+            request = ScoreRequest(base_prompt, step.completions, step.name)
+            if name in fwd.results:
+                res = fwd.results[name]
+            elif name == BLACKLIST and self._active(name):
+                res = _checked(name, request, self.blacklist.score)
+            elif name in fwd.embeddings:
+                res = _checked(name, request, lambda r, e=fwd.embeddings[name]: self.diversity.score(r, e))
+            else:
+                # A mask switched off logs zeros and is not applied.
+                raw[name] = [0.0] * n
+                normalized[name] = [0.0] * n
+                continue
+            # Masks are not normalized; a completion the mask could not judge counts as masked.
+            mask = [x if math.isfinite(x) else 0.0 for x in res.scores]
+            raw[name] = res.scores
+            normalized[name] = mask
+            model_statuses[name] = res.statuses
+            rewards = [r * m for r, m in zip(rewards, mask)]
+        statuses = [
+            Status.worst([s[i] for s in model_statuses.values()]) if model_statuses else
+            (Status.FAILED if step.completions[i] is None else Status.OK)
+            for i in range(n)
+        ]
+        for i, c in enumerate(step.completions):
+            if c is None:
+                statuses[i] = Status.FAILED
+        best = ""
+        if n:
+            i_best = max(range(n), key=lambda i: (rewards[i], -i))  # first of the maxima, like argmax
+            best = (step.completions[i_best] or "").strip()
+        if self._active(BLACKLIST) and n:  # the reference records the best even when it is empty
+            # Replaying a recorded run, the blacklist holds what the validator chose (its logged best).
+            self.blacklist.record_best(step.name, step.logged_best if step.logged_best is not None else best)
+        self.steps_scored += 1
+        result = StepResult(rewards, best, raw, normalized, statuses, model_statuses)
+        result.event = build_event(step, result, time.time() - fwd.started)
+        return result
+
+    # -- persistence ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Everything that must outlive the process, by section (the StateStore's layout)."""
+        sections: dict[str, dict[str, Any]] = dict(self.dormant)
+        stack: dict[str, Any] = {"steps_scored": self.steps_scored}
+        if self.recent:
+            stack["recent"] = {str(k): v for k, v in self.recent.items()}
+        sections |= {"normalizers": {n: norm.to_dict() for n, norm in self.normalizers.items()}, "stack": stack}
+        for name, part in ((BLACKLIST, self.blacklist), (DIVERSITY, self.diversity)):
+            if self._active(name):
+                st = part.state_dict()
+                if st:
+                    sections[name] = st
+        return sections
+
+    def load_state_dict(self, sections: Mapping[str, dict[str, Any]]) -> None:
+        """Restore what `state_dict` gave. Raises StateError when the sections are inconsistent."""
+        self.dormant = {k: dict(v) for k, v in sections.items() if k in ALL_MODELS and not self._active(k)}
+        try:
+            for name, d in sections.get("normalizers", {}).items():
+                if name in self.normalizers:
+                    self.normalizers[name] = RunningNormalizer.from_dict(d)
+            stack = sections.get("stack", {})
+            self.steps_scored = int(stack.get("steps_scored", 0))
+            self.recent = OrderedDict(sorted((int(k), str(v)) for k, v in dict(stack.get("recent", {})).items()))
+            if self._active(BLACKLIST) and BLACKLIST in sections:
+                self.blacklist.load_state_dict(sections[BLACKLIST])
+            if self._active(DIVERSITY) and DIVERSITY in sections:
+                self.diversity.load_state_dict(sections[DIVERSITY])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StateError(f"state is inconsistent: {e}") from e
+
+
+def build_event(step: Step, result: StepResult, elapsed: float) -> dict[str, Any]:
+    """The event dict of one scored step, with the spec's field names."""
+    n = len(step.completions)
+    event: dict[str, Any] = {
+        "name": step.name,
+        "block": step.block,
+        "gating_loss": step.gating_loss,
+        "uids": step.uids if step.uids is not None else list(range(n)),
+        "prompt": step.prompt,
+        "step_length": elapsed,
+        "best": result.best,
+        "completions": [c if c is not None else "" for c in step.completions],
+        "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
+        "rewards": result.rewards,
+        "set_weights": step.set_weights,
+    }
+    for name in ALL_MODELS:
+        event[name] = result.raw[name]
+        event[name + "_normalized"] = result.normalized[name]
+    event["statuses"] = result.statuses
+    event["model_statuses"] = result.model_statuses
+    return event
 
 
 class RewardStack:
@@ -157,10 +394,11 @@ class RewardStack:
             # Budget = device total x utilization - weights - headroom (or memory_budget), then
             # placement decides what stays resident when the weights alone do not fit.
             self.memory.setup(config)
-        self.normalizers = {name: RunningNormalizer() for name in REWARD_MODELS}
+        self.state = RewardState(config)
+        """The stateful part (this stack's own; the service keeps one per namespace)."""
         self.store = StateStore(config.state_dir)
-        self.steps_scored = 0
-        self._dormant: dict[str, dict[str, Any]] = {}
+        self.on_step: list[Callable[[dict[str, Any]], None]] = []
+        """Called after each scored step with the step's memory record (docs/TELEMETRY.md)."""
         if load_state:
             self.load_state()
 
@@ -190,19 +428,27 @@ class RewardStack:
         return cls(load_config(path), **kwargs)
 
     # -- state ------------------------------------------------------------------------------
+    @property
+    def normalizers(self) -> dict[str, RunningNormalizer]:
+        """The running normalizers of this stack's state."""
+        return self.state.normalizers
+
+    @property
+    def steps_scored(self) -> int:
+        """Steps committed to this stack's state (also its last sequence number)."""
+        return self.state.steps_scored
+
+    @steps_scored.setter
+    def steps_scored(self, value: int) -> None:
+        self.state.steps_scored = value
+
+    def new_state(self) -> RewardState:
+        """A fresh stateful part for this stack's config (one per client in the service)."""
+        return RewardState(self.config)
+
     def state_sections(self) -> dict[str, dict[str, Any]]:
         """Everything that must outlive the process, by section."""
-        # State of scorers switched off in this run is carried over untouched, not dropped.
-        sections: dict[str, dict[str, Any]] = dict(self._dormant)
-        sections |= {
-            "normalizers": {n: norm.to_dict() for n, norm in self.normalizers.items()},
-            "stack": {"steps_scored": self.steps_scored},
-        }
-        for name, scorer in self.scorers.items():
-            st = scorer.state_dict()
-            if st:
-                sections[name] = st
-        return sections
+        return self.state.state_dict()
 
     def save_state(self) -> None:
         """Atomically persist normalizers and scorer state to the state directory."""
@@ -211,16 +457,9 @@ class RewardStack:
     def load_state(self) -> None:
         """Restore persisted state, if any."""
         sections = self.store.load()
-        self._dormant = {k: v for k, v in sections.items() if k in ALL_MODELS and k not in self.scorers}
         try:
-            for name, d in sections.get("normalizers", {}).items():
-                if name in self.normalizers:
-                    self.normalizers[name] = RunningNormalizer.from_dict(d)
-            self.steps_scored = int(sections.get("stack", {}).get("steps_scored", 0))
-            for name, scorer in self.scorers.items():
-                if name in sections:
-                    scorer.load_state_dict(sections[name])
-        except (KeyError, TypeError, ValueError) as e:
+            self.state.load_state_dict(sections)
+        except StateError as e:
             raise StateError(f"state in {self.store.path} is inconsistent: {e}") from e
         if sections:
             log.info("restored state from %s (%d steps scored before)", self.store.path, self.steps_scored)
@@ -228,103 +467,61 @@ class RewardStack:
     # -- scoring ----------------------------------------------------------------------------
     def score_step(self, step: Step | Mapping[str, Any], *, save: bool = True) -> StepResult:
         """Score one validator step and return rewards, per-model scores, statuses and the event."""
-        if not isinstance(step, Step):
-            step = Step.from_dict(step)
-        started = time.time()
-        n = len(step.completions)
-        opens_pass = step.new_forward_pass if step.new_forward_pass is not None else step.name == "augment"
-        if opens_pass:
-            for scorer in self.scorers.values():
-                scorer.begin_forward_pass()
-        base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
-        raw: dict[str, list[float]] = {}
-        normalized: dict[str, list[float]] = {}
-        model_statuses: dict[str, list[str]] = {}
-        rewards = [0.0] * n
-        for name in REWARD_MODELS:
-            weight = self.config.models[name].weight
-            if name not in self.scorers:
-                raw[name] = [0.0] * n
-                normalized[name] = [0.0] * n
-                continue
-            res = self._run(name, ScoreRequest(step.prompt, step.completions, step.name))
-            raw[name] = res.scores
-            normalized[name] = self.normalizers[name](res.scores)
-            model_statuses[name] = res.statuses
-            rewards = [r + weight * x for r, x in zip(rewards, normalized[name])]
-        for name in MASKS:
-            if name not in self.scorers:
-                # A mask switched off logs zeros and is not applied.
-                raw[name] = [0.0] * n
-                normalized[name] = [0.0] * n
-                continue
-            res = self._run(name, ScoreRequest(base_prompt, step.completions, step.name))
-            # Masks are not normalized; a completion the mask could not judge counts as masked.
-            mask = [x if math.isfinite(x) else 0.0 for x in res.scores]
-            raw[name] = res.scores
-            normalized[name] = mask
-            model_statuses[name] = res.statuses
-            rewards = [r * m for r, m in zip(rewards, mask)]
-        statuses = [
-            Status.worst([s[i] for s in model_statuses.values()]) if model_statuses else
-            (Status.FAILED if step.completions[i] is None else Status.OK)
-            for i in range(n)
-        ]
-        for i, c in enumerate(step.completions):
-            if c is None:
-                statuses[i] = Status.FAILED
-        best = ""
-        if n:
-            i_best = max(range(n), key=lambda i: (rewards[i], -i))  # first of the maxima, like argmax
-            best = (step.completions[i_best] or "").strip()
-        blacklist = self.scorers.get("blacklist_filter")
-        if blacklist is not None and n:  # the reference records the best even when it is empty
-            blacklist.record_best(step.name, best)  # type: ignore[attr-defined]
-        self.steps_scored += 1
-        result = StepResult(rewards, best, raw, normalized, statuses, model_statuses)
-        result.event = self._event(step, result, time.time() - started)
+        result = self.state.apply(self.forward(step))
         if save:
             self.save_state()
+        if self.on_step:  # telemetry, a validator's own logging (wandb): docs/TELEMETRY.md
+            from rewardstack.telemetry.monitor import notify_step
+
+            notify_step(self, result)
+        return result
+
+    def forward(self, step: Step | Mapping[str, Any]) -> ForwardResult:
+        """The stateless part of a step: every forward pass, no state read or written.
+
+        Reward models score the prompt, masks the base prompt; the blacklist needs no model (it
+        runs in `RewardState.apply`) and diversity gives its embeddings only.
+        """
+        return self.forward_many([step])[0]
+
+    def forward_many(self, steps: Sequence[Step | Mapping[str, Any]]) -> list[ForwardResult]:
+        """The stateless part of several steps, model by model (each model's weights used once).
+
+        Each step is still its own scorer call, so every step's values are those `forward` gives
+        it alone; the order only saves swapping weights in and out between steps.
+        """
+        parsed = [s if isinstance(s, Step) else Step.from_dict(s) for s in steps]
+        started = time.time()
+        results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
+        embeddings: list[dict[str, list[Embedding]]] = [{} for _ in parsed]
+        for name in REWARD_MODELS:
+            if name in self.scorers:
+                for step, res in zip(parsed, results):
+                    res[name] = self._run(name, ScoreRequest(step.prompt, step.completions, step.name))
+        for name in MASKS:
+            scorer = self.scorers.get(name)
+            if scorer is None or isinstance(scorer, Blacklist):
+                continue
+            for step, res, emb in zip(parsed, results, embeddings):
+                base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
+                request = ScoreRequest(base_prompt, step.completions, step.name)
+                if isinstance(scorer, DiversityMask):
+                    emb[name] = self._embed(scorer, request)
+                else:
+                    res[name] = self._run(name, request)
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
-        return result
+        return [ForwardResult(step, res, emb, started) for step, res, emb in zip(parsed, results, embeddings)]
 
     def _run(self, name: str, request: ScoreRequest) -> ScoreResult:
         """One scorer on one request; a scorer that raises marks every live completion ERROR."""
-        n = len(request.completions)
-        try:
-            res = self.scorers[name].score(request)
-            if len(res.scores) != n:
-                raise RuntimeError(f"returned {len(res.scores)} scores for {n} completions")
-        except Exception:  # noqa: BLE001 - the scoring loop must not crash
-            log.exception("%s failed; its completions are marked '%s'", name, Status.ERROR)
-            return ScoreResult([math.nan] * n, [Status.FAILED if c is None else Status.ERROR for c in request.completions])
-        for i, (x, st) in enumerate(zip(res.scores, res.statuses)):
-            if st in Status.SCORED and not math.isfinite(x):
-                # A model that produced NaN or inf did not score: say so, never a silent NaN.
-                log.warning("%s gave a non-finite score (%r) for completion %d", name, x, i)
-                res.statuses[i] = Status.ERROR
-                res.scores[i] = math.nan
-        return res
+        return _checked(name, request, self.scorers[name].score)
 
-    def _event(self, step: Step, result: StepResult, elapsed: float) -> dict[str, Any]:
-        n = len(step.completions)
-        event: dict[str, Any] = {
-            "name": step.name,
-            "block": step.block,
-            "gating_loss": step.gating_loss,
-            "uids": step.uids if step.uids is not None else list(range(n)),
-            "prompt": step.prompt,
-            "step_length": elapsed,
-            "best": result.best,
-            "completions": [c if c is not None else "" for c in step.completions],
-            "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
-            "rewards": result.rewards,
-            "set_weights": step.set_weights,
-        }
-        for name in ALL_MODELS:
-            event[name] = result.raw[name]
-            event[name + "_normalized"] = result.normalized[name]
-        event["statuses"] = result.statuses
-        event["model_statuses"] = result.model_statuses
-        return event
+    @staticmethod
+    def _embed(scorer: DiversityMask, request: ScoreRequest) -> list[Embedding]:
+        """Diversity's embeddings; an embedder that raises gives ERROR for every live completion."""
+        try:
+            return scorer.embed(request)
+        except Exception:  # noqa: BLE001 - the scoring loop must not crash
+            log.exception("%s failed; its completions are marked '%s'", scorer.name, Status.ERROR)
+            return [(None, Status.ERROR)] * len(request.live())

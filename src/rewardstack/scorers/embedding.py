@@ -208,28 +208,27 @@ def _second_smallest(dist: torch.Tensor) -> torch.Tensor:
     return torch.topk(dist, 2, dim=1, largest=False).values[:, -1]
 
 
-class DiversityMask(Scorer):
-    """`diversity_reward_model`: far from the other completions and from recent history."""
+class DiversityHistory:
+    """Diversity's state and its stateful half: the past embeddings, and the mask from new ones.
 
-    name = "diversity_reward_model"
-    kind = "mask"
+    `DiversityMask.embed` (the stateless half: the forward pass) gives one embedding per completion;
+    `score` turns them into the mask values against this history and appends them. The stack's
+    stateful part (`rewardstack.stack.RewardState`) holds one per namespace.
+    """
 
-    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
-        assert cfg.path, "diversity_reward_model: no path"
-        self.embedder = Embedder.shared(runtime, cfg.path, cfg, windowed=False, name=self.name)
+    def __init__(self) -> None:
         self.history: torch.Tensor | None = None  # CPU float32, oldest first
 
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.embedder.model]
-
-    def score(self, request: ScoreRequest) -> ScoreResult:
+    def score(self, request: ScoreRequest, embeddings: list[Embedding]) -> ScoreResult:
+        """The mask of `request` from its live completions' `embeddings`, then remember them."""
         result = ScoreResult.failed_only(request)
         live = request.live()
         if not live:
             return result
-        embs = self.embedder.embed([request.completions[i] for i in live])  # type: ignore[misc]
-        ok = [(i, v, st) for i, (v, st) in zip(live, embs) if v is not None]
-        for i, (v, st) in zip(live, embs):
+        if len(embeddings) != len(live):
+            raise ValueError(f"{len(embeddings)} embeddings for {len(live)} live completions")
+        ok = [(i, v, st) for i, (v, st) in zip(live, embeddings) if v is not None]
+        for i, (v, st) in zip(live, embeddings):
             if v is None:
                 result.statuses[i] = st
         if not ok:
@@ -283,6 +282,45 @@ class DiversityMask(Scorer):
             return
         t = torch.as_tensor(h, dtype=torch.float32).cpu()
         self.history = t[-HISTORY_MAX:].clone() if t.ndim == 2 and t.shape[0] > 0 else None
+
+
+class DiversityMask(Scorer):
+    """`diversity_reward_model`: far from the other completions and from recent history.
+
+    Split in two for the stack: `embed` is the forward pass (stateless), `DiversityHistory.score`
+    the stateful rest. Used alone, the scorer keeps one `DiversityHistory`.
+    """
+
+    name = "diversity_reward_model"
+    kind = "mask"
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
+        assert cfg.path, "diversity_reward_model: no path"
+        self.embedder = Embedder.shared(runtime, cfg.path, cfg, windowed=False, name=self.name)
+        self.state = DiversityHistory()
+
+    @property
+    def history(self) -> torch.Tensor | None:
+        return self.state.history
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.embedder.model]
+
+    def embed(self, request: ScoreRequest) -> list[Embedding]:
+        """One (vector, status) per live completion: everything diversity needs a model for."""
+        live = request.live()
+        if not live:
+            return []
+        return self.embedder.embed([request.completions[i] for i in live])  # type: ignore[misc]
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        return self.state.score(request, self.embed(request))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.load_state_dict(state)
 
 
 def build_relevance(cfg: ModelConfig, runtime: Runtime) -> Scorer:

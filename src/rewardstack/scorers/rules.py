@@ -22,17 +22,18 @@ def _rule_result(request: ScoreRequest, fn) -> ScoreResult:  # noqa: ANN001
     return result
 
 
-class Blacklist(Scorer):
-    """0 for the stock phrase, the base prompt itself, or a best question/answer of this forward pass."""
+class BlacklistState:
+    """The blacklist's state: best questions and answers of the forward pass in progress.
 
-    name = "blacklist_filter"
-    kind = "mask"
+    The mask's value depends only on this state and the text (no model), so the stateful part of
+    the stack (`rewardstack.stack.RewardState`) holds one per namespace and runs it there.
+    """
 
     def __init__(self) -> None:
         self.question_blacklist: list[str] = []
         self.answer_blacklist: list[str] = []
 
-    def begin_forward_pass(self) -> None:
+    def reset(self) -> None:
         """Forget the best questions and answers of the previous forward pass."""
         self.question_blacklist = []
         self.answer_blacklist = []
@@ -57,6 +58,47 @@ class Blacklist(Scorer):
         """Restore the lists."""
         self.question_blacklist = [str(x) for x in state.get("question_blacklist", [])]
         self.answer_blacklist = [str(x) for x in state.get("answer_blacklist", [])]
+
+
+class Blacklist(Scorer):
+    """0 for the stock phrase, the base prompt itself, or a best question/answer of this forward pass.
+
+    Used alone, the scorer keeps one `BlacklistState`; the stack keeps its own per namespace.
+    """
+
+    name = "blacklist_filter"
+    kind = "mask"
+
+    def __init__(self) -> None:
+        self.state = BlacklistState()
+
+    @property
+    def question_blacklist(self) -> list[str]:
+        return self.state.question_blacklist
+
+    @property
+    def answer_blacklist(self) -> list[str]:
+        return self.state.answer_blacklist
+
+    def begin_forward_pass(self) -> None:
+        """Forget the best questions and answers of the previous forward pass."""
+        self.state.reset()
+
+    def record_best(self, task: str, best: str) -> None:
+        """Remember a step's best completion: followup steps add questions, answer steps answers."""
+        self.state.record_best(task, best)
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        """1.0 unless a completion is blacklisted."""
+        return self.state.score(request)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The lists of the forward pass in progress (a restart mid-pass keeps them)."""
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the lists."""
+        self.state.load_state_dict(state)
 
 
 def task_validator_value(task: str, completion: str) -> float:
@@ -96,4 +138,4 @@ def build_task_validator(cfg: ModelConfig, runtime: Runtime) -> TaskValidator:
     return TaskValidator()
 
 
-__all__ = ["Blacklist", "TaskValidator", "task_validator_value", "Status"]
+__all__ = ["Blacklist", "BlacklistState", "TaskValidator", "task_validator_value", "Status"]
