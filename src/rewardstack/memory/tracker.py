@@ -16,6 +16,10 @@ Threads: PyTorch's dispatch-mode stack is thread-local, so each thread that shou
 enter the tracker itself (`with tracker:`, re-entrant per thread); the counters are shared and
 locked, so one tracker sums the bytes of every thread that entered it.
 
+Meta tensors are counted too (a meta storage has a size but no data): a model built on the meta
+device runs its forward passes under the tracker with no weights and no arithmetic, which is how
+`rewardstack.memory.simulate` measures full-size models on a laptop.
+
 Limits, on purpose: memory a kernel allocates internally and frees before returning (e.g. a fused
 attention's workspace) is invisible, as are tensors created outside any aten op (e.g. by numpy).
 """
@@ -58,8 +62,11 @@ class Window:
 
 
 def _storage_of(t: torch.Tensor) -> Any | None:
-    """The untyped storage of a plain tensor (None for meta, sparse, or storage-less tensors)."""
-    if t.device.type == "meta" or t.is_sparse:
+    """The untyped storage of a plain tensor (None for sparse or storage-less tensors).
+
+    Meta tensors count like any other: their storages have a size and no data, so a forward pass
+    on the meta device is charged exactly the bytes it would allocate (`memory.simulate`)."""
+    if t.is_sparse:
         return None
     try:
         return t.untyped_storage()
