@@ -1,0 +1,16 @@
+"""Replay recorded validator runs and soak long runs with faults: readers, replay, soak, pathological inputs.
+
+- `readers`: the validator's loguru `completions.log` (rotated, compressed), the published parquet
+  files (both layouts), rewardstack's own step and event JSONL; detected from content.
+- `replay`: `rewardstack replay`: what drove each model's peak, the reference's need, fit, agreement;
+  `--init-state` warm-starts a stack's state from a validator's log.
+- `soak`: `rewardstack soak`: generated traffic, injected OOMs, kills and restarts, compared with a
+  clean run; a verdict in `summary.json`.
+- `pathological`: the inputs that break naive scorers, mixed into generated steps.
+
+Exactly-once scoring itself is `rewardstack.runner`. Guide: docs/REPLAY.md.
+"""
+
+from rewardstack.replay.readers import Run, RunStep, detect, read_run
+
+__all__ = ["Run", "RunStep", "detect", "read_run"]

@@ -1,0 +1,519 @@
+"""`rewardstack replay`: score a recorded run from empty state and say what drove each model's peak.
+
+    rewardstack replay LOG... --config C [--budget B] [--run-dir D] [--steps A:B] [--top K]
+    rewardstack replay LOG... --config C --init-state
+
+The run's steps (`readers.read_run`) are scored in order by a stack built from C with an empty
+state in a temporary folder (the operator's state is never touched), each model's forward passes
+measured per step (tracker peak on CPU, allocator peak on CUDA). The report ends with:
+
+- per model, the top inputs behind its peak: the steps where its measured peak was highest, each
+  named by its longest input (step position, completion index, length, first characters); ties
+  (a bounded model peaks the same on every input past its bound) go to the longer input;
+- for each, what the unbounded reference would have asked for (`rewardstack.memory.simulate.
+  reference_need` at the input's untruncated token count, in the reference's dtype) beside what
+  rewardstack used; when the simulation is not available the figure is said to be unavailable,
+  never extrapolated;
+- with `--budget` (bytes or sizes such as 40GiB): whether the run fits that card (CPU: the simulated
+  device of that size; CUDA: a hard cap through `torch.cuda.set_per_process_memory_fraction`), with
+  the OOMs it hit;
+- where the log has the validator's per-model values, agreement: per model, how many raw values
+  are within 1e-4 (relative, floor 1), the largest difference and the worst inputs.
+
+`--init-state` instead rebuilds the normalizer statistics (from the logged raw values where the log
+has them, else by scoring), the blacklist (from the logged bests) and the diversity history (by
+embedding), and writes them as the state in C's `state_dir`; it refuses to overwrite a state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from rewardstack.config import ALL_MODELS, REWARD_MODELS, StackConfig, load_config
+from rewardstack.errors import RewardStackError, StateError
+from rewardstack.replay.readers import Run, RunStep, read_run
+
+log = logging.getLogger("rewardstack.replay")
+
+AGREEMENT_TOL = 1e-4
+HEAD_CHARS = 60
+
+
+def parse_steps(text: str | None, n: int) -> range:
+    """Positions selected by `A:B` (0-based, B excluded, either side may be empty) or `A` alone."""
+    if not text:
+        return range(n)
+    try:
+        if ":" in text:
+            a, _, b = text.partition(":")
+            return range(n)[slice(int(a) if a.strip() else None, int(b) if b.strip() else None)]
+        i = int(text)
+        return range(n)[i : i + 1]
+    except ValueError:
+        raise RewardStackError(f"--steps must be A:B, A: or :B with 0-based step positions, got {text!r}") from None
+
+
+# -- measuring each model's peak per step ---------------------------------------------------------
+
+class PeakProbe:
+    """Wraps the stack's memory manager: the peak of every model call, kept per (step, model)."""
+
+    def __init__(self, stack: Any) -> None:
+        self.stack = stack
+        self.memory = stack.memory
+        self.step = -1
+        self.peaks: dict[int, dict[str, int]] = {}
+        self._run = self.memory.run
+        self.memory.run = self._measured  # scorers reach the manager through the same object
+
+    def _measured(self, name: str, lengths: Sequence[int], forward: Callable, **kw: Any) -> Any:
+        owner = name.split("[", 1)[0]
+        tracker = self.memory.tracker
+        if tracker is not None:
+            with tracker.window(f"replay:{name}") as w:
+                out = self._run(name, lengths, forward, **kw)
+            peak = w.peak_increase
+        elif self.memory.device.type == "cuda":  # pragma: no cover - CUDA-only path
+            dev = self.memory.device
+            start = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            out = self._run(name, lengths, forward, **kw)
+            peak = int(torch.cuda.max_memory_allocated(dev) - start)
+        else:
+            out = self._run(name, lengths, forward, **kw)
+            peak = 0
+        by_model = self.peaks.setdefault(self.step, {})
+        by_model[owner] = max(by_model.get(owner, 0), int(peak))
+        return out
+
+    def close(self) -> None:
+        """Put the manager's own `run` back."""
+        self.memory.run = self._run
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+@dataclass
+class TopInput:
+    """One input behind a model's peak."""
+
+    model: str
+    step: int
+    """0-based position of the step in the replayed run."""
+    index: int
+    """Completion index within the step."""
+    chars: int
+    head: str
+    where: str
+    used_bytes: int
+    """The model's measured peak in that step (rewardstack's, under its plan)."""
+    tokens: int | None = None
+    """The input's untruncated token count with the model's tokenizer (None: no tokenizer)."""
+    reference_bytes: int | None = None
+    reference_largest_bytes: int | None = None
+    reference_note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Agreement:
+    """How closely replayed raw values agree with the validator's logged ones, for one model."""
+
+    model: str
+    compared: int = 0
+    within: int = 0
+    max_diff: float = 0.0
+    worst: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class ReplayReport:
+    """Everything `replay` found."""
+
+    steps: int = 0
+    completions: dict[str, int] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)
+    top: dict[str, list[TopInput]] = field(default_factory=dict)
+    agreement: dict[str, Agreement] = field(default_factory=dict)
+    budget_bytes: int | None = None
+    ooms: list[dict[str, Any]] = field(default_factory=list)
+    oom_completions: dict[str, int] = field(default_factory=dict)
+    read_errors: list[str] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        """No completion lost to an OOM (recovered OOMs still fit: the plan adapted)."""
+        return not self.oom_completions
+
+    def verdict(self) -> str:
+        """One line on whether the run fits the budget."""
+        if self.budget_bytes is None:
+            return "no --budget given: the run was replayed without a memory limit"
+        size = _fmt_bytes(self.budget_bytes)
+        recovered = sum(1 for o in self.ooms if o["action"] in ("split", "cpu_fallback"))
+        if not self.ooms:
+            return f"fits {size}: no OOM"
+        if self.fits:
+            return f"fits {size}: {recovered} OOM(s) hit and recovered (split or host fallback), no completion lost"
+        lost = ", ".join(f"{m} {n}" for m, n in sorted(self.oom_completions.items()))
+        return f"does not fit {size}: {len(self.ooms)} OOM(s); completions reported 'oom': {lost}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary.json form (events excluded)."""
+        return {
+            "steps": self.steps,
+            "completions": self.completions,
+            "peak_bytes": self.peaks,
+            "top_inputs": {m: [t.to_dict() for t in ts] for m, ts in self.top.items()},
+            "budget_bytes": self.budget_bytes,
+            "fits": self.fits,
+            "verdict": self.verdict(),
+            "ooms": self.ooms,
+            "oom_completions": self.oom_completions,
+            "agreement": {m: a.to_dict() for m, a in self.agreement.items()},
+            "read_errors": self.read_errors,
+        }
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _head(text: str) -> str:
+    h = text[:HEAD_CHARS]
+    return h + ("..." if len(text) > HEAD_CHARS else "")
+
+
+# -- reference need -------------------------------------------------------------------------------
+
+def _token_count(scorer: Any, model: str, prompt: str, completion: str) -> int | None:
+    """Untruncated token count of the model's input (the pair for OpenAssistant), None if unknown."""
+    tok = getattr(scorer, "tokenizer", None)
+    if tok is None:
+        return None
+    try:
+        if model == "rlhf_reward_model":
+            return len(tok(prompt, completion, truncation=False)["input_ids"])
+        return len(tok(prompt + completion, truncation=False)["input_ids"])
+    except Exception as e:  # noqa: BLE001 - a figure for the report, never a crash
+        log.info("%s: cannot count tokens: %s", model, e)
+        return None
+
+
+def reference_figure(model: str, tokens: int | None) -> tuple[int | None, int | None, str]:
+    """(peak, largest allocation, note) the unbounded reference would have asked for, or None and why."""
+    if tokens is None:
+        return None, None, "unavailable: the model has no tokenizer to count the input's tokens"
+    try:
+        from rewardstack.memory.simulate import reference_need, scorer_bound
+    except ImportError:
+        return None, None, "unavailable: the full-size simulation (rewardstack.memory.simulate) is not installed"
+    n = tokens
+    try:
+        if model != "rlhf_reward_model":
+            # The reference truncated the other models to their position limit.
+            n = min(n, int(scorer_bound(model)))
+        res = reference_need(model, n)
+    except Exception as e:  # noqa: BLE001
+        return None, None, f"unavailable: the simulation failed ({type(e).__name__}: {e})"
+    note = f"{n} tokens" + (" (the reference's truncation)" if n < tokens else "")
+    return int(res.peak_bytes), int(res.largest_alloc_bytes), note
+
+
+# -- replay ---------------------------------------------------------------------------------------
+
+def _input_text(model: str, rs: RunStep, i: int) -> tuple[str, str]:
+    step = rs.step
+    prompt = step.prompt if model in REWARD_MODELS else (step.base_prompt if step.base_prompt is not None else step.prompt)
+    return prompt, step.completions[i] or ""
+
+
+def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]], k: int,
+               reference: bool = True) -> dict[str, list[TopInput]]:
+    """Per model, the k inputs behind its highest measured peaks (one per step; ties: the longer input)."""
+    out: dict[str, list[TopInput]] = {}
+    models = sorted({m for by in peaks.values() for m in by})
+    for model in models:
+        ranked = []
+        for pos, by in peaks.items():
+            if model not in by or pos < 0:
+                continue
+            comps = steps[pos].step.completions
+            live = [i for i, c in enumerate(comps) if c is not None]
+            if not live:
+                continue
+            i = max(live, key=lambda j: (len(comps[j] or ""), -j))
+            ranked.append((by[model], len(comps[i] or ""), -pos, pos, i))
+        ranked.sort(reverse=True)
+        tops = []
+        for peak, chars, _, pos, i in ranked[:k]:
+            text = steps[pos].step.completions[i] or ""
+            t = TopInput(model, pos, i, chars, _head(text), steps[pos].where, peak)
+            if reference and (model == "rlhf_reward_model" or not tops):
+                # Every top input of the OpenAssistant model (the one whose unbounded reference
+                # crashed validators); the first of each other model.
+                prompt, comp = _input_text(model, steps[pos], i)
+                t.tokens = _token_count(stack.scorers.get(model), model, prompt, comp)
+                t.reference_bytes, t.reference_largest_bytes, t.reference_note = reference_figure(model, t.tokens)
+            tops.append(t)
+        out[model] = tops
+    return out
+
+
+def agreement(steps: list[RunStep], raws: list[dict[str, list[float]]], worst: int = 3) -> dict[str, Agreement]:
+    """Per model logged by the validator: replayed raw values against the logged ones."""
+    out: dict[str, Agreement] = {}
+    for pos, (rs, raw) in enumerate(zip(steps, raws)):
+        for model, logged in rs.logged.items():
+            if model not in raw:
+                continue
+            a = out.setdefault(model, Agreement(model))
+            for i, (x, y) in enumerate(zip(raw[model], logged)):
+                if not (math.isfinite(x) and math.isfinite(y)):
+                    continue
+                d = abs(x - y)
+                a.compared += 1
+                a.within += d <= AGREEMENT_TOL * max(1.0, abs(y))
+                a.max_diff = max(a.max_diff, d)
+                a.worst.append({"step": pos, "index": i, "logged": y, "replayed": x, "diff": d})
+                a.worst.sort(key=lambda w: -w["diff"])
+                del a.worst[worst:]
+    return out
+
+
+def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = True,
+           on_event: Callable[[dict[str, Any]], None] | None = None) -> ReplayReport:
+    """Score `steps` in order on `stack` (whose state should be empty) and build the report."""
+    from collections import Counter
+
+    report = ReplayReport(steps=len(steps), budget_bytes=stack.memory.budget_bytes)
+    probe = PeakProbe(stack)
+    oom_start = len(stack.memory.oom_log)
+    statuses: Counter[str] = Counter()
+    lost: Counter[str] = Counter()
+    raws: list[dict[str, list[float]]] = []
+    try:
+        for pos, rs in enumerate(steps):
+            probe.step = pos
+            result = stack.score_step(rs.step, save=False)
+            raws.append(result.raw)
+            statuses.update(result.statuses)
+            for model, sts in result.model_statuses.items():
+                lost[model] += sum(s == "oom" for s in sts)
+            if on_event is not None:
+                on_event(result.event)
+    finally:
+        probe.close()
+    report.completions = dict(statuses)
+    report.oom_completions = {m: n for m, n in lost.items() if n}
+    report.ooms = [r.to_dict() for r in list(stack.memory.oom_log)[oom_start:]]
+    for by in probe.peaks.values():
+        for m, p in by.items():
+            report.peaks[m] = max(report.peaks.get(m, 0), p)
+    report.top = top_inputs(stack, steps, probe.peaks, top, reference)
+    report.agreement = agreement(steps, raws)
+    return report
+
+
+def format_report(report: ReplayReport) -> str:
+    """The report as text for a person."""
+    rows = [f"replayed {report.steps} steps; completions by status: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(report.completions.items()))]
+    for e in report.read_errors[:10]:
+        rows.append(f"  skipped: {e}")
+    if len(report.read_errors) > 10:
+        rows.append(f"  ... and {len(report.read_errors) - 10} more skipped records")
+    rows.append("")
+    rows.append("top inputs behind each model's peak (step = 0-based position in the run):")
+    for model, tops in report.top.items():
+        rows.append(f"  {model}: peak {_fmt_bytes(report.peaks.get(model))}")
+        for t in tops:
+            rows.append(f"    step {t.step}, completion {t.index}: {t.chars} chars {t.head!r}  ({t.where})")
+            if t.reference_bytes is not None:
+                rows.append(
+                    f"      the unbounded reference would have needed {_fmt_bytes(t.reference_bytes)} "
+                    f"(largest single allocation {_fmt_bytes(t.reference_largest_bytes)}, {t.reference_note}); "
+                    f"rewardstack used {_fmt_bytes(t.used_bytes)}"
+                )
+            elif t.reference_note:
+                rows.append(f"      reference need {t.reference_note}; rewardstack used {_fmt_bytes(t.used_bytes)}")
+    rows.append("")
+    rows.append(report.verdict())
+    if report.budget_bytes is not None:
+        over = [t for ts in report.top.values() for t in ts
+                if t.reference_bytes is not None and t.reference_bytes > report.budget_bytes]
+        for t in over[:5]:
+            rows.append(f"  the unbounded reference would have run out of memory at step {t.step}, completion {t.index} "
+                        f"({t.model}: {_fmt_bytes(t.reference_bytes)} > {_fmt_bytes(report.budget_bytes)})")
+        for o in report.ooms[:10]:
+            rows.append(f"  OOM {o['model']}: batch {o['batch']} x {o['length']} -> {o['action']}"
+                        + (" (injected)" if o.get("injected") else ""))
+    if report.agreement:
+        rows.append("")
+        rows.append(f"agreement with the validator's logged raw values (within {AGREEMENT_TOL:g} relative):")
+        for m, a in report.agreement.items():
+            rows.append(f"  {m}: {a.within}/{a.compared} within, largest difference {a.max_diff:.3g}")
+            for w in a.worst[:3]:
+                if w["diff"] > 0:
+                    rows.append(f"    step {w['step']}, completion {w['index']}: logged {w['logged']:.6g}, "
+                                f"replayed {w['replayed']:.6g}")
+    else:
+        rows.append("")
+        rows.append("agreement: the log holds no per-model values")
+    return "\n".join(rows)
+
+
+# -- warm start -----------------------------------------------------------------------------------
+
+def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
+    """Fold a recorded run into the stack's state: normalizers, blacklist, diversity history.
+
+    Reward models whose raw values the log holds are not run: the logged values (failed calls
+    excluded) update the normalizers. Others are scored. Diversity embeds each step's completions
+    (its history needs vectors); the blacklist records the logged bests. Returns how many steps
+    used logged values per model and how many were scored.
+    """
+    from rewardstack.scorers.base import ScoreRequest, ScoreResult, Status
+    from rewardstack.stack import ForwardResult
+
+    counts: dict[str, int] = {"logged": 0, "scored": 0}
+    for rs in steps:
+        step = rs.step
+        base = step.base_prompt if step.base_prompt is not None else step.prompt
+        results: dict[str, Any] = {}
+        embeddings: dict[str, Any] = {}
+        for name, scorer in stack.scorers.items():
+            if name in REWARD_MODELS:
+                logged = rs.logged.get(name)
+                if logged is not None:
+                    scores = [x if c is not None else math.nan for x, c in zip(logged, step.completions)]
+                    sts = [Status.FAILED if c is None else (Status.OK if math.isfinite(x) else Status.ERROR)
+                           for x, c in zip(scores, step.completions)]
+                    results[name] = ScoreResult(scores, sts)
+                    counts["logged"] += 1
+                else:
+                    results[name] = stack._run(name, ScoreRequest(step.prompt, step.completions, step.name))
+                    counts["scored"] += 1
+            elif name == "diversity_reward_model":
+                embeddings[name] = stack._embed(scorer, ScoreRequest(base, step.completions, step.name))
+        stack.state.apply(ForwardResult(step, results, embeddings))
+    return counts
+
+
+def cmd_init_state(args: argparse.Namespace, cfg: StackConfig, run: Run, steps: list[RunStep]) -> int:
+    """`replay --init-state`: write the run's state into the config's state_dir (refuses to overwrite)."""
+    from rewardstack.stack import RewardStack
+    from rewardstack.state import StateLock, StateStore
+
+    with StateLock(cfg.state_dir):
+        if StateStore(cfg.state_dir).path.exists():
+            raise StateError(f"{cfg.state_dir} already holds a state: --init-state never overwrites one; "
+                             "move it away or set another state_dir")
+        stack = RewardStack(cfg, load_state=False)
+        counts = warm_start(stack, steps)
+        stack.save_state()
+    print(f"state written to {cfg.state_dir} from {len(steps)} steps "
+          f"({counts['logged']} model-steps from logged values, {counts['scored']} scored)")
+    for name in REWARD_MODELS:
+        if name in stack.scorers:
+            n = stack.normalizers[name]
+            print(f"  {name}: count {n.count}, mean {n.mean:.6g}, var {n.var:.6g}")
+    return 0
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    from rewardstack.state import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False).encode("utf-8"))
+
+
+def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only path
+    dev = torch.device(device)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """The `replay` command."""
+    from rewardstack.cli import _jsonable, event_line
+    from rewardstack.settings import parse_bytes
+    from rewardstack.stack import RewardStack
+
+    run = read_run(args.logs)
+    selected = parse_steps(args.steps, len(run.steps))
+    steps = [run.steps[i] for i in selected]
+    cfg = load_config(args.config)
+    kinds = ", ".join(sorted({k for _, k in run.files}))
+    print(f"read {len(run.steps)} steps from {len(run.files)} file(s) ({kinds}); "
+          f"{len(run.errors)} record(s) skipped; replaying {len(steps)}", file=sys.stderr)
+    if args.init_state:
+        return cmd_init_state(args, cfg, run, steps)
+    budget = parse_bytes(args.budget, key="--budget") if args.budget else None
+    with ExitStack() as ctx:
+        # From empty state, in a folder of its own: the operator's state is never read or written.
+        cfg.state_dir = ctx.enter_context(tempfile.TemporaryDirectory(prefix="rewardstack-replay-"))
+        if budget is not None:
+            cfg.memory_budget = budget
+            if torch.device(cfg.device).type == "cuda":  # pragma: no cover - CUDA-only path
+                _cap_cuda(budget, cfg.device)
+        stack = RewardStack(cfg, load_state=False)
+        run_dir = Path(args.run_dir) if args.run_dir else None
+        telemetry = None
+        own_events = None
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                from rewardstack.telemetry import open_telemetry
+            except ImportError:
+                open_telemetry = None  # type: ignore[assignment]
+            if open_telemetry is not None:
+                telemetry = open_telemetry(stack, run_dir=run_dir)
+            else:
+                own_events = ctx.enter_context((run_dir / "events.jsonl").open("w", encoding="utf-8"))
+        report = replay(stack, steps, top=args.top, reference=not args.no_reference,
+                        on_event=(lambda e: own_events.write(event_line(e))) if own_events is not None else None)
+        if telemetry is not None:
+            telemetry.close()
+        report.read_errors = list(run.errors)
+        if run_dir is not None:
+            summary_path = run_dir / "summary.json"
+            doc: dict[str, Any] = {}
+            if summary_path.exists():
+                try:
+                    doc = json.loads(summary_path.read_text(encoding="utf-8"))
+                except ValueError:
+                    doc = {}
+            doc["replay"] = _jsonable({**report.to_dict(), "logs": [str(p) for p, _ in run.files],
+                                       "selected": [selected.start, selected.stop], "time": time.time()})
+            _write_json(summary_path, doc)
+    print(format_report(report))
+    return 0 if report.fits else 3
+
+
+__all__ = ["ReplayReport", "TopInput", "Agreement", "agreement", "cmd_replay", "format_report", "parse_steps", "replay",
+           "reference_figure", "top_inputs", "warm_start"]
