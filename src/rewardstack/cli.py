@@ -60,6 +60,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     from rewardstack.stack import RewardStack, Step
 
     stack = RewardStack.from_config(args.config)
+    from rewardstack.telemetry import open_telemetry
+
+    telemetry = open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
     in_path = Path(args.input)
     with in_path.open(encoding="utf-8") as f:
         total = sum(1 for line in f if line.strip())
@@ -87,8 +90,17 @@ def cmd_score(args: argparse.Namespace) -> int:
         stack.save_state()
         if out is not sys.stdout:
             out.close()
+        if telemetry is not None:
+            telemetry.close()
     print(f"scored {scored} steps, {errors} bad lines", file=sys.stderr)
     return 0 if errors == 0 else 2
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Plots and a one-page summary of a run directory (rewardstack.telemetry.report)."""
+    from rewardstack.telemetry.report import cmd_report as run
+
+    return run(args)
 
 
 def default_home() -> Path:
@@ -169,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
     s.add_argument("--output", required=True, help="events, one per line ('-' for stdout)")
     s.add_argument("--save-every", type=_positive_int, default=1, help="persist state every N steps (and at the end)")
+    s.add_argument("--run-dir", help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md)")
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
     s.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")
@@ -179,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("dir", help="output folder")
     m.add_argument("--force", action="store_true", help="rebuild even if the folder holds a stack")
     m.set_defaults(func=cmd_make_standins)
+
+    r = sub.add_parser("report", help="plots and a one-page summary (report.html) of a run directory")
+    r.add_argument("run_dir", help="a run directory written by --run-dir")
+    r.add_argument("--out", help="output folder (default RUN_DIR/report)")
+    r.set_defaults(func=cmd_report)
     return p
 
 

@@ -164,6 +164,26 @@ class TelemetrySettings:
 
     run_dir: str | None = None
     """Folder for timeline.jsonl, events.jsonl, incidents/ and summary.json (relative to the config file). Unset: no run directory unless a command's --run-dir gives one."""
+    max_bytes: int = byte_field(256 * 1024**2, check=_positive)
+    """Cap on the run directory's timeline and incidents together (rotated, oldest first); the events are never dropped."""
+    keep_incidents: int = field(default=50, metadata={"check": _positive})
+    """OOM incident records kept (the newest)."""
+    keep_snapshots: int = field(default=3, metadata={"check": _positive})
+    """CUDA allocator snapshots kept beside the incident records (the newest; each can be large)."""
+    history_entries: int = 0
+    """CUDA only: allocation-history entries PyTorch records for the incident snapshots (a ring buffer, never unbounded). 0: off."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on 127.0.0.1 at this port while scoring (--metrics-port overrides). Unset: no endpoint."""
+    leak_window: int = field(default=100, metadata={"check": lambda v: None if v >= 2 else f"must be at least 2, got {v!r}"})
+    """Steps in the sliding window of memory at rest that the leak and fragmentation alarms fit a slope to."""
+    leak_warmup: int = 10
+    """First steps left out of the alarms (caches fill then)."""
+    leak_bytes_per_step: int = byte_field(1024**2)
+    """Device bytes allocated at rest: a slope above this many bytes per step raises the leak alarm."""
+    host_leak_bytes_per_step: int = byte_field(4 * 1024**2)
+    """Process RSS at rest (declared bounded growth subtracted): a slope above this raises the leak alarm."""
+    fragmentation_bytes_per_step: int = byte_field(4 * 1024**2)
+    """CUDA reserved minus allocated at rest: a slope above this raises the fragmentation alarm."""
 
 
 @dataclass

@@ -41,6 +41,7 @@ class OomRecord:
     action: str  # "split", "cpu_fallback" or "gave_up"
     injected: bool = False
     time: float = field(default_factory=time.time)
+    indices: list[int] = field(default_factory=list)  # the batch's input indices (incident records)
 
     def to_dict(self) -> dict:
         """JSON-able form."""
@@ -157,6 +158,7 @@ def run_guarded(
                 message=oom_message or "",
                 action=action,
                 injected=injected,
+                indices=list(batch),
             )
         )
         if action == "cpu_fallback":

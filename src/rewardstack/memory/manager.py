@@ -56,6 +56,9 @@ class MemoryManager:
         self.oom_log: list[OomRecord] = []
         self.placement: Placement | None = None
         self.budget: Budget | None = None
+        # Telemetry (rewardstack.telemetry.monitor.Monitor): sees every batch the guard runs and
+        # every OOM; None: nothing is recorded.
+        self.observer: Any | None = None
         self._registered: dict[str, tuple[list[torch.nn.Module], float, bool]] = {}
         self._profile_runs: dict[str, Callable[[int, int], Any]] = {}
         if simulate is None:
@@ -226,6 +229,8 @@ class MemoryManager:
             # Bytes already live on the simulated device (kept outputs, caches) are not free.
             budget = max(0.0, budget - self.tracker.live_bytes)
         batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True)
+        if self.observer is not None:  # one record per batch the guard runs (the fallback's too)
+            forward = self.observer.wrap(name, lengths, forward, cost, on_host)
         if fallback is None and self.tracker is not None:
             def fallback(idx: list[int]) -> Sequence[Any]:
                 with _host_memory():
@@ -233,6 +238,8 @@ class MemoryManager:
 
         def on_oom(rec: OomRecord) -> None:
             self.oom_log.append(rec)
+            if self.observer is not None:
+                self.observer.on_oom(rec)
             if not rec.injected:
                 cost.distrust()
             log.warning(

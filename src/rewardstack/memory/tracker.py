@@ -91,6 +91,8 @@ class TensorBytesTracker(TorchDispatchMode):
         # id(storage object) -> (weakref to it, bytes charged). PyTorch keeps one Python object per
         # live storage, so the id is stable while the storage lives and survives reallocation.
         self._refs: dict[int, tuple[weakref.ref, int]] = {}
+        self._ops: dict[int, Any] = {}  # id(storage) -> the aten op that made it (OOM forensics)
+        self.last_oom: dict[str, Any] | None = None  # see `_oom_report`
         self._lock = threading.RLock()
         self._open: list[Window] = []  # every window open now, in any thread
         self._tls = threading.local()
@@ -126,6 +128,7 @@ class TensorBytesTracker(TorchDispatchMode):
             # object can reuse a freed id before a late callback runs.
             if entry is not None and entry[0] is ref:
                 del self._refs[key]
+                self._ops.pop(key, None)
                 self.live_bytes -= entry[1]
 
     def _bump_peak(self) -> None:
@@ -135,7 +138,7 @@ class TensorBytesTracker(TorchDispatchMode):
             if self.live_bytes > w.peak_bytes:
                 w.peak_bytes = self.live_bytes
 
-    def _charge_outputs(self, outputs: list[torch.Tensor], input_keys: set[int]) -> None:
+    def _charge_outputs(self, outputs: list[torch.Tensor], input_keys: set[int], op: Any = None) -> None:
         """Charge the storages the op created; raise a simulated OOM if they do not fit."""
         new: dict[int, tuple[Any, int]] = {}
         grow: dict[int, int] = {}
@@ -161,10 +164,12 @@ class TensorBytesTracker(TorchDispatchMode):
             extra = sum(n for _, n in new.values()) + sum(n - self._refs[k][1] for k, n in grow.items())
             if self.budget_bytes is not None and self.live_bytes + extra > self.budget_bytes:
                 self.oom_count += 1
+                self.last_oom = self._oom_report(extra, op)
                 raise simulated_oom(extra, self.live_bytes, self.budget_bytes)
             for key, (st, nbytes) in new.items():
                 ref = weakref.ref(st, lambda r, k=key: self._on_free(k, r))
                 self._refs[key] = (ref, nbytes)
+                self._ops[key] = op
             for key, nbytes in grow.items():
                 self._refs[key] = (self._refs[key][0], nbytes)
             self.live_bytes += extra
@@ -183,7 +188,7 @@ class TensorBytesTracker(TorchDispatchMode):
         out = func(*args, **kwargs)
         flat, _ = tree_flatten(out)
         try:
-            self._charge_outputs([t for t in flat if isinstance(t, torch.Tensor)], input_keys)
+            self._charge_outputs([t for t in flat if isinstance(t, torch.Tensor)], input_keys, func)
         except torch.OutOfMemoryError:
             # Drop the outputs before raising, as a failed allocation would never have made them.
             del out, flat
@@ -194,6 +199,17 @@ class TensorBytesTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         """Start a new global peak from the bytes live now (open windows keep their own)."""
         self.peak_bytes = self.live_bytes
+
+    def largest_live(self, n: int = 10) -> list[dict[str, Any]]:
+        """The `n` largest storages charged now: bytes and the aten op that made each."""
+        with self._lock:
+            top = sorted(((e[1], k) for k, e in self._refs.items()), reverse=True)[:n]
+            return [{"bytes": b, "op": str(self._ops.get(k))} for b, k in top]
+
+    def _oom_report(self, requested: int, op: Any) -> dict[str, Any]:
+        """What was live when an allocation failed (kept in `last_oom` for the incident record)."""
+        return {"oom_count": self.oom_count, "requested_bytes": requested, "requested_by": str(op),
+                "live_bytes": self.live_bytes, "budget_bytes": self.budget_bytes, "largest": self.largest_live()}
 
     def live_storages(self) -> int:
         """How many storages are charged now (for leak checks in tests)."""

@@ -1,0 +1,576 @@
+"""The monitor: one record per model call, per step and per placement move, attributed to the step.
+
+`Monitor.attach(stack)` makes the monitor the memory manager's observer (`MemoryManager.observer`):
+the manager hands it every forward function it runs under the OOM guard (`wrap`), so each batch the
+guard runs (split halves and CPU fallbacks included) gets a `call` record with its shape, the cost
+model's prediction, the measured peak, the time and the outcome; every OOM reaches `on_oom`, which
+prepares the incident record. The monitor also adds itself to the stack's `on_step` callbacks: at
+the end of each step the records of that step get its index and name and the inputs' completions,
+and the monitor writes them (run directory), counts them (Prometheus), feeds the alarms and keeps
+the summary. Other `on_step` callbacks (a validator's wandb logging) receive the same step record.
+Fields and units: docs/TELEMETRY.md.
+
+Step attribution: records made between two step ends belong to the step that ends next; a caller
+that runs forward passes of several steps at once (the service's batching) gets them attributed to
+the first of those steps to end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from rewardstack.telemetry.alarms import Alarms
+from rewardstack.telemetry.incidents import History, cuda_allocator_stats, describe_input
+from rewardstack.telemetry.metrics import Metrics
+from rewardstack.telemetry.rundir import RunDir
+from rewardstack.telemetry.snapshot import MemorySnapshot, PeakWindow, take_snapshot
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack.memory.costmodel import CostModel
+    from rewardstack.memory.guard import OomRecord
+    from rewardstack.stack import RewardStack, StepResult
+
+log = logging.getLogger("rewardstack.telemetry")
+
+# The guard's action after an OOM -> the outcome of the call that ran out of memory.
+OUTCOMES = {"split": "split", "cpu_fallback": "cpu_fallback", "gave_up": "oom"}
+HEAD_CHARS = 80  # characters of an input in call records and the summary (incidents keep 200)
+TOP_CALLS = 10
+
+
+def owner(model: str) -> str:
+    """The scorer a run name belongs to (`relevance_filter[1]` -> `relevance_filter`)."""
+    return model.split("[", 1)[0]
+
+
+def declared_growth(stack: Any) -> dict[str, int]:
+    """Bytes of the stack's bounded, expected growth: the diversity history (until it is full).
+
+    Any object of the stack's state or scorers with a `history` tensor counts, on the host or the
+    device where that tensor lives. The alarms subtract it before looking for a trend.
+    """
+    out = {"host": 0, "device": 0}
+    state = getattr(stack, "state", None)
+    seen: set[int] = set()
+    for obj in [getattr(state, "diversity", None), *getattr(stack, "scorers", {}).values()]:
+        h = getattr(obj, "history", None)
+        if isinstance(h, torch.Tensor) and id(h) not in seen:
+            seen.add(id(h))
+            out["host" if h.device.type == "cpu" else "device"] += h.numel() * h.element_size()
+    return out
+
+
+@dataclass
+class _Pending:
+    """An OOM seen during the step, written as an incident when the step's inputs are known."""
+
+    record: dict[str, Any]
+    snapshot: Any = None
+
+
+class Monitor:
+    """Records model calls, steps, placement moves and OOMs; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        device: torch.device | str = "cpu",
+        tracker: Any = None,
+        budget_bytes: int | None = None,
+        run_dir: RunDir | None = None,
+        metrics: Metrics | None = None,
+        alarms: Alarms | None = None,
+        history_entries: int = 0,
+        summary_every: int = 10,
+    ) -> None:
+        self.device = torch.device(device)
+        self.tracker = tracker
+        self.budget_bytes = budget_bytes
+        self.run_dir = run_dir
+        self.metrics = metrics
+        self.alarms = alarms if alarms is not None else Alarms()
+        self.history = History(self.device, history_entries)
+        self.summary_every = summary_every
+        self.started = time.time()
+        self._lock = threading.Lock()
+        self._calls: list[dict[str, Any]] = []
+        self._moves: list[dict[str, Any]] = []
+        self._pending: list[_Pending] = []
+        self._fallback_next: set[tuple[str, tuple[int, ...]]] = set()
+        self._stack: Any = None
+        self._memory: Any = None
+        self._step_done: tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], list[_Pending], Any] | None = None
+        self._last_retries: int | None = None
+        # What the summary keeps (bounded: aggregates and the top calls, never every record).
+        self.steps = 0
+        self.models: dict[str, dict[str, Any]] = {}
+        self.statuses: Counter[str] = Counter()
+        self.top: list[tuple[int, int, dict[str, Any]]] = []  # min-heap of (peak, seq, call)
+        self._seq = 0
+        self.incident_files: list[str] = []
+        self.incidents = 0
+        self.swaps = 0
+        self.last_rest: dict[str, Any] | None = None
+        self.closed = False
+
+    # -- wiring -----------------------------------------------------------------------------
+    @classmethod
+    def attach(cls, stack: "RewardStack", **kwargs: Any) -> "Monitor":
+        """A monitor observing `stack` (its memory manager and its steps); kwargs as `Monitor`."""
+        mem = stack.memory
+        kwargs.setdefault("device", mem.device)
+        kwargs.setdefault("tracker", mem.tracker)
+        kwargs.setdefault("budget_bytes", mem.budget_bytes)
+        m = cls(**kwargs)
+        m._stack, m._memory = stack, mem
+        mem.observer = m
+        stack.on_step.insert(0, m._after_step)  # first: later callbacks see its additions
+        m._watch_placement()
+        m._start_record(stack)
+        return m
+
+    def detach(self) -> None:
+        """Stop observing the stack (records already made stay)."""
+        if self._memory is not None and self._memory.observer is self:
+            self._memory.observer = None
+        if self._stack is not None and self._after_step in self._stack.on_step:
+            self._stack.on_step.remove(self._after_step)
+        pl = getattr(self._memory, "placement", None)
+        if pl is not None and getattr(pl, "_telemetry_monitor", None) is self:
+            del pl.ensure, pl._telemetry_monitor  # the class's own `ensure` again
+        self.history.stop()
+
+    def _start_record(self, stack: Any) -> None:
+        snap = take_snapshot(self.device, self.tracker)
+        budget = getattr(stack.memory, "budget", None)
+        rec = {"type": "start", "time": self.started, "device": str(self.device), "source": snap.source,
+               "budget_bytes": self.budget_bytes, "budget": budget.__dict__ if budget is not None else None,
+               "budget_line_bytes": self.budget_line(snap), "rest": snap.to_dict(),
+               "cost_models": {n: c.to_dict() for n, c in stack.memory.cost_models.items()},
+               "models": sorted(getattr(stack, "scorers", {}))}
+        if self.run_dir is not None:
+            self.run_dir.timeline(rec)
+            self.run_dir.flush()
+
+    def budget_line(self, snap: MemorySnapshot) -> int | None:
+        """Where the budget sits on the memory axis: the activation budget above what is live at rest."""
+        if self.budget_bytes is None:
+            return None
+        # On the simulated device only activations are counted; on CUDA the weights are allocated too.
+        return self.budget_bytes + ((snap.allocated or 0) if snap.source == "cuda" else 0)
+
+    def _watch_placement(self) -> None:
+        """Time every swap placement makes (the manager's placement may be rebuilt: checked per call)."""
+        pl = getattr(self._memory, "placement", None)
+        if pl is None or getattr(pl, "_telemetry_monitor", None) is self:
+            return
+        original = type(pl).ensure
+
+        def ensure(name: str) -> Any:
+            before = len(pl.swap_log)
+            t0, p0 = time.time(), time.perf_counter()
+            d = original(pl, name)
+            if len(pl.swap_log) > before:
+                seconds = time.perf_counter() - p0
+                for ev in pl.swap_log[before:]:
+                    self._move(ev.name, "in", pl.decisions[ev.name].bytes, seconds, t0)
+                    for victim in ev.evicted:
+                        self._move(victim, "out", pl.decisions[victim].bytes, None, t0)
+            return d
+
+        pl.ensure = ensure
+        pl._telemetry_monitor = self
+
+    def _move(self, model: str, direction: str, nbytes: int, seconds: float | None, t0: float) -> None:
+        rec = {"type": "placement", "model": model, "direction": direction, "bytes": int(nbytes),
+               "seconds": seconds, "time": t0}
+        with self._lock:
+            self._moves.append(rec)
+        if direction == "in":
+            self.swaps += 1
+            if self.metrics is not None:
+                self.metrics.swaps.labels(model=model).inc()
+
+    # -- the memory manager's observer --------------------------------------------------------
+    def wrap(
+        self,
+        name: str,
+        lengths: Sequence[int],
+        forward: Callable[[list[int]], Sequence[Any]],
+        cost: "CostModel",
+        on_host: bool = False,
+    ) -> Callable[[list[int]], Sequence[Any]]:
+        """`forward`, recording one `call` record per batch it runs (the manager's hook)."""
+        self._watch_placement()
+        lengths = [int(x) for x in lengths]
+        n_inputs = len(lengths)
+
+        def observed(idx: list[int]) -> Sequence[Any]:
+            key = (name, tuple(idx))
+            fallback = key in self._fallback_next
+            if fallback:
+                self._fallback_next.discard(key)
+            b = len(idx)
+            length = max(lengths[i] for i in idx) if idx else 0
+            window = PeakWindow(self.device, self.tracker)
+            outcome = "error"
+            t0, p0 = time.time(), time.perf_counter()
+            try:
+                with window:
+                    values = forward(idx)
+                outcome = "ok"
+                return values
+            except torch.OutOfMemoryError:
+                outcome = "oom"  # `on_oom` replaces it with what the guard did next
+                raise
+            finally:
+                seconds = time.perf_counter() - p0
+                predicted = int(cost.predict(b, length)) if b else 0
+                peak = window.peak_increase
+                self._add_call({
+                    "type": "call", "model": name, "time": t0, "seconds": seconds, "batch": b,
+                    "padded_length": length, "padded_tokens": b * length, "lengths": [lengths[i] for i in idx],
+                    "inputs": list(idx), "n_inputs": n_inputs, "predicted_bytes": predicted,
+                    "peak_bytes": peak, "start_bytes": window.start,
+                    "error_ratio": (peak - predicted) / predicted if peak is not None and predicted > 0 and outcome == "ok" else None,
+                    "outcome": outcome, "on_host": bool(on_host or fallback or peak is None), "fallback": fallback,
+                    "injected": False,
+                })
+
+        return observed
+
+    def _add_call(self, rec: dict[str, Any]) -> None:
+        with self._lock:
+            self._calls.append(rec)
+
+    def on_oom(self, rec: "OomRecord") -> None:
+        """An OOM the guard handled: settle the call's outcome and prepare the incident record."""
+        outcome = OUTCOMES.get(rec.action, rec.action)
+        call = None
+        with self._lock:
+            for c in reversed(self._calls):
+                if c["model"] == rec.model and c["outcome"] == "oom" and c["inputs"] == rec.indices:
+                    call = c
+                    break
+        if call is not None:
+            call["outcome"] = outcome
+        else:  # injected before the forward ran: no call record yet
+            call = {"type": "call", "model": rec.model, "time": rec.time, "seconds": 0.0, "batch": rec.batch,
+                    "padded_length": rec.length, "padded_tokens": rec.batch * rec.length, "lengths": list(rec.lengths),
+                    "inputs": list(rec.indices), "n_inputs": None, "predicted_bytes": None, "peak_bytes": None,
+                    "start_bytes": None, "error_ratio": None, "outcome": outcome, "on_host": False,
+                    "fallback": False, "injected": True}
+            self._add_call(call)
+        call["injected"] = bool(rec.injected)
+        if rec.action == "cpu_fallback":
+            self._fallback_next.add((rec.model, tuple(rec.indices)))
+        if self.metrics is not None:
+            (self.metrics.ooms_lost if rec.action == "gave_up" else self.metrics.ooms_recovered).labels(model=owner(rec.model)).inc()
+        snap = take_snapshot(self.device, self.tracker)
+        incident: dict[str, Any] = {
+            "type": "incident", "time": rec.time, "model": rec.model, "message": rec.message,
+            "action": rec.action, "outcome": outcome, "injected": rec.injected, "batch": rec.batch,
+            "padded_length": rec.length, "lengths": list(rec.lengths), "indices": list(rec.indices),
+            "predicted_bytes": call.get("predicted_bytes"), "budget_bytes": self.budget_bytes,
+            "cost_model": self._cost_dict(rec.model), "memory": snap.to_dict(),
+        }
+        if self.tracker is not None:
+            report = self.tracker.last_oom if not rec.injected else None
+            if report is None:  # injected: what is live where the pass would have allocated
+                report = {"live_bytes": self.tracker.live_bytes, "largest": self.tracker.largest_live()}
+            incident["largest_tensors"] = report.get("largest", [])
+            incident["tracker"] = {k: v for k, v in report.items() if k != "largest"}
+        elif self.device.type == "cuda":  # pragma: no cover - CUDA-only path
+            incident["allocator"] = cuda_allocator_stats(self.device)
+        with self._lock:
+            self._pending.append(_Pending(incident, self.history.capture()))
+
+    def _cost_dict(self, model: str) -> dict[str, Any] | None:
+        cm = getattr(self._memory, "cost_models", {}).get(model) if self._memory is not None else None
+        if cm is None:
+            return None
+        d = cm.to_dict()
+        d.pop("samples", None)
+        return d
+
+    # -- steps ------------------------------------------------------------------------------
+    def step_record(self, stack: Any, result: "StepResult") -> dict[str, Any]:
+        """Close the step: attribute its records to it and build its step record (no side effects)."""
+        event = result.event
+        index = int(getattr(stack, "steps_scored", self.steps + 1))
+        name = event.get("name")
+        completions: list[str] = event.get("completions", [])
+        statuses: list[str] = event.get("statuses", [])
+        live = [i for i, s in enumerate(statuses) if s != "failed"]
+        with self._lock:
+            calls, self._calls = self._calls, []
+            moves, self._moves = self._moves, []
+            pending, self._pending = self._pending, []
+        models: dict[str, dict[str, Any]] = {}
+        for c in calls:
+            c["step"], c["step_name"] = index, name
+            # A scorer whose inputs are its live completions, in order, maps one to one.
+            mapped = c["n_inputs"] == len(live) or (c["n_inputs"] is None and max(c["inputs"], default=-1) < len(live))
+            c["completions"] = [live[i] for i in c["inputs"]] if mapped else None
+            if c["inputs"]:
+                j = max(range(len(c["inputs"])), key=lambda k: c["lengths"][k])
+                comp = c["completions"][j] if c["completions"] else None
+                c["longest"] = {"input": c["inputs"][j], "completion": comp, "length": c["lengths"][j],
+                                "head": completions[comp][:HEAD_CHARS] if comp is not None else None}
+            m = models.setdefault(owner(c["model"]), {"calls": 0, "seconds": 0.0, "peak_bytes": None,
+                                                       "predicted_bytes": None, "ooms": 0})
+            m["calls"] += 1
+            m["seconds"] += c["seconds"]
+            if c["peak_bytes"] is not None:
+                m["peak_bytes"] = max(m["peak_bytes"] or 0, c["peak_bytes"])
+            if c["predicted_bytes"] is not None:
+                m["predicted_bytes"] = max(m["predicted_bytes"] or 0, c["predicted_bytes"])
+            m["ooms"] += c["outcome"] in ("split", "cpu_fallback", "oom")
+        for m in moves:
+            m["step"], m["step_name"] = index, name
+        for p in pending:
+            p.record["step"], p.record["step_name"] = index, name
+            mapped = len(live) if p.record["indices"] and max(p.record["indices"]) < len(live) else None
+            inputs = []
+            for i, length in zip(p.record["indices"], p.record["lengths"]):
+                comp = live[i] if mapped is not None and i < len(live) else None
+                inputs.append(describe_input(i, length, comp, completions[comp] if comp is not None else None))
+            p.record["inputs"] = inputs
+        snap = take_snapshot(self.device, self.tracker)
+        peaks = [c["start_bytes"] + c["peak_bytes"] for c in calls if c["peak_bytes"] is not None and c["start_bytes"] is not None]
+        record = {
+            "type": "step", "step": index, "name": name, "time": time.time(), "seconds": event.get("step_length"),
+            "completions": len(completions), "statuses": dict(Counter(statuses)),
+            "model_statuses": {k: dict(Counter(v)) for k, v in event.get("model_statuses", {}).items()},
+            "models": models, "calls": len(calls), "ooms": sum(m["ooms"] for m in models.values()),
+            "peak_bytes": max(peaks) if peaks else None, "rest": snap.to_dict(),
+            "budget_bytes": self.budget_bytes, "budget_line_bytes": self.budget_line(snap),
+            "declared": declared_growth(stack), "alarms": [],
+        }
+        self._step_done = (record, calls, moves, pending, (result, snap))
+        return record
+
+    def _after_step(self, record: dict[str, Any]) -> None:
+        """The monitor's own `on_step` callback: write, count, alarm, summarize."""
+        if self._step_done is None or self._step_done[0] is not record:
+            return
+        record, calls, moves, pending, (result, snap) = self._step_done
+        self._step_done = None
+        self.steps += 1
+        trends = self.alarms.observe(record["step"], snap, record["declared"])
+        for t in trends:
+            log.warning("%s", t.describe())
+            record["alarms"].append(t.series)
+            if self.metrics is not None:
+                self.metrics.alarms.labels(series=t.series).inc()
+        rd = self.run_dir
+        for p in pending:
+            self.incidents += 1
+            if rd is not None:
+                path = rd.incident(p.record, snapshot=History.writer(p.snapshot))
+                p.record["file"] = path.name
+                self.incident_files.append(path.name)
+                del self.incident_files[:-100]
+            if self.metrics is not None:
+                self.metrics.incidents.inc()
+        if rd is not None:
+            for c in calls:
+                rd.timeline(c)
+            for m in moves:
+                rd.timeline(m)
+            for p in pending:
+                rd.timeline({"type": "oom", "step": p.record["step"], "model": p.record["model"],
+                             "time": p.record["time"], "action": p.record["action"], "file": p.record.get("file"),
+                             "inputs": [i.get("completion") for i in p.record["inputs"]]})
+            for t in trends:
+                rd.timeline({"type": "alarm", "step": record["step"], "time": record["time"], "message": t.describe(), **t.to_dict()})
+            rd.timeline(record)
+            rd.event(result.event)
+            rd.flush()
+        self._aggregate(record, calls)
+        if self.metrics is not None:
+            self._count(record, calls, snap, result)
+        if rd is not None and self.steps % self.summary_every == 0:
+            rd.write_summary(self.summary())
+
+    def _aggregate(self, record: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+        self.last_rest = record["rest"]
+        self.statuses.update(record["statuses"])
+        for c in calls:
+            m = self.models.setdefault(owner(c["model"]), {
+                "calls": 0, "seconds": 0.0, "peak_bytes": 0, "ooms_recovered": 0, "ooms_lost": 0,
+                "errors": 0, "abs_error_sum": 0.0, "max_abs_error": 0.0})
+            m["calls"] += 1
+            m["seconds"] += c["seconds"]
+            if c["peak_bytes"] is not None:
+                m["peak_bytes"] = max(m["peak_bytes"], c["peak_bytes"])
+            if c["outcome"] in ("split", "cpu_fallback"):
+                m["ooms_recovered"] += 1
+            elif c["outcome"] == "oom":
+                m["ooms_lost"] += 1
+            if c["error_ratio"] is not None:
+                m["errors"] += 1
+                m["abs_error_sum"] += abs(c["error_ratio"])
+                m["max_abs_error"] = max(m["max_abs_error"], abs(c["error_ratio"]))
+            if c["peak_bytes"]:
+                self._seq += 1
+                item = (c["peak_bytes"], self._seq, {k: c.get(k) for k in (
+                    "step", "step_name", "model", "batch", "padded_length", "peak_bytes", "predicted_bytes", "outcome", "longest")})
+                if len(self.top) < TOP_CALLS:
+                    heapq.heappush(self.top, item)
+                elif item[0] > self.top[0][0]:
+                    heapq.heapreplace(self.top, item)
+
+    def _count(self, record: dict[str, Any], calls: list[dict[str, Any]], snap: MemorySnapshot, result: Any) -> None:
+        mt = self.metrics
+        assert mt is not None
+        mt.steps.inc()
+        if record["seconds"] is not None:
+            mt.step_seconds.observe(record["seconds"])
+        mt.observe_snapshot(snap, self.budget_bytes)
+        if snap.num_alloc_retries is not None:
+            if self._last_retries is not None and snap.num_alloc_retries > self._last_retries:
+                mt.alloc_retries.inc(snap.num_alloc_retries - self._last_retries)
+            self._last_retries = snap.num_alloc_retries
+        for c in calls:
+            model = owner(c["model"])
+            mt.call_seconds.labels(model=model).observe(c["seconds"])
+            if c["peak_bytes"] is not None:
+                mt.call_peak.labels(model=model).observe(c["peak_bytes"])
+            if c["error_ratio"] is not None:
+                mt.cost_error.labels(model=model).observe(c["error_ratio"])
+        for model, statuses in result.model_statuses.items():
+            for status, n in Counter(statuses).items():
+                mt.completions.labels(model=model, status=status).inc(n)
+
+    # -- the run at a glance ----------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """The run so far: per-model peaks, OOMs and cost-model error, the top calls, the alarms."""
+        models = {}
+        for name, m in sorted(self.models.items()):
+            models[name] = {
+                "calls": m["calls"], "seconds": m["seconds"], "peak_bytes": m["peak_bytes"],
+                "ooms_recovered": m["ooms_recovered"], "ooms_lost": m["ooms_lost"],
+                "cost_model_mean_abs_error": m["abs_error_sum"] / m["errors"] if m["errors"] else None,
+                "cost_model_max_abs_error": m["max_abs_error"] if m["errors"] else None,
+            }
+        return {
+            "started": self.started, "updated": time.time(), "device": str(self.device),
+            "budget_bytes": self.budget_bytes, "steps": self.steps, "completions": dict(self.statuses),
+            "models": models, "top_calls": [c for _, _, c in sorted(self.top, key=lambda t: (-t[0], t[1]))],
+            "ooms": sum(m["ooms_recovered"] + m["ooms_lost"] for m in self.models.values()),
+            "incidents": self.incidents, "incident_files": list(self.incident_files),
+            "swaps": self.swaps, "alarms": self.alarms.verdict(), "rest": self.last_rest,
+        }
+
+    def close(self) -> None:
+        """Write what is pending and the summary, close the run directory, stop observing."""
+        if self.closed:
+            return
+        self.closed = True
+        self.detach()
+        if self.run_dir is not None:
+            with self._lock:
+                calls, self._calls = self._calls, []
+                pending, self._pending = self._pending, []
+            for c in calls:  # forward passes of a step that never ended (an interrupted run)
+                self.run_dir.timeline({**c, "step": None})
+            for p in pending:
+                p.record.setdefault("step", None)
+                p.record.setdefault("inputs", [describe_input(i, n, None, None)
+                                                for i, n in zip(p.record["indices"], p.record["lengths"])])
+                self.run_dir.incident(p.record, snapshot=History.writer(p.snapshot))
+            self.run_dir.timeline({"type": "end", "time": time.time(), "steps": self.steps})
+            self.run_dir.write_summary(self.summary())
+            self.run_dir.close()
+
+
+def step_record(stack: Any, result: "StepResult") -> dict[str, Any]:
+    """The memory record of the step just scored (what `RewardStack.on_step` callbacks receive).
+
+    With a monitor attached it is the monitor's step record; without one, the same fields from a
+    snapshot taken now (no per-model breakdown: nothing watched the calls).
+    """
+    mon = getattr(getattr(stack, "memory", None), "observer", None)
+    if isinstance(mon, Monitor):
+        return mon.step_record(stack, result)
+    mem = stack.memory
+    snap = take_snapshot(mem.device, mem.tracker)
+    event = result.event
+    statuses = event.get("statuses", [])
+    return {
+        "type": "step", "step": int(stack.steps_scored), "name": event.get("name"), "time": time.time(),
+        "seconds": event.get("step_length"), "completions": len(statuses), "statuses": dict(Counter(statuses)),
+        "model_statuses": {k: dict(Counter(v)) for k, v in event.get("model_statuses", {}).items()},
+        "models": {}, "calls": None, "ooms": None, "peak_bytes": None, "rest": snap.to_dict(),
+        "budget_bytes": mem.budget_bytes, "budget_line_bytes": None, "declared": declared_growth(stack), "alarms": [],
+    }
+
+
+def notify_step(stack: Any, result: "StepResult") -> dict[str, Any]:
+    """Build the step's memory record and hand it to every `on_step` callback (the stack's hook)."""
+    record = step_record(stack, result)
+    for callback in list(stack.on_step):
+        callback(record)
+    return record
+
+
+def open_telemetry(
+    stack: Any,
+    *,
+    run_dir: str | Path | None = None,
+    metrics_port: int | None = None,
+    settings: Any = None,
+) -> "Telemetry | None":
+    """Telemetry for a scoring command: the run directory and/or metrics endpoint asked for.
+
+    `run_dir` and `metrics_port` (command-line flags) override the `[telemetry]` table (`settings`,
+    the stack config's by default). Neither set: None, nothing is watched.
+    """
+    settings = settings if settings is not None else getattr(stack.config, "telemetry", None)
+    if run_dir is None and settings is not None and settings.run_dir:
+        base = stack.config.source.parent if getattr(stack.config, "source", None) else Path.cwd()
+        run_dir = base / settings.run_dir
+    if metrics_port is None and settings is not None:
+        metrics_port = getattr(settings, "metrics_port", None)
+    if run_dir is None and metrics_port is None:
+        return None
+    return Telemetry(stack, run_dir=run_dir, metrics_port=metrics_port, settings=settings)
+
+
+class Telemetry:
+    """A monitor with its run directory, metrics and endpoint, opened and closed together."""
+
+    def __init__(self, stack: Any, *, run_dir: str | Path | None, metrics_port: int | None, settings: Any = None,
+                 registry: Any = None) -> None:
+        from rewardstack.settings import TelemetrySettings
+        from rewardstack.telemetry.metrics import metrics_for, serve
+
+        s = settings if settings is not None else TelemetrySettings()
+        rd = RunDir(run_dir, max_bytes=s.max_bytes, keep_incidents=s.keep_incidents,
+                    keep_snapshots=s.keep_snapshots) if run_dir is not None else None
+        alarms = Alarms(window=s.leak_window, warmup=s.leak_warmup, leak_bytes_per_step=s.leak_bytes_per_step,
+                        host_leak_bytes_per_step=s.host_leak_bytes_per_step,
+                        fragmentation_bytes_per_step=s.fragmentation_bytes_per_step)
+        self.monitor = Monitor.attach(stack, run_dir=rd, metrics=metrics_for(registry), alarms=alarms,
+                                      history_entries=s.history_entries)
+        self.server = None
+        if metrics_port is not None:
+            self.server = serve(metrics_port, reg=registry)
+            log.info("metrics on http://%s:%d/metrics", self.server.host, self.server.port)
+
+    def close(self) -> None:
+        """Finish the run directory and stop the endpoint."""
+        self.monitor.close()
+        if self.server is not None:
+            self.server.close()
+            self.server = None

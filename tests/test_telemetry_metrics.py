@@ -1,0 +1,77 @@
+"""Prometheus metrics, scraped over real HTTP from a loopback port and parsed by prometheus_client."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from rewardstack.memory import FaultInjector
+from rewardstack.stack import RewardStack
+from rewardstack.telemetry import Telemetry, render
+from rewardstack.telemetry.metrics import metrics_for, serve
+from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
+
+
+def _scrape(port: int) -> dict[str, dict]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _value(fam, **labels) -> float:  # noqa: ANN001
+    return sum(s.value for s in fam.samples if all(s.labels.get(k) == v for k, v in labels.items())
+               and not s.name.endswith(("_created", "_bucket")))
+
+
+def test_metrics_scraped_over_http(hog_config, tmp_path) -> None:  # noqa: ANN001
+    HogScorer.max_batch = 2
+    stack = RewardStack(hog_config(memory_budget=64 * 1024**2), load_state=False)
+    stack.memory.injector = FaultInjector(rate=1.0, seed=0, models=[HOG])  # every device pass: OOM, recovered
+    reg = CollectorRegistry()
+    tel = Telemetry(stack, run_dir=None, metrics_port=0, registry=reg)
+    try:
+        results = [stack.score_step(step(k, n=4), save=False) for k in range(3)]
+        fams = _scrape(tel.server.port)
+    finally:
+        tel.close()
+    for name, fam in fams.items():  # Prometheus naming: prefix, units, counters
+        assert name.startswith("rewardstack_"), name
+        if fam.type == "counter":
+            assert all(s.name in (name + "_total", name + "_created") for s in fam.samples), name
+        if fam.type in ("gauge", "histogram") and not name.endswith("_created"):  # a counter's creation time
+            assert name.endswith(("_bytes", "_seconds", "_ratio")), name
+    assert _value(fams["rewardstack_steps"]) == 3
+    hog_statuses = [st for r in results for st in r.model_statuses[HOG]]
+    for status in set(hog_statuses):
+        assert _value(fams["rewardstack_completions"], model=HOG, status=status) == hog_statuses.count(status)
+    assert _value(fams["rewardstack_completions"], model="nsfw_filter", status="ok") == 12
+    # 4 inputs per step, batches of 2: each batch splits (recovered); each single input then runs
+    # on the CPU (recovered) or is marked `oom` (lost), as the manager's policy says.
+    actions = [r.action for r in stack.memory.oom_log]
+    assert actions.count("split") == 3 * 2 and len(actions) == 3 * (2 + 4)
+    assert _value(fams["rewardstack_ooms_recovered"], model=HOG) == sum(a != "gave_up" for a in actions)
+    assert _value(fams["rewardstack_ooms_lost"], model=HOG) == actions.count("gave_up") == hog_statuses.count("oom")
+    assert _value(fams["rewardstack_memory_budget_bytes"]) == 64 * 1024**2
+    assert _value(fams["rewardstack_device_memory_allocated_bytes"]) == stack.memory.tracker.live_bytes
+    # Injected OOMs strike before the pass: only passes that ran (CPU fallbacks) have a peak.
+    ran = len(actions) - 3 * 2 - actions.count("gave_up")
+    peak = fams["rewardstack_model_call_peak_bytes"]
+    assert [s.value for s in peak.samples if s.name.endswith("_count") and s.labels["model"] == HOG] == ([ran] if ran else [])
+    secs = fams["rewardstack_model_call_duration_seconds"]
+    assert [s.value for s in secs.samples if s.name.endswith("_count") and s.labels["model"] == HOG] == [len(actions) + ran]
+    assert _value(fams["rewardstack_step_duration_seconds"]) > 0
+    assert "rewardstack_placement_swaps" in fams and "rewardstack_model_call_duration_seconds" in fams
+    # The same registry renders for the service to mount.
+    body, ctype = render(reg)
+    assert b"rewardstack_steps_total 3.0" in body and ctype.startswith("text/plain")
+
+
+def test_metrics_are_served_on_loopback_only() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        serve(0, host="0.0.0.0", reg=CollectorRegistry())
+    reg = CollectorRegistry()
+    assert metrics_for(reg) is metrics_for(reg)  # registered once per registry
