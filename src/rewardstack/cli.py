@@ -3,6 +3,8 @@
     rewardstack score --config C --input STEPS.jsonl --output EVENTS.jsonl
     rewardstack demo [--dir DIR]
     rewardstack make-standins DIR
+    rewardstack config --explain | --config C
+    rewardstack download --config C
 """
 
 from __future__ import annotations
@@ -163,6 +165,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print every config key (--explain) and/or validate a config file with its lock file."""
+    from rewardstack import explain
+
+    if not args.explain and not args.config:
+        print("rewardstack config: give --explain, --config C, or both", file=sys.stderr)
+        return 2
+    if args.explain:
+        sys.stdout.write(explain.explain())
+    if args.config:
+        sys.stdout.write(explain.check(args.config))
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    """Resolve every hub id of a config to a commit, fetch the files, write the lock file."""
+    from rewardstack.config import load_config
+    from rewardstack.hub import download
+
+    path, entries = download(load_config(args.config), include_off=args.all, fetch=not args.no_fetch)
+    for e in entries:
+        code = "  (runs its own code)" if e.trust_remote_code else ""
+        print(f"{e.model}: {e.hub_id} {e.requested_revision or '(default branch)'} -> {e.commit}{code}")
+    print(f"lock file written: {path}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -193,6 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("dir", help="output folder")
     m.add_argument("--force", action="store_true", help="rebuild even if the folder holds a stack")
     m.set_defaults(func=cmd_make_standins)
+
+    c = sub.add_parser("config", help="list every config key (--explain) or validate a config file")
+    c.add_argument("--explain", action="store_true", help="print every key: type, default, one line of help")
+    c.add_argument("--config", help="a config file to validate, with the lock file beside it")
+    c.set_defaults(func=cmd_config)
+
+    dl = sub.add_parser("download", help="pin every hub id of a config to a commit, fetch it, write the lock file")
+    dl.add_argument("--config", required=True, help="stack config (TOML); the lock file is written beside it")
+    dl.add_argument("--all", action="store_true", help="also the models that are off")
+    dl.add_argument("--no-fetch", action="store_true", help="resolve and lock only; do not download files")
+    dl.set_defaults(func=cmd_download)
 
     r = sub.add_parser("report", help="plots and a one-page summary (report.html) of a run directory")
     r.add_argument("run_dir", help="a run directory written by --run-dir")

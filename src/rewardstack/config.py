@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack.errors import ConfigError
+from rewardstack.modeloptions import option_keys, parse_options
 from rewardstack.settings import TABLES, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
 
 REWARD_MODELS = (
@@ -50,7 +51,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 # The openvalidators 1.2.0 default stack.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "dpo_reward_model": {"path": "cerebras/btlm-3b-8k-base", "weight": 0.3, "dtype": "float16"},
+    # BTLM is not a transformers architecture: it loads only with its own (hub) modeling code, which
+    # runs only from a commit locked by `rewardstack download`. No other default model needs code.
+    "dpo_reward_model": {"path": "cerebras/btlm-3b-8k-base", "weight": 0.3, "dtype": "float16", "trust_remote_code": True},
     "rlhf_reward_model": {"path": "OpenAssistant/reward-model-deberta-v3-large-v2", "weight": 0.4, "dtype": "float32"},
     "reciprocate_reward_model": {"path": "reciprocate/gpt-j_rm_format-oa", "revision": "501f895", "weight": 0.3, "dtype": "float16"},
     "dahoas_reward_model": {"path": "Dahoas/gptj-rm-static", "weight": 0.0, "dtype": "float16"},
@@ -85,8 +88,12 @@ class ModelConfig:
     """Override of the model's input-length bound, in tokens."""
     batch_size: int | None = None
     """Upper bound on the batch size the planner may choose."""
+    trust_remote_code: bool = False
+    """Let the checkpoint run its own modeling code: only from a commit locked by `rewardstack download`, or from a local folder."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Model-specific extra keys, passed through to the scorer."""
+    """The scorer's options that were set (declared in `rewardstack.modeloptions`; written flat in the model's table)."""
+    locked: dict[str, str] = field(default_factory=dict)
+    """Hub id -> commit, from the lock file beside the config (`rewardstack.hub`); not a config key."""
 
     @property
     def is_reward(self) -> bool:
@@ -135,7 +142,7 @@ class StackConfig:
 
 
 _TOP_KEYS = {f.name for f in fields(StackConfig)} - {"models", "source"} - set(TABLES)
-_MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"name"}
+_MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"name", "locked"}
 
 
 def _resolve(path: str, base: Path | None) -> str:
@@ -161,11 +168,28 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
         merged.pop("paths", None)
     if "paths" in explicit and "path" not in explicit:
         merged.pop("path", None)
-    known = {k: v for k, v in merged.items() if k in _MODEL_KEYS}
-    options = dict(merged.get("options", {}))
-    options.update({k: v for k, v in merged.items() if k not in _MODEL_KEYS})
-    known["options"] = options
+    # A default revision pin or remote-code opt-in belongs to the default checkpoint, not to
+    # whatever path the operator names instead.
+    if explicit & {"path", "paths"}:
+        for key in ("revision", "trust_remote_code"):
+            if key not in explicit:
+                merged.pop(key, None)
     prefix = f"models.{name}"
+    opt_keys = option_keys(name)
+    nested = merged.get("options", {})
+    if not isinstance(nested, dict):
+        raise ConfigError(f"{prefix}.options", "must be a table of the model's options")
+    for key in list(merged) + list(nested):
+        if key not in _MODEL_KEYS and key not in opt_keys:
+            raise unknown_key_error(f"{prefix}.", key, (_MODEL_KEYS - {"options"}) | opt_keys)
+    known = {k: v for k, v in merged.items() if k in _MODEL_KEYS}
+    options = dict(nested)
+    options.update({k: v for k, v in merged.items() if k in opt_keys})
+    known["options"] = parse_options(name, options)
+    if not isinstance(known.get("trust_remote_code", False), bool):
+        raise ConfigError(f"{prefix}.trust_remote_code", f"must be true or false, got {known['trust_remote_code']!r}")
+    if "revision" in known and known["revision"] is not None and not isinstance(known["revision"], str):
+        raise ConfigError(f"{prefix}.revision", f"must be a string (branch, tag or commit), got {known['revision']!r}")
     if "weight" in known:
         w = known["weight"]
         if name not in REWARD_MODELS:
@@ -259,7 +283,11 @@ def load_config(path: str | Path) -> StackConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("<file>", f"{p} is not valid TOML: {e}") from e
-    return from_dict(data, base=p.resolve().parent, source=p.resolve())
+    cfg = from_dict(data, base=p.resolve().parent, source=p.resolve())
+    from rewardstack.hub import apply_lock  # the lock file beside the config pins hub revisions
+
+    apply_lock(cfg)
+    return cfg
 
 
 def default_config() -> StackConfig:

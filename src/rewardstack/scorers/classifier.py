@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from rewardstack.config import ModelConfig
+from rewardstack.hub import load_source
 from rewardstack.scorers import encoding as enc
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
@@ -47,9 +48,8 @@ class _Classifier(Scorer):
         assert cfg.path, f"{name}: no path"
         self.name = name
         self.runtime = runtime
-        self.tokenizer, self.model = runtime.models.pretrained(
-            cfg.path, AutoModelForSequenceClassification, dtype=cfg.dtype, revision=cfg.revision
-        )
+        source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
+        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForSequenceClassification, dtype=cfg.dtype, **how)
         self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, cfg.max_length, default_length)
         self.max_tokens = int(cfg.options.get("max_batch_tokens", enc.default_pass_tokens(self.max_length, runtime.device)))
         self.max_batch = cfg.batch_size

@@ -30,6 +30,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.loading import torch_dtype
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
 
@@ -74,7 +75,7 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
     """(tokenizer, GPT-J body, value head) with the checkpoint's real weights, never unpickled."""
     from transformers import AutoConfig, GPTJModel
 
-    folder = _local_folder(str(cfg.path), cfg.revision)
+    folder = _local_folder(str(cfg.path), cfg.locked.get(str(cfg.path), cfg.revision))  # locked commit first
     base = str(cfg.options.get("base_config", BASE_CONFIG))
     dtype = torch_dtype(cfg.dtype, runtime.device)
     has_tok = (folder / "tokenizer_config.json").exists()
@@ -114,7 +115,7 @@ class DahoasScorer(Scorer):
         self.eos_id = self.tokenizer.eos_token_id
         self.fill_id = int(self.eos_id if self.eos_id is not None else 0)
         self.max_len = int(cfg.max_length or getattr(self.body.config, "n_positions", 2048))
-        self.use_prefix = bool(cfg.options.get("shared_prefix", True))
+        self.use_prefix = choose_path(self.name, self.body, int(self.body.config.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         calib = min(self.max_len, int(cfg.options.get("calibration_length", 550)))
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)

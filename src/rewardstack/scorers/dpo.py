@@ -26,7 +26,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewardstack.config import ModelConfig
+from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.prefix import (
     dummy_ids,
     PrefixRunner,
@@ -196,7 +198,8 @@ class DpoScorer(Scorer):
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.runtime = cfg, runtime
-        self.tokenizer, self.model = runtime.models.pretrained(cfg.path, AutoModelForCausalLM, dtype=cfg.dtype, revision=cfg.revision)
+        source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
+        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForCausalLM, dtype=cfg.dtype, **how)
         self.body = self.model.base_model
         self.lm_head = self.model.get_output_embeddings()
         self.scale = logits_scale(self.model)
@@ -210,7 +213,8 @@ class DpoScorer(Scorer):
         self.chunk_timings: dict[int, float] = {}
         self.chunk = self._tune_chunk() if tune else self.max_chunk
         self.tuned_chunk = self.chunk  # a tight budget may lower `chunk` per call; this is the fast one
-        self.use_prefix = bool(cfg.options.get("shared_prefix", True))
+        # The shared prefix needs cache objects: a legacy-cache model runs full sequences.
+        self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from rewardstack.config import ModelConfig
+from rewardstack.hub import load_source
 from rewardstack.scorers import encoding as enc
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
@@ -97,8 +98,9 @@ class Embedder:
         pool = runtime.options.setdefault("embedders", {})
         key = (path, cfg.dtype, cfg.revision, windowed, cfg.max_length)
         if key not in pool:
-            pool[key] = cls(runtime, path, cfg.dtype, windowed=windowed, name=name, override=cfg.max_length,
-                            revision=cfg.revision, options=cfg.options)
+            source, how = load_source(cfg, path)  # a locked commit's snapshot, or the hub id as given
+            pool[key] = cls(runtime, source, cfg.dtype, windowed=windowed, name=name, override=cfg.max_length,
+                            revision=how.get("revision"), options=cfg.options)
         return pool[key]
 
     def embed(self, texts: list[str]) -> list[Embedding]:

@@ -22,8 +22,10 @@ from typing import Any
 import torch
 
 from rewardstack.config import ModelConfig
+from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.dpo import sane_max_length
+from rewardstack.scorers.kvcache import choose_path, greedy_tokens
 from rewardstack.scorers.prefix import dummy_ids, model_device, save_standin_tokenizer
 
 _RULES = (
@@ -71,13 +73,17 @@ class JudgeScorer(Scorer):
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.runtime = cfg, runtime
-        self.tokenizer, self.model = runtime.models.pretrained(cfg.path, AutoModelForCausalLM, dtype=cfg.dtype, revision=cfg.revision)
+        source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
+        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForCausalLM, dtype=cfg.dtype, **how)
         cap = int(cfg.options.get("max_input", 2048))
         self.max_len = min(sane_max_length(self.tokenizer, self.model.config, cfg.max_length), cap) - NEW_TOKENS
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
+        # generate() reuses keys and values through cache objects; a legacy-cache model recomputes.
+        self.use_cache = choose_path(self.name, self.model.base_model, int(self.model.config.vocab_size),
+                                     wanted=bool(cfg.options.get("kv_cache", True)))
         calib = min(self.max_len, int(cfg.options.get("calibration_length", 512)))
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
 
@@ -115,6 +121,9 @@ class JudgeScorer(Scorer):
         for k, x in enumerate(ids):
             batch[k, width - len(x) :] = torch.tensor(x)
             mask[k, width - len(x) :] = 1
+        if not self.use_cache:
+            new = greedy_tokens(self.model, batch.to(device), mask.to(device), NEW_TOKENS, self.pad_id)
+            return self.tokenizer.batch_decode(new, skip_special_tokens=True)
         out = self.model.generate(
             input_ids=batch.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS,
             do_sample=False, pad_token_id=self.pad_id,

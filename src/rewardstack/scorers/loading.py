@@ -75,9 +75,13 @@ class ModelCache:
         return self._models[key]
 
     def pretrained(self, path: str, loader: Callable[..., torch.nn.Module] | type, *, dtype: str = "float32",
-                   revision: str | None = None) -> tuple[Any, torch.nn.Module]:
-        """The (tokenizer, model) pair of one checkpoint, both loaded once and shared."""
-        return self.tokenizer(path, revision=revision), self.model(path, loader, dtype=dtype, revision=revision)
+                   revision: str | None = None, **kwargs: Any) -> tuple[Any, torch.nn.Module]:
+        """The (tokenizer, model) pair of one checkpoint, both loaded once and shared.
+
+        `kwargs` go to both `from_pretrained` calls (`trust_remote_code` from `hub.load_source`).
+        """
+        return (self.tokenizer(path, revision=revision, **kwargs),
+                self.model(path, loader, dtype=dtype, revision=revision, **kwargs))
 
     def loaded(self) -> list[torch.nn.Module]:
         """Every distinct model loaded so far."""

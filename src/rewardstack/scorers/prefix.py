@@ -50,6 +50,12 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def accepts(module: torch.nn.Module, name: str) -> bool:
+    """Whether `module.forward` takes keyword `name` (or any keyword)."""
+    params = inspect.signature(module.forward).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def _cache_kwarg(body: torch.nn.Module) -> str:
     """transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated)."""
     params = inspect.signature(body.forward).parameters
@@ -122,13 +128,15 @@ class PrefixRunner:
                 ddp_cache_data=[(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in st.kv]
             )
             kwargs["use_cache"] = True
-        else:
+        elif accepts(self.body, "use_cache"):  # some remote-code models have no use_cache
             kwargs["use_cache"] = False
         full_mask = torch.cat([torch.ones((b, st.length), dtype=torch.long, device=device), mask], dim=1)
         # Without padding no mask is needed, which lets attention use its causal fast path.
         attn = None if bool(mask.all()) else full_mask
         pos = torch.arange(st.length, st.length + s, device=device).unsqueeze(0).expand(b, -1)
-        out = self.body(input_ids=ids, attention_mask=attn, position_ids=pos, **kwargs)
+        if accepts(self.body, "position_ids"):  # ALiBi models may not take them
+            kwargs["position_ids"] = pos
+        out = self.body(input_ids=ids, attention_mask=attn, **kwargs)
         return out.last_hidden_state, mask.bool()
 
     def rows(self, suffix_hidden: torch.Tensor, index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 from rewardstack.config import ModelConfig
+from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.dpo import sane_max_length
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
 
@@ -57,9 +59,8 @@ class ReciprocateScorer(Scorer):
         from transformers import AutoModelForSequenceClassification
 
         self.cfg, self.runtime = cfg, runtime
-        self.tokenizer, self.model = runtime.models.pretrained(
-            cfg.path, AutoModelForSequenceClassification, dtype=cfg.dtype, revision=cfg.revision
-        )
+        source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
+        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForSequenceClassification, dtype=cfg.dtype, **how)
         self.body = self.model.base_model
         self.head = self.model.score
         conf = self.model.config
@@ -67,7 +68,7 @@ class ReciprocateScorer(Scorer):
         self.max_len = min(sane_max_length(self.tokenizer, conf, cfg.max_length), int(getattr(conf, "n_positions", 1 << 30)))
         self.pad_id = conf.pad_token_id
         self.fill_id = int(self.pad_id if self.pad_id is not None else 0)
-        self.use_prefix = bool(cfg.options.get("shared_prefix", True))
+        self.use_prefix = choose_path(self.name, self.body, int(conf.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         calib = min(self.max_len, int(cfg.options.get("calibration_length", 512)))
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)

@@ -1,0 +1,152 @@
+"""The scorer-specific keys each `[models.*]` table accepts, declared: type, default, one line of help.
+
+A model table takes the keys every model has (`ModelConfig`: path, weight, dtype, ...) and the
+options of its scorer, declared here as one dataclass per model; the docstring under each field is
+the help that `rewardstack config --explain` prints. `config.py` rejects any other key, naming the
+closest valid one. Options are written flat in the model's table:
+
+    [models.dpo_reward_model]
+    path = "cerebras/btlm-3b-8k-base"
+    logits_chunk = 256
+
+A scorer reads `cfg.options.get(key, default)`: only the keys the operator set are in `options`
+(the defaults below are the scorers' own; `tests/test_config_strict.py` checks they agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from rewardstack.errors import ConfigError
+from rewardstack.settings import explain_table, parse_table
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be positive, got {v!r}"
+
+
+def _positive_int(default: int | None) -> Any:
+    return field(default=default, metadata={"check": _positive})
+
+
+@dataclass
+class DpoOptions:
+    """DPO (`dpo_reward_model`)."""
+
+    logits_chunk: int = _positive_int(512)
+    """Most rows of [rows, vocabulary] float32 logits held at once (bounds memory; numbers do not change)."""
+    tune_logits_chunk: bool = True
+    """Measure the fastest chunk up to logits_chunk at load (false: use logits_chunk as is)."""
+    shared_prefix: bool = True
+    """Run the step's common token prefix once through a KV cache when the load probe finds the model takes cache objects (false: full sequences)."""
+    max_batch: int = _positive_int(16)
+    """Most sequences per forward pass (batch_size, when set, takes precedence)."""
+    calibration_length: int = _positive_int(512)
+    """Longest input, in tokens, of the load-time profile runs that fit the cost model."""
+
+
+@dataclass
+class ClassifierOptions:
+    """Sequence classifiers (`rlhf_reward_model`, `nsfw_filter`)."""
+
+    max_batch_tokens: int | None = _positive_int(None)
+    """Most tokens per forward pass (unset: a device-dependent default)."""
+
+
+@dataclass
+class ReciprocateOptions:
+    """Reciprocate (`reciprocate_reward_model`)."""
+
+    shared_prefix: bool = True
+    """Run the step's common token prefix once through a KV cache when the load probe finds the model takes cache objects (false: full sequences)."""
+    max_batch: int = _positive_int(16)
+    """Most sequences per forward pass (batch_size, when set, takes precedence)."""
+    calibration_length: int = _positive_int(512)
+    """Longest input, in tokens, of the load-time profile runs that fit the cost model."""
+
+
+@dataclass
+class DahoasOptions:
+    """Dahoas (`dahoas_reward_model`)."""
+
+    base_config: str = "EleutherAI/gpt-j-6b"
+    """Hub id or folder of the GPT-J config and tokenizer, used when the checkpoint folder lacks them (the published .pt layout)."""
+    shared_prefix: bool = True
+    """Run each group's common token prefix once through a KV cache when the load probe finds the model takes cache objects (false: full sequences)."""
+    max_batch: int = _positive_int(16)
+    """Most sequences per forward pass (batch_size, when set, takes precedence)."""
+    calibration_length: int = _positive_int(550)
+    """Longest input, in tokens, of the load-time profile runs that fit the cost model."""
+
+
+@dataclass
+class JudgeOptions:
+    """Prompt-based judge (`prompt_reward_model`)."""
+
+    max_input: int = _positive_int(2048)
+    """Cap on the model's input bound, in tokens (the filled template plus 2 generated tokens)."""
+    kv_cache: bool = True
+    """Generate through transformers' cache when the load probe finds the model takes cache objects (false: recompute the whole sequence per new token)."""
+    max_batch: int = _positive_int(16)
+    """Most sequences per generate call (batch_size, when set, takes precedence)."""
+    calibration_length: int = _positive_int(512)
+    """Longest input, in tokens, of the load-time profile runs that fit the cost model."""
+
+
+@dataclass
+class RelevanceOptions:
+    """Relevance filter (`relevance_filter`)."""
+
+    bounds: list[float] = field(default_factory=lambda: [-0.0246, 0.3])
+    """The two similarity thresholds (model 1, model 2) a completion must exceed to pass."""
+    max_batch_tokens: int | None = _positive_int(None)
+    """Most tokens per forward pass (unset: a device-dependent default)."""
+
+
+@dataclass
+class EmbeddingOptions:
+    """Diversity (`diversity_reward_model`)."""
+
+    max_batch_tokens: int | None = _positive_int(None)
+    """Most tokens per forward pass (unset: a device-dependent default)."""
+
+
+@dataclass
+class NoOptions:
+    """Rule masks: no options."""
+
+
+OPTIONS: dict[str, type] = {
+    "dpo_reward_model": DpoOptions,
+    "rlhf_reward_model": ClassifierOptions,
+    "reciprocate_reward_model": ReciprocateOptions,
+    "dahoas_reward_model": DahoasOptions,
+    "prompt_reward_model": JudgeOptions,
+    "blacklist_filter": NoOptions,
+    "task_validator_filter": NoOptions,
+    "relevance_filter": RelevanceOptions,
+    "diversity_reward_model": EmbeddingOptions,
+    "nsfw_filter": ClassifierOptions,
+}
+
+
+def option_keys(model: str) -> set[str]:
+    """The option keys model `model` accepts."""
+    return {f.name for f in fields(OPTIONS[model])}  # type: ignore[arg-type]
+
+
+def parse_options(model: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """Validate the options set for `model` (types, checks); returns only the keys that were set."""
+    if not raw:
+        return {}
+    parsed = parse_table(OPTIONS[model], raw, f"models.{model}")
+    out = {k: getattr(parsed, k) for k in raw}
+    if model == "relevance_filter" and "bounds" in out and len(out["bounds"]) != 2:
+        raise ConfigError(f"models.{model}.bounds", f"must be two numbers, got {out['bounds']!r}")
+    return out
+
+
+def explain_options(model: str) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) of every option of `model`, for `config --explain`."""
+    return explain_table(OPTIONS[model], f"models.{model}")

@@ -1,0 +1,287 @@
+"""Modeling code of the BTLM-like stand-in, written the way 2023 hub remote code was (transformers 4.x).
+
+Like cerebras/btlm-3b-8k-base's own `modeling_btlm.py`: a GPT-2 layout without learned positions,
+ALiBi attention biases, SwiGLU MLPs, muP scales (embeddings multiplied by `mup_embeddings_scale`,
+attention scaled by 1/d when `mup_scale_qk_dot_by_d`, logits multiplied by
+`output_logits_scale = mup_output_alpha * mup_width_scale` outside the head), and the 4.x cache
+convention: `past_key_values` is a tuple of per-layer (key, value) tuples and `presents` is
+returned the same way. It knows nothing of transformers' cache objects, which is what makes the
+scorers' load-time probe send it to the full-sequence path.
+
+This file is copied into a checkpoint folder next to `config.json` (whose `auto_map` names it) and
+loaded with `trust_remote_code=True`, exactly as the hub model is.
+"""
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
+from transformers.modeling_utils import PreTrainedModel
+from transformers.pytorch_utils import Conv1D
+
+from .configuration_btlm import BTLMConfig
+
+
+def _alibi_slopes(n_heads: int) -> torch.Tensor:
+    """The ALiBi paper's geometric slopes (closest power of two, then interleaved extras)."""
+
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_2(n_heads))
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_2(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(power_of_2(closest) + extra)
+
+
+class AlibiPositionEmbeddingLayer(nn.Module):
+    """Per-head linear biases -slope * (query position - key position)."""
+
+    def __init__(self, num_heads):
+        super().__init__()
+        self.register_buffer("slopes", _alibi_slopes(num_heads).unsqueeze(-1).unsqueeze(-1), persistent=False)
+
+    def forward(self, seq_length, key_length):
+        context_position = torch.arange(key_length - seq_length, key_length, device=self.slopes.device)[:, None]
+        memory_position = torch.arange(key_length, device=self.slopes.device)[None, :]
+        relative_position = torch.abs(memory_position - context_position)
+        return self.slopes * -1.0 * relative_position.unsqueeze(0)  # [heads, q, k]
+
+
+class SwiGLUActivation(nn.Module):
+    def forward(self, x1, x2):
+        return x1 * nn.functional.silu(x2)
+
+
+class BTLMAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_dim = config.n_embd
+        self.num_heads = config.n_head
+        self.head_dim = self.embed_dim // self.num_heads
+        self.scale_attn_weights = config.scale_attn_weights
+        self.attn_scale_power = 1.0 if config.mup_scale_qk_dot_by_d else 0.5
+        self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)
+        self.c_proj = Conv1D(self.embed_dim, self.embed_dim)
+        self.attn_dropout = nn.Dropout(config.attn_pdrop)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def _split_heads(self, x):
+        b, s, _ = x.shape
+        return x.view(b, s, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states, layer_past=None, attention_mask=None, position_bias=None, use_cache=False):
+        query, key, value = self.c_attn(hidden_states).split(self.embed_dim, dim=2)
+        query, key, value = self._split_heads(query), self._split_heads(key), self._split_heads(value)
+        if layer_past is not None:
+            past_key, past_value = layer_past
+            key = torch.cat((past_key, key), dim=-2)
+            value = torch.cat((past_value, value), dim=-2)
+        present = (key, value) if use_cache else None
+
+        attn_weights = torch.matmul(query, key.transpose(-1, -2))
+        if self.scale_attn_weights:
+            attn_weights = attn_weights / torch.full(
+                [], value.size(-1) ** self.attn_scale_power, dtype=attn_weights.dtype, device=attn_weights.device
+            )
+        q_len, k_len = query.size(-2), key.size(-2)
+        causal = torch.ones((q_len, k_len), dtype=torch.bool, device=query.device).tril(k_len - q_len)
+        mask_value = torch.full([], torch.finfo(attn_weights.dtype).min, dtype=attn_weights.dtype, device=attn_weights.device)
+        attn_weights = torch.where(causal, attn_weights, mask_value)
+        if attention_mask is not None:
+            attn_weights = attn_weights + attention_mask
+        if position_bias is not None:
+            attn_weights = attn_weights + position_bias.unsqueeze(0).to(attn_weights.dtype)
+        attn_weights = nn.functional.softmax(attn_weights.float(), dim=-1).type(value.dtype)
+        attn_weights = self.attn_dropout(attn_weights)
+        attn_output = torch.matmul(attn_weights, value)
+        b = attn_output.size(0)
+        attn_output = attn_output.permute(0, 2, 1, 3).reshape(b, q_len, self.embed_dim)
+        attn_output = self.resid_dropout(self.c_proj(attn_output))
+        return attn_output, present
+
+
+class BTLMMLP(nn.Module):
+    def __init__(self, intermediate_size, config):
+        super().__init__()
+        self.c_fc = Conv1D(intermediate_size, config.n_embd)
+        self.c_fc2 = Conv1D(intermediate_size, config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, intermediate_size)
+        self.act = SwiGLUActivation()
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, hidden_states):
+        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states), self.c_fc2(hidden_states))))
+
+
+class BTLMBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = BTLMAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = BTLMMLP(inner, config)
+
+    def forward(self, hidden_states, layer_past=None, attention_mask=None, position_bias=None, use_cache=False):
+        attn_output, present = self.attn(
+            self.ln_1(hidden_states), layer_past=layer_past, attention_mask=attention_mask,
+            position_bias=position_bias, use_cache=use_cache,
+        )
+        hidden_states = attn_output + hidden_states
+        hidden_states = hidden_states + self.mlp(self.ln_2(hidden_states))
+        return hidden_states, present
+
+
+class BTLMPreTrainedModel(PreTrainedModel):
+    config_class = BTLMConfig
+    base_model_prefix = "transformer"
+    _no_split_modules = ["BTLMBlock"]
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, Conv1D)):
+            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
+        elif isinstance(module, nn.LayerNorm):
+            module.bias.data.zero_()
+            module.weight.data.fill_(1.0)
+
+
+class BTLMModel(BTLMPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed_dim = config.n_embd
+        self.wte = nn.Embedding(config.vocab_size, self.embed_dim)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList([BTLMBlock(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(self.embed_dim, eps=config.layer_norm_epsilon)
+        self.relative_pe = AlibiPositionEmbeddingLayer(config.n_head)
+        self.embeddings_scale = config.mup_embeddings_scale
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.wte
+
+    def set_input_embeddings(self, new_embeddings):
+        self.wte = new_embeddings
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        past_key_values: Optional[Tuple[Tuple[torch.Tensor]]] = None,
+        attention_mask: Optional[torch.FloatTensor] = None,
+        token_type_ids: Optional[torch.LongTensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        inputs_embeds: Optional[torch.FloatTensor] = None,
+        use_cache: Optional[bool] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+    ) -> Union[Tuple, BaseModelOutputWithPastAndCrossAttentions]:
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        if inputs_embeds is None:
+            inputs_embeds = self.wte(input_ids)
+        batch_size, seq_len = inputs_embeds.shape[:2]
+        if past_key_values is None:
+            past_length = 0
+            past_key_values = tuple([None] * len(self.h))
+        else:
+            past_length = past_key_values[0][0].size(-2)
+        # position_ids are accepted for the GPT-2 signature; ALiBi needs no learned positions.
+        if attention_mask is not None:
+            attention_mask = attention_mask.view(batch_size, -1)[:, None, None, :].to(dtype=inputs_embeds.dtype)
+            attention_mask = (1.0 - attention_mask) * torch.finfo(inputs_embeds.dtype).min
+        hidden_states = inputs_embeds
+        if token_type_ids is not None:
+            hidden_states = hidden_states + self.wte(token_type_ids)
+        hidden_states = self.drop(hidden_states * self.embeddings_scale)
+        position_bias = self.relative_pe(seq_len, past_length + seq_len)
+
+        presents = () if use_cache else None
+        all_hidden_states = () if output_hidden_states else None
+        for block, layer_past in zip(self.h, past_key_values):
+            if output_hidden_states:
+                all_hidden_states = all_hidden_states + (hidden_states,)
+            hidden_states, present = block(
+                hidden_states, layer_past=layer_past, attention_mask=attention_mask,
+                position_bias=position_bias, use_cache=use_cache,
+            )
+            if use_cache:
+                presents = presents + (present,)
+        hidden_states = self.ln_f(hidden_states)
+        if output_hidden_states:
+            all_hidden_states = all_hidden_states + (hidden_states,)
+        if not return_dict:
+            return tuple(v for v in [hidden_states, presents, all_hidden_states] if v is not None)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=presents, hidden_states=all_hidden_states,
+        )
+
+
+class BTLMLMHeadModel(BTLMPreTrainedModel):
+    # The one change from 4.x conventions: transformers 5 reads this as {tied: source}; the 4.x
+    # list form (["lm_head.weight"]) fails in `post_init` there.
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.transformer = BTLMModel(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.output_logits_scale = config.mup_output_alpha * config.mup_width_scale
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
+        if past_key_values:
+            input_ids = input_ids[:, -1:]
+        return {
+            "input_ids": input_ids, "past_key_values": past_key_values,
+            "use_cache": kwargs.get("use_cache"), "attention_mask": kwargs.get("attention_mask"),
+        }
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        past_key_values: Optional[Tuple[Tuple[torch.Tensor]]] = None,
+        attention_mask: Optional[torch.FloatTensor] = None,
+        token_type_ids: Optional[torch.LongTensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        inputs_embeds: Optional[torch.FloatTensor] = None,
+        labels: Optional[torch.LongTensor] = None,
+        use_cache: Optional[bool] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+    ) -> Union[Tuple, CausalLMOutputWithCrossAttentions]:
+        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        transformer_outputs = self.transformer(
+            input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
+            token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            use_cache=use_cache, output_hidden_states=output_hidden_states, return_dict=return_dict,
+        )
+        hidden_states = transformer_outputs[0]
+        lm_logits = self.lm_head(hidden_states)
+        lm_logits *= torch.tensor(float(self.output_logits_scale), dtype=lm_logits.dtype, device=lm_logits.device)
+        loss = None
+        if labels is not None:
+            shift_logits = lm_logits[..., :-1, :].contiguous()
+            shift_labels = labels[..., 1:].contiguous()
+            loss = nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+        if not return_dict:
+            output = (lm_logits,) + tuple(transformer_outputs[1:])
+            return ((loss,) + output) if loss is not None else output
+        return CausalLMOutputWithCrossAttentions(
+            loss=loss, logits=lm_logits, past_key_values=transformer_outputs.past_key_values,
+            hidden_states=transformer_outputs.hidden_states,
+        )
