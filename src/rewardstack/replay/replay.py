@@ -399,6 +399,7 @@ def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
     used logged values per model and how many were scored.
     """
     from rewardstack.scorers.base import ScoreRequest, ScoreResult, Status
+    from rewardstack.scorers.embedding import DiversityMask
     from rewardstack.stack import ForwardResult
 
     counts: dict[str, int] = {"logged": 0, "scored": 0}
@@ -419,7 +420,7 @@ def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
                 else:
                     results[name] = stack._run(name, ScoreRequest(step.prompt, step.completions, step.name))
                     counts["scored"] += 1
-            elif name == "diversity_reward_model":
+            elif isinstance(scorer, DiversityMask):
                 embeddings[name] = stack._embed(scorer, ScoreRequest(base, step.completions, step.name))
         stack.state.apply(ForwardResult(step, results, embeddings))
     return counts
