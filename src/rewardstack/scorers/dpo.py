@@ -14,6 +14,12 @@ carried from earlier chunks (a dense [B, V] int32 table) plus a segmented cumula
 source tokens over just those columns; the penalized values are scattered back, the target logit
 is read, and the row's log-sum-exp is taken in place (exp and sum only when the logits are
 provably bounded). Memory is bounded by chunk x vocabulary, not by sequence x vocabulary.
+
+Numerics follow the reference in the dtype the model runs in (float16 on a GPU): the penalized
+logit and each row's log-probability are rounded to the logits' dtype and the per-sequence sum
+accumulates in float32 and is rounded to that dtype, so a long, repetitive completion overflows to
+-inf and scores -11 exactly where the reference's does. Only the log-sum-exp is taken in float32
+(the reference's float16 `log_softmax` also reduces in float32 internally; docs/SEMANTICS.md).
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ class LogitHead:
 
     float32 weights: one matrix product straight into the buffer (no fresh [r, V] tensor per
     chunk: on CPU a fresh tensor of tens of MB is a new mapping and its page faults). Other dtypes:
-    the head in its own dtype (as the model computes it), then widened into the buffer.
+    the head and the scale in its own dtype (as the model computes them), then widened into the
+    buffer, so every unpenalized value is exactly one of the model's own logits.
 
     `bound(h)` is a proven upper bound of max |logit| per row (Cauchy-Schwarz:
     |scale| * (||h|| * max_v ||W_v|| + max |b|)); when it is at most SAFE_EXP the log-sum-exp
@@ -81,6 +88,7 @@ class LogitHead:
         self.bias = getattr(lm_head, "bias", None)
         self.scale = float(scale)
         self.vocab = int(self.weight.shape[0])
+        self.dtype = self.weight.dtype  # the logits' dtype: the penalty and the sum round to it
         w = self.weight.detach().float()
         self._wmax = float(w.norm(dim=1).max())
         self._bmax = float(self.bias.detach().float().abs().max()) if self.bias is not None else 0.0
@@ -93,10 +101,11 @@ class LogitHead:
                 torch.mm(h, w.t(), out=out)
             else:
                 torch.addmm(self.bias, h, w.t(), out=out)
-        else:
-            out.copy_(torch.nn.functional.linear(h.to(w.dtype), w, self.bias))
-        if self.scale != 1.0:
-            out.mul_(self.scale)
+            if self.scale != 1.0:
+                out.mul_(self.scale)
+        else:  # the head and its scale in the head's dtype, as the model's forward computes them
+            y = torch.nn.functional.linear(h.to(w.dtype), w, self.bias)
+            out.copy_(y * self.scale if self.scale != 1.0 else y)
 
     def bound(self, h: torch.Tensor) -> float:
         """An upper bound of |logit| over the rows `h` (before any penalty, which only lowers it)."""
@@ -126,7 +135,15 @@ def chunked_logprobs(
     lengths: torch.Tensor,
     chunk: int,
 ) -> torch.Tensor:
-    """Mean penalized log-probability of rows P-1 .. n-2 of each sequence (float64, [B]).
+    """Mean penalized log-probability of rows P-1 .. n-2 of each sequence ([B], float64 values).
+
+    Numbers as the reference computes them in the logits' dtype (`head.dtype`): the penalized
+    logit is formed in float32 and rounded to that dtype (in float16 a logit past 65,504 becomes
+    -inf, as the reference's `.to(logit.dtype)` makes it); each row's log-probability is rounded
+    to that dtype (the reference's `log_softmax` output); the sum over a sequence accumulates in
+    float32 and is rounded to that dtype before the division (the reference's `.sum(-1)`), so it
+    overflows to -inf exactly where the reference's does. The log-sum-exp itself runs in float32.
+    A NaN or infinite mean is returned as is: the caller maps it to -11.
 
     `ids` [B, N] padded token ids, `prompt_lens` P [B], `lengths` n [B] (every n > P).
     `hidden_at(seq, pos)` gives the body's last hidden states at those rows; `head(h, out)` writes
@@ -151,7 +168,9 @@ def chunked_logprobs(
     # one chunk of logits for B <= chunk).
     seen = torch.zeros(b, vocab, dtype=torch.int32, device=device)
     penalty = torch.tensor(PENALTY, dtype=torch.float32, device=device)
-    sums = torch.zeros(b, dtype=torch.float64, device=device)
+    dtype = head.dtype
+    narrow = dtype != torch.float32  # round to the logits' dtype where the reference holds values in it
+    sums = torch.zeros(b, dtype=torch.float32, device=device)  # the reference's float32 accumulator
     total = seq.numel()
     buf = torch.empty(min(chunk, total), vocab, dtype=torch.float32, device=device)
     for c0 in range(0, total, chunk):  # loop over row chunks, not positions
@@ -178,14 +197,22 @@ def chunked_logprobs(
             idx = cols.unsqueeze(0).expand(r, -1)
             x = logits.gather(1, idx)
             f = torch.pow(penalty, cnt.float())
-            logits.scatter_(1, idx, torch.where(cnt > 0, torch.where(x < 0, x * f, x / f), x))
+            pen = torch.where(cnt > 0, torch.where(x < 0, x * f, x / f), x)
+            if narrow:  # float16: |x| * 1.2^c past 65,504 saturates to -inf, as in the reference
+                pen = pen.to(dtype).float()
+            logits.scatter_(1, idx, pen)
             if valid.any():
                 seen.index_put_((s_seq[valid], s_src[valid]), torch.ones_like(s_src[valid], dtype=torch.int32),
                                 accumulate=True)
         tgt = logits.gather(1, target[c0:c1].unsqueeze(1)).squeeze(1)
         lse = lse_inplace(logits, bounded)  # in place: the buffer is not needed after this chunk
-        sums.index_add_(0, s_seq, (tgt - lse).double())
-    return sums / counts.double()
+        lp = tgt - lse
+        if narrow:
+            lp = lp.to(dtype).float()
+        sums.index_add_(0, s_seq, lp)
+    # The reference's `sum(-1) / loss_mask.sum(-1)`: the sum in the logits' dtype (float16
+    # overflows past 65,504), divided in that dtype.
+    return (sums.to(dtype).float() / counts.float()).to(dtype).double()
 
 
 class DpoScorer(Scorer):
