@@ -86,7 +86,7 @@ def _colors(models: list[str]) -> dict[str, Any]:
 def plot_memory(d: RunData, path: Path) -> None:
     """Memory at rest per step, each call's peak by model, every OOM, the budget line; host RSS below."""
     plt = _plt()
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(12, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
     colors = _colors(d.models())
     rest = [(s["time"] - d.t0, s["rest"].get("allocated")) for s in d.steps if s.get("rest", {}).get("allocated") is not None]
     if rest:
@@ -106,15 +106,15 @@ def plot_memory(d: RunData, path: Path) -> None:
                    edgecolor="black", zorder=5, label=f"OOM ({len(oom_calls)})")
     ax.set_ylabel("device memory (MiB)")
     ax.set_title("Device memory over time (simulated device on CPU): at rest, each model call's peak, OOMs")
-    ax.legend(loc="upper left", fontsize=8, ncol=2, framealpha=0.85)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: never over the data
     rss = [(s["time"] - d.t0, s["rest"].get("host_rss")) for s in d.steps if s.get("rest", {}).get("host_rss") is not None]
     if rss:
         ax2.plot([t for t, _ in rss], [v / MIB for _, v in rss], color="#555555", lw=1.2, label="process RSS at rest")
-        ax2.legend(loc="upper left", fontsize=8)
+        ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax2.set_ylabel("host RSS (MiB)")
     ax2.set_xlabel("time since the run started (s)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -135,13 +135,14 @@ def plot_peak_by_model(d: RunData, path: Path) -> None:
             ax.text(v, y, f" {v:,.1f} MiB", va="center", fontsize=9)
         ax.set_yticks(list(ys), models)
         ax.invert_yaxis()
-        ax.legend(loc="lower right", fontsize=9)
+        ax.set_xlim(0, max(mx) * 1.2)  # room for the value labels
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9)
     else:
         ax.text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("peak above memory at the call's start (MiB)")
     ax.set_title("Peak memory by model (per planned batch)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -162,14 +163,14 @@ def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
         ax.set_title(m, fontsize=10)
         ax.set_xlabel("padded tokens (batch × length)", fontsize=9)
         ax.set_ylabel("peak (MiB)", fontsize=9)
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="lower right")  # outliers sit high: keep the top clear
     for ax in list(axes.flat)[len(models):]:
         ax.axis("off")
     if not models:
         axes.flat[0].text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=axes.flat[0].transAxes)
     fig.suptitle("Measured peak against padded tokens per model, cost model prediction in red")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -178,7 +179,7 @@ def plot_step_time(d: RunData, path: Path) -> None:
     plt = _plt()
     models = sorted({m for s in d.steps for m in s.get("models", {})})
     colors = _colors(models)
-    fig, ax = plt.subplots(figsize=(12, 4.5))
+    fig, ax = plt.subplots(figsize=(13, 4.5))
     xs = [s["step"] for s in d.steps]
     series = {m: [s.get("models", {}).get(m, {}).get("seconds", 0.0) for s in d.steps] for m in models}
     other = [max(0.0, (s.get("seconds") or 0.0) - sum(series[m][i] for m in models)) for i, s in enumerate(d.steps)]
@@ -192,12 +193,12 @@ def plot_step_time(d: RunData, path: Path) -> None:
         else:
             ax.stackplot(xs, *[series[m] for m in models], other, labels=[*models, "outside model calls"],
                          colors=[*[colors[m] for m in models], "#dddddd"])
-        ax.legend(loc="upper left", fontsize=8, ncol=3, framealpha=0.85)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("time (s)")
     ax.set_title("Step time split by model (time inside each model's forward passes)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -206,17 +207,17 @@ def plot_statuses(d: RunData, path: Path) -> None:
     plt = _plt()
     counts = [Counter(e.get("statuses", [])) for e in d.events]
     statuses = [s for s in STATUS_COLORS if any(c[s] for c in counts)] + sorted({s for c in counts for s in c} - set(STATUS_COLORS))
-    fig, ax = plt.subplots(figsize=(12, 4.2))
+    fig, ax = plt.subplots(figsize=(13, 4.2))
     xs = list(range(1, len(counts) + 1))
     if xs and statuses:
         ax.stackplot(xs, *[[c[s] for c in counts] for s in statuses], labels=statuses,
                      colors=[STATUS_COLORS.get(s, "#9467bd") for s in statuses], step="mid" if len(xs) > 1 else None)
-        ax.legend(loc="upper left", fontsize=9, ncol=len(statuses))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     ax.set_xlabel("step (line of events.jsonl)")
     ax.set_ylabel("completions (count)")
     ax.set_title("Completions by status over time")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
