@@ -238,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir", help="a run directory written by --run-dir")
     r.add_argument("--out", help="output folder (default RUN_DIR/report)")
     r.set_defaults(func=cmd_report)
+
+    from rewardstack.plan import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
     return p
 
 

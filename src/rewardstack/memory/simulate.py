@@ -40,6 +40,7 @@ call asks for; `load_arch(path)`; `weights_bytes_of(model, dtype)`; `scorer_boun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import threading
@@ -644,10 +645,13 @@ def simulate_peak(
     if dtype not in DTYPES:
         raise SimulationError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     kind = SCORERS[model][0]
-    key = (model, arch.key(), dtype, batch, length, prefix if kind in ("reciprocate", "dahoas", "dpo") else 0,
+    # Scorers that run the same architecture the same way share results (relevance [1], diversity).
+    same = "pooled" if kind == "encoder" else model
+    key = (same, arch.key(), dtype, batch, length, prefix if kind in ("reciprocate", "dahoas", "dpo") else 0,
            prompt if kind == "dpo" else 0, padded, chunk if kind == "dpo" else 0, exact)
     if key in _CACHE:
-        return _CACHE[key]
+        hit = _CACHE[key]
+        return hit if hit.model == model else dataclasses.replace(hit, model=model)
     t0 = time.perf_counter()
     if exact:
         res = _simulate(model, kind, meta_modules(model, dtype, arch), batch, length, dtype, prefix, prompt, padded, chunk)

@@ -1,0 +1,118 @@
+"""Tests of `rewardstack plan`: verdicts from the configs alone, the budget and placement the stack
+would use, and the planned batch checked against a fresh simulation (so an under-fitted cost model fails)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rewardstack.cli import main
+from rewardstack.config import load_config
+from rewardstack.memory import simulate as S
+from rewardstack.plan import VERDICTS, plan_stack
+
+GIB = 1024**3
+
+
+def _tiny_stack(tmp: Path, *, dpo_layers: int = 2, dpo_len: int = 1024) -> Path:
+    """A stack of tiny local checkpoints (config.json only: the plan reads nothing else)."""
+    def folder(name: str, conf: dict) -> str:
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        (tmp / name / "config.json").write_text(json.dumps(conf))
+        return name
+    enc = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 128, "max_position_embeddings": 512}
+    dpo = {"model_type": "llama", "vocab_size": 30522, "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": dpo_layers, "num_attention_heads": 4, "max_position_embeddings": dpo_len}
+    deb = {"model_type": "deberta-v2", "vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 128, "relative_attention": True, "position_buckets": 256, "pos_att_type": ["p2c", "c2p"],
+           "position_biased_input": False, "type_vocab_size": 0, "num_labels": 1}
+    rob = {"model_type": "roberta", "vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 128, "max_position_embeddings": 514, "num_labels": 2}
+    text = f'''
+device = "cpu"
+[models.dpo_reward_model]
+path = "{folder('dpo', dpo)}"
+weight = 0.5
+[models.rlhf_reward_model]
+path = "{folder('oa', deb)}"
+weight = 0.5
+[models.reciprocate_reward_model]
+weight = 0.0
+[models.relevance_filter]
+paths = ["{folder('bert', enc)}", "{folder('mpnet', enc)}"]
+[models.diversity_reward_model]
+path = "mpnet"
+[models.nsfw_filter]
+path = "{folder('nsfw', rob)}"
+'''
+    (tmp / "stack.toml").write_text(text)
+    return tmp / "stack.toml"
+
+
+def test_verdicts_follow_the_card(tmp_path: Path) -> None:
+    cfg = load_config(_tiny_stack(tmp_path))
+    big = plan_stack(cfg, 4 * GIB)
+    assert big.verdict == "fits" and all(p.where == "resident" for p in big.models)
+    assert big.swap_bytes_per_step == 0
+    # Weights of shared checkpoints are counted once (diversity shares relevance's model 2).
+    by = {p.name: p for p in big.models}
+    assert by["diversity_reward_model"].weights_bytes == 0 and by["relevance_filter[1]"].weights_bytes > 0
+    assert big.weights_bytes == sum(S.stack_weights(cfg).values())
+    # A card whose weight budget cannot hold every model: swapping, with its traffic per step.
+    w = big.weights_bytes
+    small_card = int((w * 0.8 / 0.8 + 512 * 1024**2) / 0.9)  # usable x 0.8 just under the weights
+    tight = plan_stack(cfg, small_card)
+    assert tight.weights_budget is not None and tight.weights_budget < w
+    assert tight.verdict in VERDICTS and tight.verdict != "fits"
+    if tight.verdict == "fits with swapping":
+        assert tight.swap_bytes_per_step > 0
+
+
+def test_cannot_fit_when_the_longest_input_needs_more_than_the_budget(tmp_path: Path) -> None:
+    cfg = load_config(_tiny_stack(tmp_path, dpo_len=4096))
+    cfg.memory_budget = 8 * 1024**2  # 8 MiB of activations
+    plan = plan_stack(cfg, 4 * GIB)
+    dpo = next(p for p in plan.models if p.name == "dpo_reward_model")
+    assert not dpo.input_fits and plan.verdict == "cannot fit"
+
+
+def test_planned_batch_fits_a_fresh_simulation(tmp_path: Path) -> None:
+    """The largest batch the plan gives each model, simulated anew, stays within the budget:
+    a cost model fitted too low would admit a batch that does not."""
+    cfg = load_config(_tiny_stack(tmp_path))
+    cfg.memory_budget = 64 * 1024**2
+    plan = plan_stack(cfg, 4 * GIB)
+    limit = plan.activation_budget * plan.margin
+    for p in plan.models:
+        if p.max_batch_at_bound == 0:
+            continue
+        sim = S.simulate_peak(p.name, p.max_batch_at_bound, p.bound, p.dtype, config=cfg, arch=S.load_arch(p.path), exact=False)
+        assert sim.peak_bytes <= 1.05 * limit, (p.name, p.max_batch_at_bound, sim.peak_bytes, limit)
+
+
+def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _tiny_stack(tmp_path)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(config), "--device-memory", "4GiB", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["verdict"] in VERDICTS and f"verdict: {data['verdict']}" in text
+    assert {m["name"] for m in data["models"]} <= set(S.SCORERS)
+    for m in data["models"]:
+        assert m["name"] in text
+
+
+def test_default_stack_on_the_reports_card() -> None:
+    """The shipped default stack, from the shipped architectures alone: weights and verdicts."""
+    from rewardstack.config import default_config
+
+    cfg = default_config()
+    plans = {gb: plan_stack(cfg, gb * GIB) for gb in (24, 40, 80)}
+    assert 18 * GIB < plans[80].weights_bytes < 20 * GIB
+    assert plans[80].verdict == "fits"
+    assert plans[24].weights_budget is not None  # 24 GiB cannot keep every model resident
+    for p in plans.values():
+        assert p.verdict in VERDICTS
