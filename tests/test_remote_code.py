@@ -163,3 +163,25 @@ def test_local_folder_remote_code_is_logged(btlm_folder: Path, caplog: pytest.Lo
         source, how = load_source(_btlm_cfg(btlm_folder), str(btlm_folder))
     assert source == str(btlm_folder) and how == {"trust_remote_code": True}
     assert any("own code from the local folder" in r.getMessage() for r in caplog.records)
+
+
+def test_make_standins_can_build_the_remote_code_dpo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make-standins --dpo btlm`: the DPO folder is the remote-code checkpoint and the config opts in."""
+    import tomllib
+
+    from rewardstack import standins
+    from rewardstack.config import RULE_MASKS, load_config
+
+    expected = tomllib.loads(standins.offline_config_text())["models"]
+
+    def fake_builder(name: str):  # noqa: ANN202 - the other stand-ins are not what this test is about
+        def build(folder: Path) -> dict:
+            folder.mkdir(parents=True)
+            return {k: expected[name][k] for k in ("path", "paths") if k in expected[name]}
+        return build
+
+    monkeypatch.setattr("rewardstack.scorers.standin_builder", lambda name: None if name in RULE_MASKS else fake_builder(name))
+    path = standins.make_standins(tmp_path, dpo="btlm")
+    cfg = load_config(path).models["dpo_reward_model"]
+    assert cfg.trust_remote_code and (tmp_path / "dpo_reward_model" / "modeling_btlm.py").exists()
+    assert not load_config(path).models["reciprocate_reward_model"].trust_remote_code

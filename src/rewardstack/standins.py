@@ -27,8 +27,14 @@ def offline_config_text() -> str:
     return resources.files("rewardstack").joinpath("configs/offline.toml").read_text(encoding="utf-8")
 
 
-def make_standins(root: str | Path, *, seed: int = 0, force: bool = False) -> Path:
+DPO_FAMILIES = ("gpt2", "btlm")
+
+
+def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2") -> Path:
     """Write every stand-in model under `root` and `root/stack.toml`; returns the config path.
+
+    `dpo="btlm"` builds the DPO stand-in as the BTLM-like checkpoint that loads through its own
+    remote code (`rewardstack.standin_btlm`) and opts that model into `trust_remote_code`.
 
     The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
     the entry it returns must agree with that file (checked here, so the two cannot drift apart).
@@ -47,6 +53,8 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False) -> Pa
     expected = tomllib.loads(offline_config_text())["models"]
     for name in ALL_MODELS:
         builder = standin_builder(name)
+        if name == "dpo_reward_model" and dpo == "btlm":
+            from rewardstack.standin_btlm import make_dpo_standin as builder
         if builder is None:
             continue
         torch.manual_seed(seed)
@@ -57,7 +65,12 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False) -> Pa
                 raise RuntimeError(f"stand-in {name}: {key} {entry[key]!r} disagrees with offline.toml")
     # Written last, so an interrupted build is rebuilt next time.
     tmp = root / (CONFIG_NAME + ".tmp")
-    tmp.write_text(offline_config_text(), encoding="utf-8")
+    text = offline_config_text()
+    if dpo == "btlm":
+        head = '[models.dpo_reward_model]\npath = "dpo_reward_model"\n'
+        assert head in text, "offline.toml's DPO entry moved"
+        text = text.replace(head, head + "trust_remote_code = true  # the BTLM-like stand-in runs its own code\n")
+    tmp.write_text(text, encoding="utf-8")
     load_config(tmp)  # every path must resolve
     tmp.replace(config_path)
     return config_path

@@ -68,3 +68,12 @@ def make_checkpoint(folder: str | Path, *, max_length: int = 8192, seed: int = 1
     conf["model_type"] = "btlm"
     conf_file.write_text(json.dumps(conf, indent=2), encoding="utf-8")
     return folder
+
+
+def make_dpo_standin(folder: Path, *, max_length: int = 8192) -> dict[str, Any]:
+    """The DPO stand-in of `rewardstack make-standins --dpo btlm`: this checkpoint, with its config entry.
+
+    The entry opts into remote code, which a local folder the operator built is allowed to run.
+    """
+    make_checkpoint(folder, max_length=max_length)
+    return {"path": Path(folder).name, "dtype": "float32", "trust_remote_code": True}
