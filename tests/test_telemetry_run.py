@@ -75,7 +75,9 @@ def test_standin_run_writes_every_record_with_its_fields(standins, tmp_path) -> 
         assert s["calls"] == sum(1 for c in calls if c["step"] == s["step"])
     # The events are the scores, one per step, as `score` wrote them to --output.
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
-    assert events == [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    output = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(events) == len(output) == 3  # (the output adds the runner's resume fields)
+    assert all(e == {k: v for k, v in o.items() if k in e} and "rewards" in e for e, o in zip(events, output))
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary) == SUMMARY and summary["steps"] == 3
 

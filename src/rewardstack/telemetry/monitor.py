@@ -258,11 +258,15 @@ class Monitor:
         call = None
         with self._lock:
             for c in reversed(self._calls):
-                if c["model"] == rec.model and c["outcome"] == "oom" and c["inputs"] == rec.indices:
-                    call = c
+                if c["model"] == rec.model and c["inputs"] == rec.indices:
+                    # The latest attempt at this batch, unless it is settled already (then the OOM
+                    # struck before a pass ran). An injected OOM may strike as the pass returns.
+                    if c["outcome"] == "oom" or (rec.injected and c["outcome"] == "ok"):
+                        call = c
                     break
         if call is not None:
             call["outcome"] = outcome
+            call["error_ratio"] = None  # the pass did not complete: no prediction to judge
         else:  # injected before the forward ran: no call record yet
             call = {"type": "call", "model": rec.model, "time": rec.time, "seconds": 0.0, "batch": rec.batch,
                     "padded_length": rec.length, "padded_tokens": rec.batch * rec.length, "lengths": list(rec.lengths),
@@ -552,6 +556,7 @@ class Telemetry:
 
     def __init__(self, stack: Any, *, run_dir: str | Path | None, metrics_port: int | None, settings: Any = None,
                  registry: Any = None) -> None:
+        from rewardstack.errors import ConfigError
         from rewardstack.settings import TelemetrySettings
         from rewardstack.telemetry.metrics import metrics_for, serve
 
@@ -561,12 +566,17 @@ class Telemetry:
         alarms = Alarms(window=s.leak_window, warmup=s.leak_warmup, leak_bytes_per_step=s.leak_bytes_per_step,
                         host_leak_bytes_per_step=s.host_leak_bytes_per_step,
                         fragmentation_bytes_per_step=s.fragmentation_bytes_per_step)
-        self.monitor = Monitor.attach(stack, run_dir=rd, metrics=metrics_for(registry), alarms=alarms,
-                                      history_entries=s.history_entries)
         self.server = None
         if metrics_port is not None:
-            self.server = serve(metrics_port, reg=registry)
+            try:
+                self.server = serve(metrics_port, reg=registry)
+            except OSError as e:  # the port is taken, or not ours to bind
+                if rd is not None:
+                    rd.close()
+                raise ConfigError("telemetry.metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {e}") from e
             log.info("metrics on http://%s:%d/metrics", self.server.host, self.server.port)
+        self.monitor = Monitor.attach(stack, run_dir=rd, metrics=metrics_for(registry), alarms=alarms,
+                                      history_entries=s.history_entries)
 
     def close(self) -> None:
         """Finish the run directory and stop the endpoint."""
