@@ -3,6 +3,7 @@
     rewardstack score --config C --input STEPS.jsonl --output EVENTS.jsonl
     rewardstack demo [--dir DIR]
     rewardstack make-standins DIR
+    rewardstack serve --config C [--host 127.0.0.1] [--port 8000]
     rewardstack config --explain | --config C
     rewardstack download --config C
 """
@@ -224,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dpo", choices=("gpt2", "btlm"), default="gpt2",
                    help="DPO stand-in: a native GPT-2 (default) or the BTLM-like model that loads through its own remote code")
     m.set_defaults(func=cmd_make_standins)
+
+    from rewardstack.service.command import add_parser as add_serve_parser  # imports no FastAPI
+
+    add_serve_parser(sub)
 
     c = sub.add_parser("config", help="list every config key (--explain) or validate a config file")
     c.add_argument("--explain", action="store_true", help="print every key: type, default, one line of help")

@@ -243,6 +243,8 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
     tables = {name: parse_table(cls, data.get(name), name) for name, cls in TABLES.items()}
     if tables["telemetry"].run_dir is not None:
         tables["telemetry"].run_dir = _resolve_dir(tables["telemetry"].run_dir, base)
+    if tables["service"].tokens_file is not None:
+        tables["service"].tokens_file = _resolve_dir(tables["service"].tokens_file, base)
     if "device" in top and not isinstance(top["device"], str):
         raise ConfigError("device", f"must be a string such as 'cpu' or 'cuda:0', got {top['device']!r}")
     if "state_dir" in top:

@@ -194,6 +194,22 @@ class ServiceSettings:
     """Address to bind; anything but loopback requires a bearer token."""
     port: int = field(default=8000, metadata={"check": _positive})
     """TCP port."""
+    max_body_bytes: int = byte_field(4 * 1024**2, check=_positive)
+    """Largest request body, counted as the bytes arrive (a Content-Length header is not trusted); larger is 413."""
+    max_completions: int = field(default=256, metadata={"check": _positive})
+    """Most completions in one step; more is 413 (before any tokenization)."""
+    max_chars: int = field(default=65536, metadata={"check": _positive})
+    """Most characters in one completion, prompt or base prompt; more is 413 (before any tokenization)."""
+    queue_size: int = field(default=64, metadata={"check": _positive})
+    """Steps that may wait for the scoring worker; a full queue answers 429 with Retry-After."""
+    deadline_s: float = field(default=60.0, metadata={"check": _positive})
+    """Seconds a request may wait for the worker to start it; past that it is not scored (504). Once started, a step always commits."""
+    batch_requests: int = field(default=16, metadata={"check": _positive})
+    """Most queued requests the worker takes together: forward passes model by model, each namespace committed once (1: one at a time)."""
+    max_namespaces: int = field(default=64, metadata={"check": _positive})
+    """Most namespaces (clients with their own state); a request for a new one past this is 403."""
+    tokens_file: str | None = None
+    """TOML table of token SHA-256 hex digest -> namespace the token may use (relative to the config file). $REWARDSTACK_TOKEN is a token for every namespace."""
 
 
 TABLES: dict[str, type] = {"memory": MemorySettings, "telemetry": TelemetrySettings, "service": ServiceSettings}

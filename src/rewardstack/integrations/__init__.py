@@ -1,0 +1,1 @@
+"""Adapters that let existing validator code use rewardstack (`openvalidators`)."""

@@ -1,0 +1,97 @@
+"""`rewardstack serve`: its flags (over the [service] table) and the uvicorn run with a clean drain.
+
+Kept apart from `app.py` so that building the CLI parser does not import FastAPI; the service's
+dependencies come with the `rewardstack[service]` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+from typing import Any
+
+from rewardstack.config import StackConfig, load_config
+from rewardstack.settings import ServiceSettings, field_docs, parse_bytes
+
+_INT_FLAGS = ("port", "max_completions", "max_chars", "queue_size", "batch_requests", "max_namespaces")
+
+
+def add_parser(sub: Any) -> None:
+    """The `serve` subcommand (called from `rewardstack.cli.build_parser`)."""
+    docs = field_docs(ServiceSettings)
+    s = sub.add_parser("serve", help="run the HTTP scoring service (FastAPI on uvicorn; docs/SERVICE.md)")
+    s.add_argument("--config", required=True, help="stack config (TOML)")
+    s.add_argument("--host", help=docs.get("host", "") + " (default [service].host, 127.0.0.1)")
+    s.add_argument("--port", type=int, help=docs.get("port", "") + " (default [service].port, 8000)")
+    s.add_argument("--max-body-bytes", help=docs.get("max_body_bytes"))
+    s.add_argument("--max-completions", type=int, help=docs.get("max_completions"))
+    s.add_argument("--max-chars", type=int, help=docs.get("max_chars"))
+    s.add_argument("--queue-size", type=int, help=docs.get("queue_size"))
+    s.add_argument("--deadline-s", type=float, help=docs.get("deadline_s"))
+    s.add_argument("--batch-requests", type=int, help=docs.get("batch_requests"))
+    s.add_argument("--max-namespaces", type=int, help=docs.get("max_namespaces"))
+    s.add_argument("--tokens-file", help=docs.get("tokens_file"))
+    s.set_defaults(func=cmd_serve)
+
+
+def effective_settings(config: StackConfig, args: argparse.Namespace) -> ServiceSettings:
+    """The [service] table with the command line's flags over it."""
+    s = dataclasses.replace(config.service)
+    for key in _INT_FLAGS + ("host", "deadline_s", "tokens_file"):
+        value = getattr(args, key, None)
+        if value is not None:
+            setattr(s, key, value)
+    if getattr(args, "max_body_bytes", None) is not None:
+        s.max_body_bytes = parse_bytes(args.max_body_bytes, key="--max-body-bytes")
+    return s
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load the config, check access, serve until SIGTERM; 0 after a clean drain."""
+    try:
+        import uvicorn
+
+        from rewardstack.service.app import create_app
+        from rewardstack.service.namespaces import Access, is_loopback
+    except ImportError as e:  # pragma: no cover - depends on the install
+        print(f"rewardstack: error: the service needs its extra: pip install 'rewardstack[service]' ({e})", file=sys.stderr)
+        return 2
+    config = load_config(args.config)
+    settings = effective_settings(config, args)
+    for key in _INT_FLAGS:
+        if getattr(settings, key) < 1:
+            print(f"rewardstack: error: --{key.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    if settings.deadline_s <= 0:
+        print("rewardstack: error: --deadline-s must be positive", file=sys.stderr)
+        return 2
+    access = Access.load(settings.tokens_file)
+    if not is_loopback(settings.host) and not access.required:
+        print(f"rewardstack: error: binding {settings.host} (not loopback) requires a bearer token: set "
+              "REWARDSTACK_TOKEN or [service].tokens_file (never a command-line flag)", file=sys.stderr)
+        return 2
+    app = create_app(config, settings, access)
+    worker = app.state.worker
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            worker.begin_drain()  # queued steps get 503 now; the running batch finishes and commits
+            super().handle_exit(sig, frame)
+
+    level = "warning" if getattr(args, "verbose", 0) == 0 else "info"
+    server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=level, workers=1,
+                                   lifespan="on", timeout_graceful_shutdown=None))
+    worker.on_fatal = lambda: setattr(server, "should_exit", True)
+    # uvicorn re-raises the signal it caught once it has shut down; a no-op handler installed
+    # before it makes that re-raise harmless, so a drained shutdown returns and exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    print(f"rewardstack serve: http://{settings.host}:{settings.port} (namespaces in {config.state_dir}/namespaces)",
+          file=sys.stderr, flush=True)
+    server.run()
+    if worker.error:
+        print(f"rewardstack: error: the stack failed to load: {worker.error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,359 @@
+"""The scoring worker: one thread owns the device, the models and every namespace's state.
+
+Requests become `Job`s on a bounded queue. The worker thread takes what is queued (up to
+`batch_requests` jobs at once), checks each job's sequence number against its namespace, runs the
+stateless part of the stack for the admitted jobs (`RewardStack.forward_many`: model by model over
+all of them, so a model's weights are used once per batch, not once per request), then applies
+the stateful part job by job, in queue order, to each job's own namespace state, commits every
+touched namespace once (atomically, through `StateStore`), and only then answers. So:
+
+- whose score is whose: each job keeps its own `ForwardResult`; nothing is merged across jobs;
+- a namespace's steps are applied in the order they were queued, and a response is sent only after
+  the state that includes it is on disk;
+- a job whose deadline passed, or whose client went away, before the worker started it is not
+  scored (`Job.try_start` and `Job.try_cancel` race under a lock: exactly one wins); once started,
+  it is scored and committed whatever happens to its client.
+
+The heartbeat (what the worker runs now, when its last forward pass finished) is written by the
+worker and read without waiting by `/healthz`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rewardstack.cli import event_line
+from rewardstack.config import StackConfig
+from rewardstack.errors import StateError
+from rewardstack.service.errors import ServiceError
+from rewardstack.service.namespaces import Namespace, Namespaces
+from rewardstack.stack import ForwardResult, RewardStack, Step
+
+log = logging.getLogger("rewardstack.service")
+
+WARMUP_STEP = Step(name="augment", prompt="rewardstack startup check.",
+                   completions=["A short startup completion.", "Another startup completion?"])
+"""Scored (forward pass only, nothing committed) before the service reports ready."""
+
+
+@dataclass
+class Outcome:
+    """What the worker answers a job with: the response body (JSON text) and whether it was scored."""
+
+    body: str
+    sequence: int
+    scored: bool
+
+
+@dataclass
+class Job:
+    """One request to score a step for a namespace."""
+
+    namespace: str
+    step: Step
+    sequence: int | None
+    deadline: float
+    """time.monotonic() after which the job is not started."""
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    enqueued: float = field(default_factory=time.monotonic)
+    phase: str = "queued"
+    """queued -> started (the worker took it) or cancelled (deadline, client gone, shutdown)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    applied_as: int | None = None
+
+    def try_start(self) -> bool:
+        """Worker side: claim the job; False if it was cancelled first."""
+        with self._lock:
+            if self.phase != "queued":
+                return False
+            self.phase = "started"
+            return True
+
+    def try_cancel(self) -> bool:
+        """Client side: withdraw the job; False if the worker has started it (it will commit)."""
+        with self._lock:
+            if self.phase != "queued":
+                return self.phase == "cancelled"
+            self.phase = "cancelled"
+            return True
+
+    def answer(self, outcome: Outcome | BaseException) -> None:
+        if self.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            self.future.set_exception(outcome)
+        else:
+            self.future.set_result(outcome)
+
+
+def response_body(event: dict[str, Any], sequence: int) -> str:
+    """Exactly the event line `rewardstack score` writes, plus the sequence it was applied as."""
+    line = event_line(event).rstrip("\n")
+    assert line.endswith("}")
+    return f'{line[:-1]}, "sequence": {sequence}}}'
+
+
+def _same_step(stored: str, step: Step) -> bool:
+    """Whether a stored answer is for this step (a retry), not another step reusing its number."""
+    try:
+        event = json.loads(stored)
+    except ValueError:  # pragma: no cover - we wrote it
+        return False
+    return (event.get("name"), event.get("prompt"), event.get("completions")) == (
+        step.name, step.prompt, [c if c is not None else "" for c in step.completions])
+
+
+class Worker:
+    """The thread that loads the stack and scores every job; the app talks to it through `submit`."""
+
+    def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
+                 max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None) -> None:
+        self.config = config
+        self.batch_requests = max(1, batch_requests)
+        self.queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
+        self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
+        self.stack: RewardStack | None = None
+        self._factory = stack_factory or (lambda cfg: RewardStack(cfg, load_state=False))
+        self._lock = threading.Lock()  # guards `closed` against a racing submit
+        self.closed = False
+        self.draining = False
+        self.ready = False
+        self.error: str | None = None
+        self.heartbeat: dict[str, Any] = {"running": "starting", "since": time.time(), "last_forward_at": None}
+        self.scored = 0
+        self.step_seconds = 0.0  # running mean of a scored step's time (for Retry-After)
+        self.on_fatal: Callable[[], None] | None = None
+        """Called from the worker thread when the stack fails to load (the command stops the server)."""
+        self._thread = threading.Thread(target=self._main, name="rewardstack-worker", daemon=True)
+
+    # -- app side -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def queue_length(self) -> int:
+        return self.queue.qsize()
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: the queue's expected drain time, at least 1."""
+        per = self.step_seconds or 1.0
+        return max(1, math.ceil(self.queue.qsize() * per / self.batch_requests))
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise ServiceError 503 (not ready, shutting down) or 429 (queue full)."""
+        with self._lock:
+            if self.closed or self.draining:
+                raise ServiceError(503, "shutting_down", "the service is shutting down; the step was not scored",
+                                   headers={"Retry-After": "5"})
+            if not self.ready:
+                raise ServiceError(503, "not_ready", "the service is still loading its models; the step was not scored",
+                                   headers={"Retry-After": "5"})
+            try:
+                self.queue.put_nowait(job)
+            except queue.Full:
+                raise ServiceError(429, "queue_full", f"the queue is full ({self.queue.maxsize} steps waiting); "
+                                   "the step was not scored", headers={"Retry-After": str(self.retry_after())}) from None
+
+    def begin_drain(self) -> None:
+        """Stop accepting: the running batch finishes and commits, queued jobs get 503. Thread-safe."""
+        self.draining = True
+        self.ready = False
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # -- worker thread ------------------------------------------------------------------------
+    def _beat(self, running: str | None, *, forward_done: bool = False) -> None:
+        beat = {"running": running, "since": time.time(), "last_forward_at": self.heartbeat.get("last_forward_at")}
+        if forward_done:
+            beat["last_forward_at"] = time.time()
+        self.heartbeat = beat  # one assignment: readers see the old dict or the new one
+
+    def _main(self) -> None:
+        try:
+            self._beat("loading models")
+            self.stack = self._factory(self.config)
+            self._beat("startup forward pass")
+            self.stack.forward(WARMUP_STEP)
+            self._beat(None, forward_done=True)
+            self.ready = not self.draining
+            log.info("worker ready")
+        except Exception as e:  # noqa: BLE001 - reported through /readyz and the exit status
+            log.exception("the stack failed to load")
+            self.error = f"{type(e).__name__}: {e}"
+            self._beat(None)
+            self._close()
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
+        try:
+            while not self.draining:
+                batch = self._take()
+                if batch:
+                    self._process(batch)
+        finally:
+            self._close()
+
+    def _take(self) -> list[Job]:
+        try:
+            first = self.queue.get(timeout=0.2)
+        except queue.Empty:
+            return []
+        batch = [first]
+        while len(batch) < self.batch_requests:
+            try:
+                batch.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _close(self) -> None:
+        """No more jobs: answer what is queued with 503, commit every namespace, stop."""
+        with self._lock:
+            self.closed = True
+            self.ready = False
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job.try_cancel():
+                job.answer(ServiceError(503, "shutting_down", "the service shut down before this step started; "
+                                        "it was not scored", headers={"Retry-After": "5"}))
+        for ns in self.namespaces.loaded():
+            try:
+                ns.commit()
+            except OSError:
+                log.exception("namespace %s: final commit failed", ns.name)
+        self.namespaces.release()
+        self._beat(None)
+
+    def _process(self, batch: list[Job]) -> None:
+        now = time.monotonic()
+        started: list[Job] = []
+        for job in batch:
+            if not job.try_start():
+                continue  # the client withdrew it (deadline or disconnect) before it started
+            if job.deadline < now:
+                job.answer(ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring "
+                                        "started; the step was not scored"))
+                continue
+            started.append(job)
+        # Sequence numbers: plan what each job will be applied as, counting the jobs before it in
+        # this batch (they commit first). A repeat of a committed step gets the stored answer; a
+        # repeat of a job in this batch gets that job's answer.
+        expected: dict[str, int] = {}
+        in_batch: dict[tuple[str, int], Job] = {}
+        to_score: list[Job] = []
+        duplicates: list[tuple[Job, Job]] = []
+        for job in started:
+            try:
+                ns = self.namespaces.get(job.namespace)
+            except (StateError, OSError) as e:
+                job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
+                continue
+            exp = expected.setdefault(job.namespace, ns.state.sequence + 1)
+            seq = job.sequence
+            if seq is None or seq == exp:
+                job.applied_as = exp
+                expected[job.namespace] = exp + 1
+                in_batch[(job.namespace, exp)] = job
+                to_score.append(job)
+            elif (job.namespace, seq) in in_batch:
+                duplicates.append((job, in_batch[(job.namespace, seq)]))
+            elif seq in ns.state.recent:
+                stored = ns.state.recent[seq]
+                job.answer(Outcome(stored, seq, scored=False) if _same_step(stored, job.step)
+                           else ServiceError(409, "sequence_conflict", f"sequence {seq} of namespace '{job.namespace}' "
+                                             "was committed with a different step; the next sequence is "
+                                             f"{exp}", field="sequence"))
+            else:
+                job.answer(self._gap(job.namespace, seq, exp))
+        if to_score:
+            self._score(to_score)
+        for job, original in duplicates:
+            try:
+                job.answer(original.future.result(timeout=0))
+            except concurrent.futures.TimeoutError:  # pragma: no cover - the original is answered above
+                job.answer(ServiceError(500, "internal", "the original request was not answered"))
+            except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
+                job.answer(e)
+
+    @staticmethod
+    def _gap(namespace: str, got: int, expected: int) -> ServiceError:
+        if got < expected:
+            msg = (f"sequence {got} of namespace '{namespace}' was committed but its result is no longer kept "
+                   f"(only the last 64 are); the next sequence is {expected}")
+        else:
+            msg = f"sequence {got} skips ahead: namespace '{namespace}' expects sequence {expected} next"
+        return ServiceError(409, "sequence_gap", msg, field="sequence")
+
+    def _score(self, jobs: list[Job]) -> None:
+        assert self.stack is not None
+        t0 = time.monotonic()
+        names = sorted({j.namespace for j in jobs})
+        self._beat(f"forward pass: {len(jobs)} step(s), {sum(len(j.step.completions) for j in jobs)} completions, "
+                   f"namespaces {', '.join(names)}")
+        try:
+            forwards: list[ForwardResult | None] = list(self.stack.forward_many([j.step for j in jobs]))
+        except Exception:  # noqa: BLE001 - scorers already catch their own; this is a last resort
+            log.exception("forward pass failed")
+            for job in jobs:
+                job.answer(ServiceError(500, "internal", "the forward pass failed; the step was not scored"))
+            self._beat(None)
+            return
+        self._beat("applying rewards", forward_done=True)
+        answers: list[tuple[Job, Outcome]] = []
+        touched: dict[str, Namespace] = {}
+        broken: set[str] = set()
+        for job, fwd in zip(jobs, forwards):
+            ns = self.namespaces.get(job.namespace)
+            if job.namespace in broken:
+                job.answer(ServiceError(500, "internal", "an earlier step of this namespace failed; not scored"))
+                continue
+            if job.applied_as != ns.state.sequence + 1:  # an earlier job of the batch did not apply
+                job.answer(self._gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
+                continue
+            try:
+                result = ns.state.apply(fwd)  # type: ignore[arg-type]
+                body = response_body(result.event, ns.state.sequence)
+                ns.state.remember(ns.state.sequence, body)
+            except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
+                log.exception("namespace %s: applying a step failed", job.namespace)
+                broken.add(job.namespace)
+                job.answer(ServiceError(500, "internal", "applying the step to the state failed; not scored"))
+                continue
+            touched[job.namespace] = ns
+            answers.append((job, Outcome(body, ns.state.sequence, scored=True)))
+        self._beat("committing state")
+        for name, ns in touched.items():
+            if name in broken:
+                continue
+            try:
+                ns.commit()
+            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
+                log.exception("namespace %s: commit failed", name)
+                broken.add(name)
+        for name in broken:
+            self.namespaces.get(name).reload()
+        for job, outcome in answers:
+            if job.namespace in broken:
+                job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
+            else:
+                job.answer(outcome)
+        elapsed = time.monotonic() - t0
+        self.scored += len(answers)
+        per = elapsed / max(1, len(jobs))
+        self.step_seconds = per if not self.step_seconds else 0.8 * self.step_seconds + 0.2 * per
+        self._beat(None)
