@@ -24,7 +24,7 @@ def scorer(tmp_path_factory: pytest.TempPathFactory) -> judge.JudgeScorer:
 
 @pytest.mark.parametrize(
     ("generated", "expected"),
-    [("7</Score>", 0.7), (" 10", 1.0), ("0", 0.0), ("15 then 3", 0.3), ("none", 0.0), ("", 0.0), ("x9", 0.9), ("11", 0.0)],
+    [("7</Score>", 0.7), (" 10", 1.0), ("0", 0.0), ("15 then 3", 0.3), ("none", 0.0), ("", 0.0), ("x9", 0.0), ("11", 0.0), ("7.5", 0.7), ("\u0663", 0.0)],
 )
 def test_extract_score(generated: str, expected: float) -> None:
     assert judge.extract_score(generated) == pytest.approx(expected)

@@ -203,7 +203,10 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `rewardstack` command."""
     p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0])
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
+    p.add_argument("-q", "--quiet", action="count", default=0,
+                   help="log less: -q warnings and errors only (the default logs rewardstack's INFO lines)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("score", help="score validator steps (JSONL) into events (JSONL)")
@@ -255,8 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rewardstack` command."""
     args = build_parser().parse_args(argv)
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # rewardstack's own lines at INFO by default (models, budget, placement, fits, one per step);
+    # other libraries only warn unless -vv.
+    v = args.verbose - args.quiet
+    own = logging.DEBUG if v >= 1 else logging.INFO if v == 0 else logging.WARNING
+    logging.basicConfig(level=logging.DEBUG if v >= 2 else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("rewardstack").setLevel(own)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-model "Loading weights" bars drown the output

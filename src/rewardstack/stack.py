@@ -467,7 +467,11 @@ class RewardStack:
     # -- scoring ----------------------------------------------------------------------------
     def score_step(self, step: Step | Mapping[str, Any], *, save: bool = True) -> StepResult:
         """Score one validator step and return rewards, per-model scores, statuses and the event."""
-        result = self.state.apply(self.forward(step))
+        from rewardstack.oplog import StepLine  # the step's INFO line: time, statuses, memory peak
+
+        with StepLine(self, step.name if isinstance(step, Step) else str(step.get("name", "?"))) as line:
+            result = self.state.apply(self.forward(step))
+        line.done(result, self.steps_scored)
         if save:
             self.save_state()
         if self.on_step:  # telemetry, a validator's own logging (wandb): docs/TELEMETRY.md

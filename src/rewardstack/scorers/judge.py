@@ -54,13 +54,14 @@ def template_for(task: str) -> str | None:
     return None
 
 
+SCORE_PATTERN = re.compile(r"\b([0-9]|10)\b", re.DOTALL)  # the reference's pattern, verbatim
+
+
 def extract_score(text: str) -> float:
-    """The first whole number in 0..10 in `text`, divided by 10; 0 if there is none."""
-    for m in re.finditer(r"\d+", text):
-        n = int(m.group())
-        if 0 <= n <= 10:
-            return n / 10
-    return 0.0
+    """The first whole number 0..10 standing as a word in `text` (ASCII digits, the reference's
+    `\\b([0-9]|10)\\b`: "x9" and "15" hold none), divided by 10; 0 if there is none."""
+    m = SCORE_PATTERN.search(text)
+    return int(m.group(1)) / 10 if m else 0.0
 
 
 class JudgeScorer(Scorer):
