@@ -157,9 +157,12 @@ def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
     for ax, m in zip(axes.flat, models):
         cs = [c for c in d.calls if c["model"] == m and c.get("peak_bytes") is not None]
         ax.scatter([c["padded_tokens"] for c in cs], [c["peak_bytes"] / MIB for c in cs], s=16, color="#1f77b4", alpha=0.7, label="measured")
-        pred = sorted((c["padded_tokens"], c["predicted_bytes"] / MIB) for c in cs if c.get("predicted_bytes") is not None)
+        # One prediction per call, at the same padded tokens: the model's terms in B and L apart mean
+        # calls with equal B x L can differ, so the predictions are marked, not joined by a line.
+        pred = [(c["padded_tokens"], c["predicted_bytes"] / MIB) for c in cs if c.get("predicted_bytes") is not None]
         if pred:
-            ax.plot([t for t, _ in pred], [v for _, v in pred], color="#d62728", lw=1.2, marker="+", ms=6, label="cost model")
+            ax.scatter([t for t, _ in pred], [v for _, v in pred], color="#d62728", marker="_", s=160, lw=2,
+                       label="cost model prediction")
         ax.set_title(m, fontsize=10)
         ax.set_xlabel("padded tokens (batch × length)", fontsize=9)
         ax.set_ylabel("peak (MiB)", fontsize=9)
@@ -168,7 +171,7 @@ def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
         ax.axis("off")
     if not models:
         axes.flat[0].text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=axes.flat[0].transAxes)
-    fig.suptitle("Measured peak against padded tokens per model, cost model prediction in red")
+    fig.suptitle("Measured peak against padded tokens per model, the cost model's prediction for each call in red")
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
