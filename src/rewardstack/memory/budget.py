@@ -1,8 +1,11 @@
 """Resolves the activation budget: how many bytes the forward passes of the stack may use.
 
-On CUDA (like vLLM's gpu_memory_utilization): total device memory x `gpu_utilization`, minus the
-weights already resident, minus `headroom_bytes` (CUDA context, allocator slack, other processes);
-or exactly `memory_budget` bytes when the config sets it. On CPU there is no device to measure: the
+On CUDA (like vLLM's gpu_memory_utilization): the card's size (the real one, or `[memory]
+device_memory` when set) x `gpu_utilization`, never more than was free when the process started
+(another process's memory is not ours), minus the weights resident, minus the memory this process
+holds outside torch's allocator (measured, as vLLM does: device memory used now minus used at
+start minus what torch reserved since: CUDA context growth, cuBLAS workspaces), minus
+`headroom_bytes`; or exactly `memory_budget` bytes when the config sets it. On CPU there is no device to measure: the
 budget is `memory_budget` when set (the tensor-bytes tracker then enforces it as a simulated device)
 and None (unlimited) otherwise.
 """
@@ -31,6 +34,8 @@ class Budget:
     utilization: float | None = None
     weights_bytes: int = 0
     headroom_bytes: int = 0
+    free_at_start: int | None = None  # CUDA: free device memory before any model loaded
+    non_torch_bytes: int = 0  # CUDA: measured memory outside torch's allocator
 
     def describe(self) -> str:
         """One line for logs."""
@@ -39,11 +44,39 @@ class Budget:
             return f"{self.device}: unlimited activation budget (no memory_budget set on a non-CUDA device)"
         if self.source == "config":
             return f"{self.device}: activation budget {self.activation_bytes / gib:.3f} GiB from memory_budget"
+        free = f" (free at start {self.free_at_start / gib:.2f} GiB)" if self.free_at_start is not None else ""
+        outside = f" - outside torch {self.non_torch_bytes / gib:.2f} GiB" if self.non_torch_bytes else ""
         return (
             f"{self.device}: activation budget {self.activation_bytes / gib:.3f} GiB = "
-            f"{(self.total_bytes or 0) / gib:.2f} GiB total x {self.utilization:.2f} - weights "
-            f"{self.weights_bytes / gib:.2f} GiB - headroom {self.headroom_bytes / gib:.2f} GiB"
+            f"{(self.total_bytes or 0) / gib:.2f} GiB total{free} x {self.utilization:.2f} - weights "
+            f"{self.weights_bytes / gib:.2f} GiB - headroom {self.headroom_bytes / gib:.2f} GiB{outside}"
         )
+
+
+@dataclass
+class DeviceSnapshot:
+    """The device's memory at one moment (bytes): the driver's view and torch's allocator's."""
+
+    total: int
+    free: int
+    reserved: int = 0  # held by torch's caching allocator
+    allocated: int = 0  # in live tensors
+
+    def describe(self) -> str:
+        """One line for logs."""
+        gib = 1024**3
+        return (f"{self.total / gib:.2f} GiB total, {self.free / gib:.2f} GiB free, torch reserved "
+                f"{self.reserved / gib:.2f} GiB, allocated {self.allocated / gib:.2f} GiB")
+
+
+def cuda_snapshot(device: torch.device) -> DeviceSnapshot:  # pragma: no cover - CUDA-only path
+    free, total = torch.cuda.mem_get_info(device)
+    return DeviceSnapshot(int(total), int(free), int(torch.cuda.memory_reserved(device)),
+                          int(torch.cuda.memory_allocated(device)))
+
+
+def cuda_allocated(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
+    return int(torch.cuda.memory_allocated(device))
 
 
 def weights_bytes(modules: list[torch.nn.Module]) -> int:

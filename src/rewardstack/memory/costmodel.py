@@ -15,7 +15,12 @@ becomes g*min(B*L, chunk).
 
 The coefficients are fitted by exact non-negative least squares on relative error to peaks measured
 in a short profile run (`profile`); `trust` (<= 1) shrinks the budget a model may plan against
-after its predictions were proved wrong by an OOM.
+after its predictions were proved wrong by an OOM, and grows back after a run of clean batches
+(`record_clean`), so a few OOMs do not keep batches small forever.
+
+A fit is only trusted where it was measured: `admits(B, L)` is false for a batch longer, wider or
+with more tokens than the largest profiled shape (as vLLM sizes its cache from a profile run at the
+maximum batched shape), and the planner never builds such a batch.
 """
 
 from __future__ import annotations
@@ -59,6 +64,22 @@ class CostModel:
     g: float = 0.0
     chunk: int | None = None
     chunk_rows: bool = False  # the chunk spans the batch's rows: g*min(B*L, chunk)
+    clean: int = 0  # batches run without an OOM since trust was last lowered
+
+    def extents(self) -> tuple[int, int, int] | None:
+        """(largest batch, longest length, most tokens B*L) profiled; None when nothing was measured."""
+        if not self.samples:
+            return None
+        return (max(b for b, _, _ in self.samples), max(l for _, l, _ in self.samples),
+                max(b * l for b, l, _ in self.samples))
+
+    def admits(self, batch: int, length: int) -> bool:
+        """Whether (batch, length) lies inside the profiled shapes (always, for a model never profiled)."""
+        ext = self.extents()
+        if ext is None:
+            return True
+        max_b, max_l, max_t = ext
+        return batch <= max_b and length <= max_l and batch * length <= max_t
 
     def coefficients(self) -> list[float]:
         """The coefficients in the order of `TERMS`."""
@@ -95,6 +116,23 @@ class CostModel:
     def distrust(self, factor: float = 0.8, floor: float = 0.25) -> None:
         """Lower trust after an OOM: later plans use a smaller share of the budget."""
         self.trust = max(floor, self.trust * factor)
+        self.clean = 0
+
+    def record_clean(self, run: int = 20, factor: float = 0.8) -> bool:
+        """Count one batch that ran without an OOM; after `run` in a row, undo one `distrust` step.
+
+        Returns whether trust grew. An OOM (`distrust`) restarts the count.
+        """
+        if self.trust >= 1.0:
+            self.clean = 0
+            return False
+        self.clean += 1
+        if self.clean < run:
+            return False
+        self.trust = min(1.0, self.trust / factor)
+        self.clean = 0
+        log.info("cost model trusted again after %d clean batches: trust %.2f", run, self.trust)
+        return True
 
     def describe(self) -> str:
         """One line for logs."""
@@ -115,6 +153,16 @@ class CostModel:
             "g": self.g, "chunk": self.chunk, "chunk_rows": self.chunk_rows,
             "trust": self.trust, "samples": self.samples,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        """The inverse of `to_dict` (the calibration cache stores fits this way); trust starts at 1."""
+        return cls(
+            a=float(d["a"]), b=float(d["b"]), c=float(d["c"]), d=float(d.get("d", 0.0)), e=float(d.get("e", 0.0)),
+            f=float(d.get("f", 0.0)), g=float(d.get("g", 0.0)), chunk=d.get("chunk"),
+            chunk_rows=bool(d.get("chunk_rows", False)),
+            samples=[(int(b), int(l), int(m)) for b, l, m in d.get("samples", [])],
+        )
 
 
 def _identifiable_terms(
@@ -166,11 +214,16 @@ def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def profile_shapes(max_length: int, max_batch: int = 8, chunk: int | None = None) -> list[tuple[int, int]]:
+def profile_shapes(
+    max_length: int, max_batch: int = 8, chunk: int | None = None, max_tokens: int | None = None
+) -> list[tuple[int, int]]:
     """A small grid of (batch, length) shapes for a profile run, up to `max_length`.
 
     Five lengths spread geometrically (short inputs matter: most completions are short) times
-    three batch sizes: 15 passes, enough to separate all six terms with room to spare.
+    three batch sizes: up to 15 passes, enough to separate all six terms with room to spare.
+    `max_tokens` drops the shapes wider than that many tokens (B*L), except batches of one: every
+    length up to `max_length` is always measured. The planner then admits nothing beyond the
+    largest shape kept (`CostModel.admits`).
     """
     top = max(1, int(max_length))
     picks = [max(8, top // 32), top // 8, top // 4, top // 2, top]
@@ -178,7 +231,7 @@ def profile_shapes(max_length: int, max_batch: int = 8, chunk: int | None = None
         picks += [max(1, chunk // 2), chunk]  # both sides of the chunk's knee
     lengths = sorted({max(1, min(top, v)) for v in picks})
     batches = sorted({1, max(1, max_batch // 2), max(1, max_batch)})
-    return [(b, l) for l in lengths for b in batches]
+    return [(b, l) for l in lengths for b in batches if b == 1 or max_tokens is None or b * l <= max_tokens]
 
 
 def profile(

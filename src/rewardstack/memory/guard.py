@@ -12,10 +12,13 @@ import gc
 import logging
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -53,7 +56,10 @@ class InjectedOOM(torch.OutOfMemoryError):
 
 
 class FaultInjector:
-    """Raises an injected OOM before a device forward pass with probability `rate`.
+    """Fails a device forward pass with an injected OOM with probability `rate`.
+
+    `run_guarded` runs each pass inside `during`, which raises the OOM inside the pass after its
+    first allocations; `maybe_raise` raises before a pass (for callers without a pass to enter).
 
     Deterministic: the same seed and the same sequence of calls inject at the same passes.
     `models` limits injection to those model names (None: all). `calls` and `injected` count
@@ -68,6 +74,7 @@ class FaultInjector:
         self.calls = 0
         self.injected = 0
         self.by_model: dict[str, list[int]] = {}  # name -> [calls, injected]
+        self.max_after = 8  # `during` fails a pass after 1..max_after tensor-creating ops
 
     def reset(self) -> None:
         """Start the same sequence of injections again."""
@@ -75,17 +82,60 @@ class FaultInjector:
         self.calls = self.injected = 0
         self.by_model.clear()
 
-    def maybe_raise(self, model: str, batch: Sequence[int]) -> None:
-        """Raise an `InjectedOOM` with probability `rate`."""
+    def _draw(self, model: str) -> bool:
+        """Count a pass and decide whether it gets an OOM."""
         if self.models is not None and model not in self.models:
-            return
+            return False
         self.calls += 1
         counts = self.by_model.setdefault(model, [0, 0])
         counts[0] += 1
         if self.rate > 0 and self.rng.random() < self.rate:
             self.injected += 1
             counts[1] += 1
+            return True
+        return False
+
+    @contextmanager
+    def during(self, model: str, batch: Sequence[int]) -> Iterator[None]:
+        """Run one forward pass that, with probability `rate`, fails with an `InjectedOOM` inside it.
+
+        The OOM is raised after the pass's first 1..`max_after` tensor-creating ops (drawn from the
+        seed), so the tensors it already allocated are live when it fails, as in a real OOM; a pass
+        with fewer ops fails at its end. Other passes run untouched.
+        """
+        if not self._draw(model):
+            yield
+            return
+        message = f"injected OOM in {model} (batch of {len(batch)})"
+        mode = _RaiseAfter(self.rng.randint(1, self.max_after), message)
+        with mode:
+            yield
+        raise InjectedOOM(message)
+
+    def maybe_raise(self, model: str, batch: Sequence[int]) -> None:
+        """Raise an `InjectedOOM` with probability `rate`."""
+        if self._draw(model):
             raise InjectedOOM(f"injected OOM in {model} (batch of {len(batch)})")
+
+
+class _RaiseAfter(TorchDispatchMode):
+    """Raises an injected OOM once `after` aten ops have returned tensors (allocations made)."""
+
+    def __init__(self, after: int, message: str) -> None:
+        super().__init__()
+        self.after = after
+        self.message = message
+        self.seen = 0
+        self.fired = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        if not self.fired and any(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
+            self.seen += 1
+            if self.seen >= self.after:
+                self.fired = True
+                raise InjectedOOM(self.message)
+        return out
 
 
 def free_device_memory(device: torch.device) -> None:
@@ -105,8 +155,12 @@ def run_guarded(
     fallback: Callable[[list[int]], Sequence[Any]] | None,
     on_oom: Callable[[OomRecord], None],
     injector: FaultInjector | None = None,
+    on_ok: Callable[[list[int]], None] | None = None,
 ) -> dict[int, Outcome]:
-    """Run every batch; return one Outcome per input index. Never raises for OOM or model errors."""
+    """Run every batch; return one Outcome per input index. Never raises for OOM or model errors.
+
+    `on_ok(batch)` is called for each batch that ran without an OOM (trust recovery counts them).
+    """
     results: dict[int, Outcome] = {}
     stack = list(reversed(batches))
     while stack:
@@ -117,8 +171,13 @@ def run_guarded(
         values: Sequence[Any] | None = None
         try:
             if injector is not None:
-                injector.maybe_raise(model, batch)
-            values = forward(batch)
+                # The injected OOM strikes inside the pass, after its first allocations, so the
+                # path that frees a failed pass's tensors runs as after a real OOM.
+                with injector.during(model, batch):
+                    out = forward(batch)
+                values = out
+            else:
+                values = forward(batch)
         except torch.OutOfMemoryError as e:
             oom_message = str(e).splitlines()[0] if str(e) else "out of memory"
             injected = isinstance(e, InjectedOOM)
@@ -130,6 +189,8 @@ def run_guarded(
                 raise RuntimeError(f"{model}: forward returned {len(values)} values for {len(batch)} inputs")
             for i, v in zip(batch, values):
                 results[i] = Outcome(value=v)
+            if on_ok is not None:
+                on_ok(batch)
             continue
         if other_error is not None:
             if len(batch) > 1:  # isolate the input that fails

@@ -22,9 +22,10 @@ without a GPU.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
 
@@ -33,6 +34,7 @@ from rewardstack.memory.budget import weights_bytes
 log = logging.getLogger("rewardstack.memory")
 
 Where = Literal["resident", "cpu", "swap"]
+SWAP_LOG_SIZE = 256  # swap events kept in memory (a ring buffer); `swaps`/`evictions` count all
 
 
 @dataclass
@@ -90,9 +92,9 @@ class Placement:
         self.decisions: dict[str, Decision] = {}
         self._on_device: set[int] = set()  # ids of modules on the (real or simulated) device
         self._lru: OrderedDict[str, None] = OrderedDict()  # swapped-in models, least recent first
-        self.swaps = 0
+        self.swaps = 0  # totals: the log below keeps only the last SWAP_LOG_SIZE events
         self.evictions = 0
-        self.swap_log: list[SwapEvent] = []
+        self.swap_log: deque[SwapEvent] = deque(maxlen=SWAP_LOG_SIZE)
 
     # -- registration -----------------------------------------------------------------------
     def register(
@@ -236,6 +238,22 @@ class Placement:
         log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
                  f", evicted {event.evicted}" if event.evicted else "", self.swaps)
         return d
+
+    @contextmanager
+    def lent_to_host(self, name: str) -> Iterator[int]:
+        """Move `name`'s modules off the device for the body (a CPU fallback), then back.
+
+        Yields the bytes moved (0 for a model already on the host). On a CPU-only machine
+        (`move=False`) nothing moves and the host run is simulated, as for every placement.
+        """
+        moved = {i for i in self._ids(name) if i in self._on_device}
+        for i in moved:
+            self._set(i, False)
+        try:
+            yield self._bytes_of(moved)
+        finally:
+            for i in moved:
+                self._set(i, True)
 
     def summary(self) -> dict:
         """Decisions, swap counts and bytes, JSON-able (for logs and telemetry)."""

@@ -2,7 +2,9 @@
 
 As in TEI, a batch costs batch_size x longest_length (padding is paid for), so inputs are sorted by
 length first. A batch is closed when adding the next input would push the cost model's predicted
-peak past the budget (times a safety margin and the model's trust).
+peak past the budget (times a safety margin and the model's trust), or would make a shape the
+cost model never measured (`CostModel.admits`: wider, longer or more tokens than its largest
+profiled shape). Predictions are only used inside the profiled range, never extrapolated.
 """
 
 from __future__ import annotations
@@ -18,8 +20,14 @@ def usable_bytes(budget_bytes: float, cost: CostModel, margin: float) -> float:
 
 
 def max_fitting_length(cost: CostModel, budget_bytes: float, margin: float, upper: int) -> int:
-    """The longest single input (batch of 1) predicted to fit, at most `upper`; 0 if none does."""
+    """The longest single input (batch of 1) predicted to fit, at most `upper`; 0 if none does.
+
+    Never longer than the longest profiled length: past it the prediction would be a guess.
+    """
     limit = usable_bytes(budget_bytes, cost, margin)
+    ext = cost.extents()
+    if ext is not None:
+        upper = min(upper, ext[1])
     lo, hi = 0, upper
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -54,7 +62,7 @@ def plan_batches(
     for i in order:
         longest = max(lengths[i], 1)  # ascending order: the newcomer is the longest
         candidate = len(current) + 1
-        fits = cost.predict(candidate, longest) <= limit
+        fits = cost.predict(candidate, longest) <= limit and cost.admits(candidate, longest)
         if current and (not fits or (max_batch is not None and candidate > max_batch)):
             batches.append(current)
             current = []
