@@ -42,8 +42,8 @@ class DpoOptions:
     """Run the step's common token prefix once through a KV cache when the load probe finds the model takes cache objects (false: full sequences)."""
     max_batch: int = _positive_int(16)
     """Most sequences per forward pass (batch_size, when set, takes precedence)."""
-    calibration_length: int = _positive_int(512)
-    """Longest input, in tokens, of the load-time profile runs that fit the cost model."""
+    calibration_length: int | None = _positive_int(None)
+    """Longest input, in tokens, of the load-time profile runs that fit the cost model; the planner admits nothing longer (default: the model's length bound)."""
 
 
 @dataclass
@@ -62,8 +62,8 @@ class ReciprocateOptions:
     """Run the step's common token prefix once through a KV cache when the load probe finds the model takes cache objects (false: full sequences)."""
     max_batch: int = _positive_int(16)
     """Most sequences per forward pass (batch_size, when set, takes precedence)."""
-    calibration_length: int = _positive_int(512)
-    """Longest input, in tokens, of the load-time profile runs that fit the cost model."""
+    calibration_length: int | None = _positive_int(None)
+    """Longest input, in tokens, of the load-time profile runs that fit the cost model; the planner admits nothing longer (default: the model's length bound)."""
 
 
 @dataclass
@@ -76,8 +76,8 @@ class DahoasOptions:
     """Run each group's common token prefix once through a KV cache when the load probe finds the model takes cache objects (false: full sequences)."""
     max_batch: int = _positive_int(16)
     """Most sequences per forward pass (batch_size, when set, takes precedence)."""
-    calibration_length: int = _positive_int(550)
-    """Longest input, in tokens, of the load-time profile runs that fit the cost model."""
+    calibration_length: int | None = _positive_int(None)
+    """Longest input, in tokens, of the load-time profile runs that fit the cost model; the planner admits nothing longer (default: the model's length bound)."""
 
 
 @dataclass

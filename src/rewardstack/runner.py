@@ -259,14 +259,20 @@ def score_file(
 
 
 def run_score(config_path: str, input_path: str, output: str, *, save_every: int = 1,
-              setup: Callable[[RewardStack], Any] | None = None) -> int:
-    """`rewardstack score`: lock the state directory, build the stack, score, report. Returns the exit code."""
+              setup: Callable[[RewardStack], Any] | None = None, device_memory: int | None = None,
+              recalibrate: bool = False) -> int:
+    """`rewardstack score`: lock the state directory, build the stack, score, report. Returns the exit code.
+
+    `device_memory` overrides `[memory] device_memory`; `recalibrate` profiles every model again.
+    """
     from rewardstack.config import load_config
     from rewardstack.state import StateLock
 
     cfg = load_config(config_path)
+    if device_memory is not None:
+        cfg.memory.device_memory = device_memory
     with StateLock(cfg.state_dir):
-        stack = RewardStack(cfg)
+        stack = RewardStack(cfg, recalibrate=recalibrate)
         closer = setup(stack) if setup is not None else None
         try:
             report = score_file(stack, input_path, output, save_every=save_every)

@@ -30,7 +30,6 @@ import torch
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
 from rewardstack.errors import InputError, SequenceError, StateError
 from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
-from rewardstack.memory.budget import weights_bytes
 from rewardstack.normalize import RunningNormalizer
 from rewardstack.scorers import build_scorer
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
@@ -368,32 +367,33 @@ def build_event(step: Step, result: StepResult, elapsed: float) -> dict[str, Any
 class RewardStack:
     """A configured set of reward models and masks with their persistent state."""
 
-    def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True) -> None:
+    def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True,
+                 recalibrate: bool = False) -> None:
         self.config = config
         self.device = torch.device(config.device)
         if self.device.type == "cuda":
             configure_allocator()  # must precede the first CUDA allocation
         own_memory = memory is None
-        self.memory = memory if memory is not None else MemoryManager(None, device=self.device, margin=config.safety_margin)
-        self.models = ModelCache(self.device)
+        # Reads the card's free memory before any model loads; finds the calibration cache.
+        self.memory = memory if memory is not None else MemoryManager.for_config(config, recalibrate=recalibrate)
+        self.models = ModelCache(self.device)  # loads on the host: placement moves what stays resident
         self.runtime = Runtime(device=self.device, memory=self.memory, models=self.models)
         self.scorers: dict[str, Scorer] = {}
-        capacity = self.memory.weights_capacity(config)
-        on_device: dict[int, torch.nn.Module] = {}
-        for cfg in config.active_models():
-            log.info("building %s", cfg.name)
-            scorer = self.scorers[cfg.name] = build_scorer(cfg, self.runtime)
-            if capacity is not None:  # CUDA-only path
-                self._stage(cfg.name, scorer, on_device, capacity)
+        with self.memory.deferred_calibration():  # place, then load onto the card, then profile
+            for cfg in config.active_models():
+                log.info("building %s", cfg.name)
+                self.memory.describe_model(cfg)
+                self.scorers[cfg.name] = build_scorer(cfg, self.runtime)
         for name, scorer in self.scorers.items():
             modules = scorer.modules()
             if modules:
                 # Filters are small: placement may keep them on CPU when the card is short.
                 self.memory.register_model(name, modules, cpu_ok=scorer.kind == "mask")
         if own_memory:
-            # Budget = device total x utilization - weights - headroom (or memory_budget), then
-            # placement decides what stays resident when the weights alone do not fit.
+            # Budget = card x utilization - weights - headroom (or memory_budget), then placement
+            # decides from the weights' exact sizes what stays resident and moves only that.
             self.memory.setup(config)
+        self.memory.run_calibrations()  # each model profiled where it runs, or read from the cache
         self.state = RewardState(config)
         """The stateful part (this stack's own; the service keeps one per namespace)."""
         self.store = StateStore(config.state_dir)
@@ -401,24 +401,6 @@ class RewardStack:
         """Called after each scored step with the step's memory record (docs/TELEMETRY.md)."""
         if load_state:
             self.load_state()
-
-    @staticmethod
-    def _stage(name: str, scorer: Scorer, on_device: dict[int, torch.nn.Module], capacity: int) -> None:
-        """Move a just-calibrated scorer's weights to the host if the device cannot keep them too.
-
-        Each model loads and calibrates on the device; one that would push the weights past
-        `capacity` waits on the host, and placement (`MemoryManager.setup`) then brings back what
-        stays resident and swaps the rest in on demand.
-        """
-        new = {id(m): m for m in scorer.modules() if id(m) not in on_device}
-        if not new:
-            return
-        if weights_bytes(list(on_device.values()) + list(new.values())) <= capacity:
-            on_device.update(new)
-            return
-        log.info("placement: %s staged on the host while loading (weights past %d bytes)", name, capacity)
-        for m in new.values():
-            m.to("cpu")
 
     @classmethod
     def from_config(cls, path: str, **kwargs: Any) -> "RewardStack":

@@ -31,8 +31,8 @@ from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.kvcache import choose_path
-from rewardstack.scorers.loading import torch_dtype
-from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
+from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, profile_runner, save_standin_tokenizer, split_prefix
 
 BASE_CONFIG = "EleutherAI/gpt-j-6b"  # the reference's body config and tokenizer
 
@@ -89,14 +89,13 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
         ckpts = sorted(folder.glob("*.pt")) + sorted(folder.glob("*.bin"))
         if not ckpts:
             raise ModelLoadError(f"{folder}: neither config.json + safetensors nor a .pt/.bin state dict")
-        state = torch.load(str(ckpts[0]), map_location="cpu", weights_only=True)  # tensors only
+        # Memory-mapped, tensors only; the body is built on the meta device and takes the file's
+        # tensors as its parameters: no second copy of 12 GB in host memory. Placement moves it.
+        state = load_checkpoint_file(ckpts[0])
         head_w = state.pop("v_head.weight")
         body_state = {k.removeprefix("transformer."): v for k, v in state.items() if k.startswith("transformer.")}
-        body = GPTJModel(AutoConfig.from_pretrained(base)).to(dtype)
-        missing, unexpected = body.load_state_dict(body_state, strict=False)
-        if missing or unexpected:
-            raise ModelLoadError(f"{ckpts[0]}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        body.eval().requires_grad_(False).to(runtime.device)
+        conf = AutoConfig.from_pretrained(base)
+        body = load_into_empty_model(lambda: GPTJModel(conf), body_state, dtype=dtype, what=str(ckpts[0]))
     head = torch.nn.Linear(head_w.shape[1], 1, bias=False)
     head.weight.data.copy_(head_w.reshape(1, -1))
     head = head.to(device=model_device(body), dtype=next(body.parameters()).dtype).eval().requires_grad_(False)
@@ -117,7 +116,7 @@ class DahoasScorer(Scorer):
         self.max_len = int(cfg.max_length or getattr(self.body.config, "n_positions", 2048))
         self.use_prefix = choose_path(self.name, self.body, int(self.body.config.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
-        calib = min(self.max_len, int(cfg.options.get("calibration_length", 550)))
+        calib = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
 
     def modules(self) -> list[torch.nn.Module]:
@@ -125,7 +124,7 @@ class DahoasScorer(Scorer):
 
     def _dummy(self, b: int, length: int) -> None:
         ids = dummy_ids(self.body.config.vocab_size, b, length)
-        self._forward(PrefixRunner(self.body, [], pad_id=self.fill_id), ids)
+        self._forward(profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.fill_id), ids)
 
     def _forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
         """Values at the last token of each (already cut) input."""
@@ -168,7 +167,8 @@ class DahoasScorer(Scorer):
                         out[m] = v
             return out
 
-        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch)
+        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch,
+                                           prepare=lambda: [r.state() for r in runners])
         for k, i in enumerate(live):
             a, b = outcomes[k], outcomes[n + k]
             bad = a.status if a.status != "ok" else b.status

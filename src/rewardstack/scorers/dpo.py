@@ -39,6 +39,7 @@ from rewardstack.scorers.prefix import (
     dummy_ids,
     PrefixRunner,
     model_device,
+    profile_runner,
     run_in_groups,
     save_standin_tokenizer,
     split_prefix,
@@ -238,15 +239,21 @@ class DpoScorer(Scorer):
         self.logit_head = LogitHead(self.lm_head, self.scale)
         tune = bool(cfg.options.get("tune_logits_chunk", True))
         self.chunk_timings: dict[int, float] = {}
-        self.chunk = self._tune_chunk() if tune else self.max_chunk
-        self.tuned_chunk = self.chunk  # a tight budget may lower `chunk` per call; this is the fast one
+        # `tune` runs with the calibration (on the device the model runs on), or the calibration
+        # cache gives the chunk it found before; a tight budget may lower `chunk` per call.
+        self.chunk = self.tuned_chunk = self.max_chunk
         # The shared prefix needs cache objects: a legacy-cache model runs full sequences.
         self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        calib_len = min(self.max_len, int(cfg.options.get("calibration_length", 512)))
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib_len, max_batch=4, chunk=self.chunk, chunk_rows=True)
+        calib_len = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
+        runtime.memory.calibrate(self.name, self._dummy, max_length=calib_len, max_batch=4, chunk=self.chunk, chunk_rows=True,
+                                 tune=(lambda: {"chunk": self._tune_chunk()}) if tune else None, apply=self._use_chunk)
+
+    def _use_chunk(self, settings: dict) -> None:
+        """The tuned logits chunk, measured now or read from the calibration cache."""
+        self.chunk = self.tuned_chunk = int(settings.get("chunk", self.max_chunk))
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
@@ -307,7 +314,8 @@ class DpoScorer(Scorer):
 
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens, all but the first row scored."""
-        self._forward(PrefixRunner(self.body, [], pad_id=self.pad_id), dummy_ids(self.vocab, b, length), [1] * b)
+        ids = dummy_ids(self.vocab, b, length)  # random ids: the penalty sees the most columns
+        self._forward(profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.pad_id), ids, [1] * b)
 
     def _forward(self, runner: PrefixRunner, ids: Sequence[list[int]], plens: Sequence[int]) -> list[float]:
         """Scores of sequences `ids` (full ids, prefix included) run against the runner's prefix."""
@@ -373,7 +381,7 @@ class DpoScorer(Scorer):
         def forward(batch: list[int]) -> list[float]:
             return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [p] * len(sel)))
 
-        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch)
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state)
         for i, o in zip(keep, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status

@@ -190,6 +190,23 @@ def dummy_ids(vocab: int, batch: int, length: int) -> list[list[int]]:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0)).tolist()
 
 
+def profile_runner(body: torch.nn.Module, ids: list[list[int]], *, enabled: bool, pad_id: int = 0) -> PrefixRunner:
+    """The runner of a load-time profile pass: the path scoring takes, prefix cache included.
+
+    Every row of `ids` is made to share its first token, which runs as the prefix; the rest runs
+    as the suffix pass, whose keys and values are concatenated per row onto the prefix's and kept
+    for every layer. For a given total length this is the largest the cached path gets (a longer
+    prefix only shortens the suffix; the prefix's own keys and values are live before a step's
+    batches are planned, see `MemoryManager.run(prepare=)`). `enabled` False: no prefix, as
+    scoring runs then.
+    """
+    if not enabled or not ids or len(ids[0]) < 2:
+        return PrefixRunner(body, [], pad_id=pad_id)
+    for row in ids:
+        row[0] = ids[0][0]
+    return PrefixRunner(body, ids[0][:1], pad_id=pad_id)
+
+
 def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[int]], Sequence[float]]) -> list[float]:
     """`run(indices)` on each padding group of `batch` (`lengths[j]` per index); values in batch order."""
     out = [math.nan] * len(batch)

@@ -22,7 +22,7 @@ from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.dpo import sane_max_length
-from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, profile_runner, run_in_groups, save_standin_tokenizer, split_prefix
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
 
@@ -70,7 +70,7 @@ class ReciprocateScorer(Scorer):
         self.fill_id = int(self.pad_id if self.pad_id is not None else 0)
         self.use_prefix = choose_path(self.name, self.body, int(conf.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
-        calib = min(self.max_len, int(cfg.options.get("calibration_length", 512)))
+        calib = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
 
     def modules(self) -> list[torch.nn.Module]:
@@ -78,7 +78,8 @@ class ReciprocateScorer(Scorer):
 
     def _dummy(self, b: int, length: int) -> None:
         ids = dummy_ids(self.model.config.vocab_size, b, length)
-        self._forward(PrefixRunner(self.body, [], pad_id=self.fill_id), ids, [length - 1] * b)
+        runner = profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.fill_id)
+        self._forward(runner, ids, [length - 1] * b)
 
     def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int]) -> list[float]:
         h, _ = runner.run([x[runner.length :] for x in ids])
@@ -109,7 +110,7 @@ class ReciprocateScorer(Scorer):
         def forward(batch: list[int]) -> list[float]:
             return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [pos[j] for j in sel]))
 
-        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch)
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state)
         for i, o in zip(live, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status
