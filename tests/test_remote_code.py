@@ -36,7 +36,7 @@ def btlm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _btlm_cfg(folder: Path, **options: object) -> ModelConfig:
     return ModelConfig(name="dpo_reward_model", path=str(folder), weight=1.0, dtype="float32",
-                       trust_remote_code=True, options={"tune_logits_chunk": False, **options})
+                       trust_remote_code=True, options={"tune_logits_chunk": False, "calibration_length": 64, **options})
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +55,14 @@ def test_loads_only_through_its_own_code(btlm_folder: Path, btlm_scorer: dpo.Dpo
         dpo.build(cfg, make_runtime())
 
 
-def test_probe_sends_legacy_cache_model_to_fallback(btlm_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="rewardstack.kvcache"):
-        sc = dpo.build(_btlm_cfg(btlm_folder, logits_chunk=64), make_runtime())
+def test_probe_sends_legacy_cache_model_to_fallback(btlm_scorer: dpo.DpoScorer, caplog: pytest.LogCaptureFixture) -> None:
+    sc = btlm_scorer
     assert sc.use_prefix is False
-    assert any("full-sequence fallback" in r.getMessage() and "dpo_reward_model" in r.getMessage() for r in caplog.records)
     assert sc.runtime.memory.cost_model("dpo_reward_model") is not None  # calibrated on that path
+    with caplog.at_level(logging.INFO, logger="rewardstack.kvcache"):
+        assert kvcache.choose_path("dpo_reward_model", sc.body, sc.vocab) is False
+    msg = caplog.records[-1].getMessage()
+    assert "full-sequence fallback" in msg and "DynamicCache" in msg  # the log says why
 
 
 def test_probe_catches_a_model_that_ignores_the_cache(tmp_path: Path) -> None:
@@ -104,9 +106,9 @@ def _forced_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kvcache, "takes_cache_objects", lambda body, vocab: (False, "forced by the test"))
 
 
-def _step(seed: int, n: int = 8) -> ScoreRequest:
+def _step(seed: int, n: int = 5) -> ScoreRequest:
     rng = random.Random(seed)
-    return ScoreRequest(text(rng, 300), [text(rng, rng.randint(10, 500)) for _ in range(n)] + [None])
+    return ScoreRequest(text(rng, 300), [text(rng, rng.randint(10, 300)) for _ in range(n)] + [None])
 
 
 def _same(a: list[float], b: list[float], rel: float = 1e-4) -> None:
@@ -121,7 +123,9 @@ def test_fallback_equals_cache_path(family: str, tmp_path: Path, monkeypatch: py
     name = {"dpo": "dpo_reward_model", "reciprocate": "reciprocate_reward_model", "dahoas": "dahoas_reward_model"}[family]
     folder = tmp_path / family
     entry = module.make_standin(folder)
-    options = {"tune_logits_chunk": False} if family == "dpo" else {}
+    options: dict = {"calibration_length": 64}
+    if family == "dpo":
+        options["tune_logits_chunk"] = False
     fast = module.build(model_config(name, folder, entry, options=dict(options)), make_runtime())
     assert fast.use_prefix is True
     _forced_fallback(monkeypatch)
@@ -137,7 +141,7 @@ def test_judge_fallback_generates_what_generate_does(tmp_path: Path, monkeypatch
     """Cache-free greedy tokens equal `generate`'s on left-padded batches; the judge scores agree."""
     folder = tmp_path / "judge"
     entry = judge.make_standin(folder)
-    fast = judge.build(model_config("prompt_reward_model", folder, entry), make_runtime())
+    fast = judge.build(model_config("prompt_reward_model", folder, entry, options={"calibration_length": 64}), make_runtime())
     assert fast.use_cache is True
     rng = random.Random(5)
     ids = [[rng.randrange(100, 20000) for _ in range(rng.randint(3, 40))] for _ in range(6)]
@@ -152,7 +156,7 @@ def test_judge_fallback_generates_what_generate_does(tmp_path: Path, monkeypatch
     got = kvcache.greedy_tokens(fast.model, batch, mask, 3, fast.pad_id)
     assert torch.equal(got, want)
     _forced_fallback(monkeypatch)
-    slow = judge.build(model_config("prompt_reward_model", folder, entry), make_runtime())
+    slow = judge.build(model_config("prompt_reward_model", folder, entry, options={"calibration_length": 64}), make_runtime())
     assert slow.use_cache is False
     req = ScoreRequest("Summarize the text about cats.", [text(rng, 200) for _ in range(5)], task="augment")
     assert fast.score(req).scores == slow.score(req).scores
