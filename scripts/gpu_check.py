@@ -35,6 +35,7 @@ from rewardstack.config import default_config
 from rewardstack.memory import simulate as S
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.planner import plan_batches
+from rewardstack.plan import scorer_max_batch
 from rewardstack.settings import parse_bytes
 from rewardstack.workload import heavy_tailed_lengths
 
@@ -130,10 +131,12 @@ def shapes_for(model: str, bound: int) -> list[tuple[int, int, int]]:
     return [(8, max(16, bound // 8), 0), (2, bound // 2, pre), (1, bound, pre)]
 
 
-def fitted_cost(model: str, bound: int, dtype: str) -> CostModel:
+def fitted_cost(model: str, bound: int, dtype: str, cap: int) -> CostModel:
+    """The cost model fitted to simulated peaks, up to the scorer's largest pass (`cap` x `bound`)."""
     from rewardstack.plan import _shapes
 
-    samples = [(b, l, S.simulate_peak(model, b, l, dtype, exact=False, padded=b > 1).peak_bytes) for b, l in _shapes(bound)]
+    shapes = sorted(set(_shapes(bound)) | {(cap, bound), (cap, max(8, bound // 4))})
+    samples = [(b, l, S.simulate_peak(model, b, l, dtype, exact=False, padded=b > 1).peak_bytes) for b, l in shapes]
     return CostModel().fit(samples)
 
 
@@ -196,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     ooms = 0
     for n in names:
         bound = S.scorer_bound(n, cfg)
-        cost = fitted_cost(n, bound, S.model_dtype(n, cfg))
+        cap = scorer_max_batch(n, cfg, bound)
+        cost = fitted_cost(n, bound, S.model_dtype(n, cfg), cap)
+        # Heavy-tailed token lengths (about 4 characters a token), each cut to the model's bound.
         lengths = [max(8, min(bound, c // 4)) for c in heavy_tailed_lengths(rng, args.completions, median=1200, cap=40_000)]
-        batches = plan_batches(lengths, cost, activation, margin=cfg.safety_margin)
+        batches = plan_batches(lengths, cost, activation, margin=cfg.safety_margin, max_batch=cap)
         print(f"  {n}: {len(lengths)} inputs (longest {max(lengths)} tokens) in {len(batches)} batches", flush=True)
         if dry:
             continue

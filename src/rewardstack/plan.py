@@ -55,6 +55,7 @@ class ModelPlan:
     largest_alloc_bytes: int = 0
     largest_alloc_op: str = ""
     input_fits: bool = True
+    longest_fitting: int = 0  # the longest single input within the activation budget (<= bound)
     max_batch_at_bound: int = 0  # largest batch of `bound`-token inputs within the budget (and the scorer's cap)
     max_batch_tokens: int = 0  # that batch in tokens
     cost: dict = field(default_factory=dict)  # fitted cost model (bytes = a + b*B*L + c*B*L^2 ...)
@@ -177,6 +178,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
         on_card = p.where != "cpu"
         limit = activation * margin
         p.input_fits = (not on_card) or top.peak_bytes <= limit
+        p.longest_fitting = p.bound if p.input_fits else _longest_fitting(name, cfg, p.dtype, archs[name], p.bound, limit)
         if on_card and p.input_fits:
             p.max_batch_at_bound, cost = _checked_batch(name, cfg, p.dtype, archs[name], p.bound, limit, cost, samples)
             p.max_batch_tokens = p.max_batch_at_bound * p.bound
@@ -192,7 +194,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     else:
         verdict = "fits"
     return StackPlan(device_memory, usable, weights, weights_budget, int(activation), margin, verdict,
-                     swap if verdict != "fits" else 0, list(plans.values()), time.perf_counter() - t0)
+                     swap, list(plans.values()), time.perf_counter() - t0)
 
 
 _MASKS = ("relevance_filter", "diversity_reward_model", "nsfw_filter")
@@ -214,6 +216,18 @@ def scorer_max_batch(name: str, cfg: StackConfig, bound: int) -> int:
     if S.SCORERS[name][0] in ("classifier", "encoder"):
         return max(1, int(mc.options.get("max_batch_tokens", 16 * bound)) // bound)
     return int(mc.options.get("max_batch", 16))
+
+
+def _longest_fitting(name: str, cfg: StackConfig, dtype: str, arch: S.Arch, bound: int, limit: float) -> int:
+    """The longest single input whose simulated peak is within `limit` (binary search on the simulation)."""
+    lo, hi = 0, bound
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if S.simulate_peak(name, 1, mid, dtype, config=cfg, arch=arch, exact=False, padded=False).peak_bytes <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _max_batch(cost: CostModel, length: int, limit: float, cap: int = 4096) -> int:
@@ -253,7 +267,7 @@ def format_plan(plan: StackPlan) -> str:
         f"activation budget {_g(plan.activation_budget)} GiB x margin {plan.margin:g}",
         "",
         f"{'model':26s} {'dtype':8s} {'weights':>8s} {'where':9s} {'bound':>6s} {'peak@bound':>10s} "
-        f"{'largest':>8s} {'fits':>4s} {'batch@bound':>11s} {'tokens':>7s}  cost model (B=batch, L=length)",
+        f"{'largest':>8s} {'fits':>5s} {'batch@bound':>11s} {'tokens':>7s}  cost model (B=batch, L=length)",
     ]
     for p in plan.models:
         c = p.cost
@@ -263,18 +277,19 @@ def format_plan(plan: StackPlan) -> str:
         cm += "".join(" + " + x for x in extra if x)
         lines.append(
             f"{p.name:26s} {p.dtype:8s} {_g(p.weights_bytes):>8s} {p.where:9s} {p.bound:>6d} {_g(p.peak_at_bound):>10s} "
-            f"{_g(p.largest_alloc_bytes):>8s} {'yes' if p.input_fits else 'NO':>4s} {p.max_batch_at_bound:>11d} "
+            f"{_g(p.largest_alloc_bytes):>8s} {'yes' if p.input_fits else str(p.longest_fitting):>5s} {p.max_batch_at_bound:>11d} "
             f"{p.max_batch_tokens:>7d}  {cm}")
     lines.append("")
     lines.append("sizes in GiB; peak@bound: one input of the model's longest admitted length; largest: its largest "
                  "single allocation; batch@bound: inputs of that length per pass within the budget, at most "
-                 "the scorer's own cap (batch_size, or 16)")
+                 "the scorer's own cap (batch_size, or 16); fits: whether the longest input fits the activation "
+                 "budget, else the longest that does (longer inputs are cut)")
     stand = [p for p in plan.models if p.stand_in]
     for p in stand:
-        lines.append(f"note: {p.name} is simulated with a stand-in architecture ({p.arch}): {p.stand_in.split(':')[0]}")
+        lines.append(f"note: {p.name} ({p.arch}): {p.stand_in.split(' (')[0]}")
     tail = f"verdict: {plan.verdict}"
-    if plan.verdict == "fits with swapping":
-        tail += f" ({_g(plan.swap_bytes_per_step)} GiB moved onto the card per step)"
+    if plan.swap_bytes_per_step:
+        tail += f" (swapping moves {_g(plan.swap_bytes_per_step)} GiB onto the card per step)"
     lines.append(tail)
     return "\n".join(lines)
 

@@ -77,6 +77,20 @@ class Arch:
     hub_ids: tuple[str, ...] = ()
     source: str = ""
     stand_in: str = ""  # set when the architecture stands in for one transformers lacks
+    remote_code: str = ""  # package holding the `auto_map` modules (remote-code architectures)
+
+    def remote_class(self, auto: str) -> Any:
+        """The class `auto_map` names for `auto`, from the `remote_code` package (no download)."""
+        import importlib
+
+        module, cls = self.fields["auto_map"][auto].rsplit(".", 1)
+        return getattr(importlib.import_module(f"{self.remote_code}.{module.split('--')[-1]}"), cls)
+
+    @property
+    def legacy_cache(self) -> bool:
+        """Remote code of the transformers 4.x era takes tuple caches, not cache objects: the
+        decoder scorers' load probe sends it to full sequences (no shared-prefix pass)."""
+        return bool(self.remote_code)
 
     def key(self) -> str:
         """A stable key for caches: the name and the fields."""
@@ -88,7 +102,10 @@ class Arch:
         from transformers import AutoConfig
 
         f = {k: v for k, v in self.fields.items() if not k.startswith("_") and k not in ("model_type", "attn_implementation")}
-        cfg = AutoConfig.for_model(self.fields["model_type"], **f)
+        if self.remote_code:
+            cfg = self.remote_class("AutoConfig")(**{k: v for k, v in f.items() if k not in ("auto_map", "architectures")})
+        else:
+            cfg = AutoConfig.for_model(self.fields["model_type"], **f)
         if layers is not None:
             cfg.num_hidden_layers = layers  # GPT-J maps it to n_layer
         if "attn_implementation" in self.fields:  # else transformers' own choice (sdpa where supported)
@@ -110,7 +127,8 @@ def shipped_archs() -> dict[str, Arch]:
         data = json.loads(entry.read_text(encoding="utf-8"))
         meta = data.pop("_rewardstack", {})
         stem = entry.name[: -len(".json")]
-        out[stem] = Arch(stem, data, tuple(meta.get("hub_ids", ())), meta.get("source", ""), meta.get("stand_in", ""))
+        out[stem] = Arch(stem, data, tuple(meta.get("hub_ids", ())), meta.get("source", ""), meta.get("stand_in", ""),
+                         meta.get("remote_code", ""))
     return out
 
 
@@ -126,7 +144,8 @@ def load_arch(path: str) -> Arch:
     if p.suffix == ".json" and p.is_file():
         data = json.loads(p.read_text(encoding="utf-8"))
         meta = data.pop("_rewardstack", {})
-        return Arch(p.stem, data, tuple(meta.get("hub_ids", ())), meta.get("source", str(p)), meta.get("stand_in", ""))
+        return Arch(p.stem, data, tuple(meta.get("hub_ids", ())), meta.get("source", str(p)), meta.get("stand_in", ""),
+                    meta.get("remote_code", ""))
     archs = shipped_archs()
     if path in archs:
         return archs[path]
@@ -224,6 +243,8 @@ def _meta_model(arch_key: str, auto: str, dtype_name: str, layers: int | None = 
             body = transformers.GPTJModel(conf).to(dtype)
             head = torch.nn.Linear(conf.n_embd, 1, bias=False).to(dtype)
             mods: tuple[torch.nn.Module, ...] = (body, head)
+        elif arch.remote_code:
+            mods = (arch.remote_class(auto)(conf).to(dtype),)
         else:
             cls = getattr(transformers, auto)
             mods = (cls.from_config(conf, dtype=dtype),)
@@ -289,12 +310,16 @@ class SimResult:
 class SimTracker(TensorBytesTracker):
     """The tensor-bytes tracker, also recording the largest single allocation and where it was made."""
 
-    def __init__(self, budget_bytes: int | None = None) -> None:
+    def __init__(self, budget_bytes: int | None = None, *, full: bool = True) -> None:
         super().__init__(budget_bytes)
         self.largest = (0, "", (), "")  # bytes, op, shape, module
         self.module_stack: list[str] = []
+        self.full = full  # the answer to "is this bool mask all true?" (see `_MetaScalars`)
+        self.answered = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func in _VALUE_READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return _answer(self, func, args[0])  # one mode, not two: every op pays for each mode
         flat_in, _ = tree_flatten((args, kwargs or {}))
         inputs = {id(s) for t in flat_in if isinstance(t, torch.Tensor) and (s := _storage_of(t)) is not None}
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -325,11 +350,15 @@ class _MetaScalars(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if func in _VALUE_READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
-            if args[0].dtype == torch.bool:
-                self.answered += 1
-                return self.full
-            raise SimulationError(f"the simulated pass reads a {args[0].dtype} value from a meta tensor ({func})")
+            return _answer(self, func, args[0])
         return func(*args, **(kwargs or {}))
+
+
+def _answer(mode: Any, func: Any, t: torch.Tensor) -> bool:
+    if t.dtype == torch.bool:
+        mode.answered += 1
+        return mode.full
+    raise SimulationError(f"the simulated pass reads a {t.dtype} value from a meta tensor ({func})")
 
 
 _SDPA_LOCK = threading.Lock()
@@ -384,10 +413,9 @@ def _module_names(tracker: SimTracker, modules: tuple[torch.nn.Module, ...]) -> 
 
 def measure_meta(run: Callable[[], Any], modules: tuple[torch.nn.Module, ...], *, full: bool) -> tuple[int, tuple]:
     """Peak bytes above the start of `run()` on meta tensors, and the largest allocation in it."""
-    tracker = SimTracker()
-    scalars = _MetaScalars(full)
+    tracker = SimTracker(full=full)  # also answers the mask reads (`_MetaScalars`)
     with torch.inference_mode(), _fused_attention(), _module_names(tracker, modules):
-        with tracker.window("simulate") as w, scalars:
+        with tracker.window("simulate") as w:
             run()
     return w.peak_increase, tracker.largest
 
@@ -653,12 +681,12 @@ def simulate_peak(
         hit = _CACHE[key]
         return hit if hit.model == model else dataclasses.replace(hit, model=model)
     t0 = time.perf_counter()
-    if exact:
-        res = _simulate(model, kind, meta_modules(model, dtype, arch), batch, length, dtype, prefix, prompt, padded, chunk)
+    if exact or depth(arch) <= 3:
+        res = _simulate(model, kind, meta_modules(model, dtype, arch), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache)
     else:
         n = depth(arch)
-        two = _simulate(model, kind, meta_modules(model, dtype, arch, min(2, n)), batch, length, dtype, prefix, prompt, padded, chunk)
-        res = _simulate(model, kind, meta_modules(model, dtype, arch, min(3, n)), batch, length, dtype, prefix, prompt, padded, chunk)
+        two = _simulate(model, kind, meta_modules(model, dtype, arch, min(2, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache)
+        res = _simulate(model, kind, meta_modules(model, dtype, arch, min(3, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache)
         if n > 3:
             res.peak_bytes = res.peak_bytes + (n - 3) * (res.peak_bytes - two.peak_bytes)
     res.weights_bytes = weights_bytes_of(meta_modules(model, dtype, arch))
@@ -669,7 +697,7 @@ def simulate_peak(
 
 
 def _simulate(model: str, kind: str, mods: tuple, batch: int, length: int, dtype: str, prefix: int,
-              prompt: int, padded: bool, chunk: int) -> SimResult:
+              prompt: int, padded: bool, chunk: int, legacy: bool = False) -> SimResult:
     rows = _rows(batch, length, padded)
     if kind in ("classifier", "encoder"):
         run = _encoder_pass(model, mods, rows, pair=model == "rlhf_reward_model")
@@ -678,7 +706,7 @@ def _simulate(model: str, kind: str, mods: tuple, batch: int, length: int, dtype
     elif kind == "dahoas":
         run = _dahoas_pass(mods, rows, prefix)
     elif kind == "dpo":
-        run = _dpo_pass(mods, rows, prefix, max(prompt, prefix), chunk)
+        run = _dpo_pass(mods, rows, 0 if legacy else prefix, max(prompt, prefix), chunk)
     else:
         run = _judge_pass(mods, rows)
     full = not (padded and batch > 1 and length > 1)
