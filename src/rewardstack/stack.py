@@ -394,6 +394,9 @@ class RewardStack:
             # decides from the weights' exact sizes what stays resident and moves only that.
             self.memory.setup(config)
         self.memory.run_calibrations()  # each model profiled where it runs, or read from the cache
+        from rewardstack.oplog import log_models
+
+        log_models(self)  # per model: checkpoint, revision, dtype, weights bytes, device
         self.state = RewardState(config)
         """The stateful part (this stack's own; the service keeps one per namespace)."""
         self.store = StateStore(config.state_dir)

