@@ -1,6 +1,6 @@
 """Benchmark of the decoder scorers (DPO, Reciprocate, Dahoas, judge) on the stand-ins.
 
-Run: `.venv/bin/python bench/causal.py [--ref-steps N] [--no-prop] [--dpo-only]`. On the 9-step,
+Run: `.venv/bin/python -m bench.causal [--ref-steps N] [--no-prop] [--dpo-only]`. On the 9-step,
 50-completion heavy-tailed workload it prints, per scorer: completions/s and peak tracked tensor
 bytes for rewardstack, for the literal per-completion reference (from the tests; timed on a subset
 of steps, the same subset rewardstack's per-step times are summed over), and for the floor: the
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,18 +31,16 @@ from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MiB, peak_of, timed  # noqa: E402
-from causal_fixtures import model_config, reference_dahoas, reference_dpo  # noqa: E402
+from bench.common import MiB, peak_of, timed
+from bench import floors
+from bench.floors import BTLM_RATIO, floor_body, work_ratio
+from causal_fixtures import model_config, reference_dahoas, reference_dpo
 
-from rewardstack.memory import MemoryManager  # noqa: E402
-from rewardstack.scorers import dahoas, dpo, judge, reciprocate  # noqa: E402
-from rewardstack.scorers.base import Runtime, ScoreRequest  # noqa: E402
-from rewardstack.scorers.loading import ModelCache  # noqa: E402
-from rewardstack.scorers.prefix import PrefixRunner, padding_groups, split_prefix  # noqa: E402
-from rewardstack.workload import Step, heavy_tailed_steps, text  # noqa: E402
-
+from rewardstack.memory import MemoryManager
+from rewardstack.scorers import dahoas, dpo, judge, reciprocate
+from rewardstack.scorers.base import Runtime, ScoreRequest
+from rewardstack.scorers.loading import ModelCache
+from rewardstack.workload import Step, heavy_tailed_steps, text
 
 
 def runtime(tracked: bool) -> Runtime:
@@ -57,53 +54,8 @@ def untracked(scorer: Any) -> Any:
     return scorer
 
 
-
-
 def n_live(steps: list[Step]) -> int:
     return sum(sum(c is not None for c in s.completions) for s in steps)
-
-
-def floor_body(body: torch.nn.Module, groups_of_ids: list[list[list[int]]]) -> None:
-    """Prefix once per group, each input's remaining tokens attending to it, in padding groups.
-
-    (Every input alone, batch 1, with no padding at all, measured within 4% of this on the
-    proportioned stand-in and slower on the tiny one: the padding groups do not inflate it.)
-    """
-    with torch.inference_mode():
-        for ids in groups_of_ids:
-            prefix, _ = split_prefix(ids)
-            runner = PrefixRunner(body, prefix)
-            for grp in padding_groups([len(x) for x in ids]):
-                runner.run([ids[k][len(prefix):] for k in grp])
-
-
-def head_matmul(head: dpo.LogitHead, n_rows: int, chunk: int) -> float:
-    """Seconds for the head's projection of `n_rows` hidden rows to vocabulary logits, nothing else.
-
-    The matmul's cost does not depend on the values, so random rows stand in for the body's; they
-    go through the scorer's own head into one reused buffer of its chunk size (its fastest way).
-    """
-    g = torch.Generator().manual_seed(0)
-    h = torch.randn(min(n_rows, 4 * chunk), head.weight.shape[1], generator=g)
-    buf = torch.empty(chunk, head.vocab)
-    t = time.perf_counter()
-    with torch.inference_mode():
-        done = 0
-        while done < n_rows:
-            r = min(chunk, n_rows - done)
-            k = done % h.shape[0]
-            k = 0 if k + r > h.shape[0] else k
-            head(h[k : k + r], buf[:r])
-            done += r
-    return time.perf_counter() - t
-
-
-def work_ratio(config: Any) -> float:
-    """Head MACs per scored row over body MACs per token (GPT-2 block: 12 H^2, attention aside)."""
-    return config.vocab_size * config.n_embd / (config.n_layer * 12 * config.n_embd**2)
-
-
-BTLM_RATIO = 50257 * 2560 / (32 * 12 * 2560**2)  # BTLM-3B-8k: vocab 50257, hidden 2560, 32 layers
 
 
 def row(name: str, n: int, secs: float, peak: int | None, note: str = "") -> list[str]:
@@ -136,14 +88,8 @@ def bench_dpo(root: Path, label: str, overrides: dict | None, steps: list[Step],
     t_rs_sub = sum(per_step[k] for k in ref_idx)  # the same steps the reference is timed on
     # The floor's inputs: what the scorer runs (ids cut to max_len, short completions skipped).
     tok = sc.tokenizer
-    groups, n_rows = [], 0
-    for s in steps:
-        p = len(tok(s.prompt).input_ids)
-        ids = [x[: sc.max_len] for x in tok([s.prompt + c for c in s.completions if c and len(c) > 5]).input_ids]
-        groups.append(ids)
-        n_rows += sum(max(0, len(x) - p) for x in ids)
-    t_floor = timed(lambda: floor_body(sc.body, groups))
-    t_head = head_matmul(sc.logit_head, n_rows, sc.chunk)
+    _, n_rows = floors.dpo_inputs(sc, steps)
+    t_floor, t_head = floors.dpo(sc, steps)
     t_ref = timed(lambda: [reference_dpo(sc.model, tok, s.prompt, c) for s in ref_steps for c in s.completions if c is not None])
     steps_txt = "all 9 steps" if len(ref_idx) == len(steps) else "steps " + ",".join(str(k) for k in ref_idx)
     peak_rs = peak_ref = None
@@ -211,9 +157,7 @@ def bench_other(root: Path, steps: list[Step], ref_steps: list[Step], out: list[
             return float(sc.model(**inp).logits[0])
 
     t_ref = timed(lambda: [rec_ref(s.prompt, c) for s in ref_steps for c in s.completions if c is not None])
-    groups = [reciprocate.tokenize_bounded(sc.tokenizer, [reciprocate.TEMPLATE.format(prompt=s.prompt, completion=c)
-                                                          for c in s.completions if c is not None], sc.max_len)[0] for s in steps]
-    t_floor = timed(lambda: floor_body(sc.body, groups))
+    t_floor = floors.reciprocate_floor(sc, steps)
     out += [row("reciprocate rewardstack", n, t, None), row(f"reciprocate reference ({len(ref_steps)} steps)", ref_n, t_ref, None),
             row("reciprocate floor", n, t_floor, None)]
     ratios["reciprocate_vs_floor"] = t / t_floor

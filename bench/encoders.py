@@ -1,6 +1,6 @@
 """Benchmark of the encoder scorers (OpenAssistant, Reciprocate, NSFW, relevance, diversity).
 
-Run: `.venv/bin/python bench/encoders.py [--ref-steps N]`. On the 9-step, 50-completion heavy-tailed
+Run: `.venv/bin/python -m bench.encoders [--ref-steps N]` (`python -m bench` runs every benchmark). On the 9-step, 50-completion heavy-tailed
 workload (one 40,000-character completion) it prints, per model and for the whole set: completions/s
 and peak tracked tensor bytes for rewardstack, for the literal per-completion reference (the test
 suite's), and for the floor: forward passes alone over pre-tokenized minimal inputs, timed in the
@@ -28,37 +28,17 @@ from typing import Any, Callable
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
-from common import MiB, peak_of, timed  # noqa: E402
-from encoder_fixtures import (  # noqa: E402
+from bench import floors
+from bench.common import MiB, peak_of, timed
+from encoder_fixtures import (
     config, make_runtime, make_standins, ref_bert_embedding, ref_mpnet_embedding, ref_nsfw, ref_openassistant,
 )
 
-from rewardstack.scorers import classifier, embedding  # noqa: E402
-from rewardstack.scorers import encoding as enc  # noqa: E402
-from rewardstack.scorers.base import ScoreRequest  # noqa: E402
-from rewardstack.scorers.prefix import padding_groups  # noqa: E402
-from rewardstack.workload import Step, heavy_tailed_steps, text  # noqa: E402
+from rewardstack.scorers import classifier, embedding
+from rewardstack.scorers.base import ScoreRequest
+from rewardstack.workload import Step, heavy_tailed_steps, text
 
 ORDER = ("rlhf_reward_model", "reciprocate_reward_model", "relevance_filter", "diversity_reward_model", "nsfw_filter")
-
-
-
-
-def forward_rows(model: torch.nn.Module, rows: list[list[int]], pad_id: int, head: Callable) -> float:
-    """Floor: time of the faster schedule over pre-tokenized rows (forward passes only)."""
-    lengths = [len(r) for r in rows]
-    order = sorted(range(len(rows)), key=lambda i: lengths[i])
-    window = max(lengths) if lengths else 1
-    schedules = [padding_groups(lengths), enc.token_groups(order, lengths, max(512, min(window, 512)))]
-    batches = [[enc.pad_batch(model, [rows[i] for i in g], pad_id) for g in s] for s in schedules]
-    best = float("inf")
-    for sched in batches:
-        with torch.inference_mode():
-            best = min(best, timed(lambda: [head(model(**b), b["attention_mask"]) for b in sched]))
-    return best
 
 
 class Bench:
@@ -114,22 +94,15 @@ class Bench:
     # -- models ---------------------------------------------------------------------------
     def openassistant(self) -> None:
         sc = self.build("rlhf_reward_model", classifier.build_openassistant)
-        groups = [sc.encode(s.prompt, [c for c in s.completions if c is not None], sc.max_length)[0] for s in self.steps]
-        rows = [r for g in groups for r in g]
-        floor = forward_rows(sc.model, rows, sc.pad_id, classifier._first_logit)
-        fp = peak_of(lambda: forward_rows(sc.model, groups[self.steps.index(self.heavy)], sc.pad_id, classifier._first_logit))
+        floor = floors.openassistant(sc, self.steps)
+        fp = peak_of(lambda: floors.openassistant(sc, [self.heavy]))
         ref = lambda s: [ref_openassistant(sc.model, sc.tokenizer, s.prompt, c) for c in s.completions if c is not None]
         self.report("openassistant", sc, ref, floor, fp, "reference: no truncation (the 40k pair unbounded)")
 
     def nsfw(self) -> None:
         sc = self.build("nsfw_filter", classifier.build_nsfw)
-
-        def windows(step: Step) -> list[list[int]]:
-            ids = sc.tokenizer([c for c in step.completions if c is not None])["input_ids"]
-            return [x[i:i + sc.window] for x in ids for i in range(0, len(x), sc.window)]
-
-        floor = forward_rows(sc.model, [w for s in self.steps for w in windows(s)], sc.pad_id, classifier._hate_value)
-        fp = peak_of(lambda: forward_rows(sc.model, windows(self.heavy), sc.pad_id, classifier._hate_value))
+        floor = floors.nsfw(sc, self.steps)
+        fp = peak_of(lambda: floors.nsfw(sc, [self.heavy]))
         ref = lambda s: [ref_nsfw(sc.model, sc.tokenizer, c) for c in s.completions if c is not None]
         self.report("nsfw", sc, ref, floor, fp)
 
@@ -138,30 +111,14 @@ class Bench:
         div = self.build("diversity_reward_model", embedding.build_diversity)
         m1, t1, m2, t2 = rel.first.model, rel.first.tokenizer, rel.second.model, rel.second.tokenizer
         b1 = rel.bounds[0]
-        passing: dict[int, list[str]] = {}
-        for s in self.steps:  # which completions reach model 2 (batched model 1, cache cleared after)
-            live = [c for c in s.completions if c is not None]
-            (p, _), *es = rel.first.embed([s.base_prompt] + live)
-            passing[id(s)] = [c for c, (e, _) in zip(live, es) if -float(((e - p) ** 2).mean().sqrt()) >= b1]
-        self.rt.options["embedding_cache"].clear()
-
-        def bert_rows(s: Step) -> list[list[int]]:
-            texts = [s.base_prompt] + [c for c in s.completions if c is not None]
-            return t1(texts, truncation=True, max_length=rel.first.max_length, return_overflowing_tokens=True)["input_ids"]
-
-        def mpnet_rows(texts: list[str]) -> list[list[int]]:
-            return t2(texts, truncation=True, max_length=rel.second.max_length)["input_ids"] if texts else []
-
-        rel_rows = [r for s in self.steps for r in bert_rows(s)]
-        rel_rows2 = [r for s in self.steps for r in mpnet_rows([s.base_prompt] + passing[id(s)])]
-        div_rows = [r for s in self.steps for r in mpnet_rows([c for c in s.completions if c is not None
-                                                                  and c not in passing[id(s)]])]
+        cache = self.rt.options["embedding_cache"]
+        f_rel, f_div = floors.embeddings(rel, self.steps, cache)
+        bert, _, _ = floors.embedding_rows(rel, [self.heavy], cache)
         pooled = embedding._pooled
-        f_rel = forward_rows(m1, rel_rows, rel.first.pad_id, pooled) + forward_rows(m2, rel_rows2, rel.second.pad_id, pooled)
-        f_div = forward_rows(m2, div_rows, rel.second.pad_id, pooled) if div_rows else 0.0
-        h = self.heavy
-        fp_rel = peak_of(lambda: forward_rows(m1, bert_rows(h), rel.first.pad_id, pooled))
-        fp_div = peak_of(lambda: forward_rows(m2, mpnet_rows([c for c in h.completions if c is not None]), rel.second.pad_id, pooled))
+        fp_rel = peak_of(lambda: floors.forward_rows(m1, bert, rel.first.pad_id, pooled))
+        fp_div = peak_of(lambda: floors.forward_rows(m2, t2(floors.live(self.heavy), truncation=True,
+                                                            max_length=rel.second.max_length)["input_ids"],
+                                                     rel.second.pad_id, pooled))
 
         def ref_rel(s: Step) -> None:  # the reference: per completion, prompt re-embedded each time
             for c in s.completions:
@@ -186,24 +143,15 @@ class Bench:
                     "marginal: after relevance, MPNet shared (floor: texts not yet embedded)")
 
     def reciprocate(self) -> None:
-        try:
-            from rewardstack.scorers import reciprocate
-            from causal import floor_body
-        except Exception as e:  # noqa: BLE001 - built by another contributor; optional here
-            print(f"(reciprocate skipped: {e})")
-            return
+        from rewardstack.scorers import reciprocate
+
         folder = self.root / "reciprocate_reward_model"
         entry = reciprocate.make_standin(folder)
         sc = reciprocate.build(config("reciprocate_reward_model", self.root, entry, weight=1.0), self.rt)
         fmt = reciprocate.TEMPLATE.format
-
-        def ids(s: Step) -> list[list[int]]:
-            texts = [fmt(prompt=s.prompt, completion=c) for c in s.completions if c is not None]
-            return reciprocate.tokenize_bounded(sc.tokenizer, texts, sc.max_len)[0]
-
-        groups = [ids(s) for s in self.steps]
-        floor = timed(lambda: floor_body(sc.body, groups))
-        fp = peak_of(lambda: floor_body(sc.body, [ids(self.heavy)]))
+        floor = floors.reciprocate_floor(sc, self.steps)
+        heavy = floors.reciprocate_groups(sc, [self.heavy])
+        fp = peak_of(lambda: floors.floor_body(sc.body, heavy))
 
         def ref(s: Step) -> None:
             for c in s.completions:

@@ -1,6 +1,6 @@
 """Memory benchmark: cost-model predictions versus tracker-measured peaks, and a full-stack run.
 
-Run: `.venv/bin/python bench/memory.py` (a few minutes on 2 CPU cores). For each scorer family's
+Run: `.venv/bin/python -m bench.memory` (a few minutes on 2 CPU cores). For each scorer family's
 architecture (tiny random models built from configs, like the stand-ins) it calibrates the cost
 model on the profile grid, then measures the peak of off-grid shapes with the tensor-bytes tracker
 and prints predicted vs measured and the error (target: within 15%); then the same for every scorer
@@ -12,17 +12,14 @@ and prints the tracker's peak against that budget. Every number is measured.
 from __future__ import annotations
 
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from rewardstack.memory import MemoryManager  # noqa: E402
-from rewardstack.memory.testing import LOGIT_CHUNK, build  # noqa: E402
+from rewardstack.memory import MemoryManager
+from rewardstack.memory.testing import LOGIT_CHUNK, build
 
 FAMILIES = {
     "deberta": "DeBERTa-v2 classifier (rlhf_reward_model)",

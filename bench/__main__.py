@@ -1,0 +1,212 @@
+"""`python -m bench`: every figure operators adopt rewardstack for, from one run, in one table.
+
+On the same heavy-tailed workload (9 steps x 50 completions, one of 40,000 characters) and the same
+stand-in weights:
+1. throughput of the full default stack: rewardstack, the literal per-completion reference (on a
+   subset of steps), `transformers.pipeline` for the classifiers, and the forward-pass floor;
+2. DPO on both stand-ins (the tiny vocabulary-bound one and the proportioned one) with its floor
+   and floor-plus-head rows;
+3. start-up: process start to first score, cold (profiling every model) and warm (saved cost models);
+4. memory against input length (measured on the stand-ins; the real models at full size simulated);
+5. memory at rest against uptime, and step time against completions per step.
+It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
+plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
+only to `--out` (a temporary folder by default), never over the committed results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench import causal, curves, fullstack, results
+from bench.common import MiB
+from rewardstack.workload import heavy_tailed_steps
+
+HERE = Path(__file__).resolve().parent
+TARGET_FLOOR = 1.2
+TARGET_FLOOR_WITH_STARTUP = 1.35
+
+
+def startup(config: Path, *, runs: int = 1) -> dict[str, float]:
+    """Seconds from process start to the first score: cold (profiling), then warm (saved cost models)."""
+    out: dict[str, float] = {}
+    for label, extra in (("cold", ["--recalibrate"]), ("warm", [])):
+        best = float("inf")
+        for _ in range(runs):
+            t = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "bench.first_score", str(config), *extra],
+                                    cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "PYTHONPATH": f"{HERE.parent}:{HERE.parent / 'src'}"})
+            line = ""
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("FIRST_SCORE"):
+                    break
+            elapsed = time.perf_counter() - t
+            proc.wait()
+            if not line.startswith("FIRST_SCORE"):
+                raise RuntimeError(f"start-up probe failed: {proc.stderr.read() if proc.stderr else ''}")
+            best = min(best, elapsed)
+        out[label] = best
+    return out
+
+
+def fmt_bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / MiB:,.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="every row on tiny shapes (~2 min); never overwrites bench/RESULTS.md")
+    ap.add_argument("--out", help="folder for RESULTS.md and the plots (default: bench/ for a full run, a temp folder for --quick)")
+    ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu", help="device for the stack")
+    ap.add_argument("--uptime-steps", type=int, default=400, help="short steps for the memory-at-rest curve")
+    args = ap.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.disable(logging.WARNING)
+    torch.manual_seed(0)
+    t_all = time.perf_counter()
+    q = args.quick
+    steps = heavy_tailed_steps(2, 6, long_chars=3_000) if q else heavy_tailed_steps()
+    heavy = max(range(len(steps)), key=lambda k: max(len(c or "") for c in steps[k].completions))
+    ref_idx = [0] if q else sorted({0, 1, heavy})
+    out_dir = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="bench-quick-")) if q else HERE)
+    plots = out_dir / "results"
+    plots.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+
+    def say(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    def stage(name: str) -> None:
+        print(f"[{time.perf_counter() - t_all:6.0f} s] {name}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        stage("full stack: rewardstack, reference, pipelines, floor")
+        # 1. full stack
+        st = fullstack.measure(root, steps, ref_idx, device=args.device)
+        stage("DPO on both stand-ins")
+        dpo_rows: list[list[str]] = []
+        prop = {"n_embd": 128, "n_layer": 2, "n_head": 2} if q else {"n_embd": 512, "n_layer": 8, "n_head": 8}
+        dpo_idx = ref_idx if q else [k for k in range(len(steps)) if k != heavy][:2]
+        dpos = [causal.bench_dpo(root, "tiny CI stand-in", None, steps, ref_idx if q else list(range(len(steps))), dpo_rows, peaks=not q),
+                causal.bench_dpo(root, "proportioned stand-in", prop, steps, dpo_idx, dpo_rows, peaks=False)]
+        stage("start-up, cold and warm (fresh processes)")
+        su = startup(root / "standins" / "stack.toml")
+        stage("memory against length")
+        stack = fullstack.build_stack(root, device=args.device)
+        lengths = (500, 2_000) if q else curves.LENGTHS
+        length_rows = curves.memory_vs_length(stack, lengths)
+        stage("memory against uptime, step time against completions (a fresh stack)")
+        stack = fullstack.build_stack(root, device=args.device)
+        up = curves.memory_vs_uptime(stack, 12 if q else args.uptime_steps, 5 if q else 50)
+        sizes = (5, 10) if q else (10, 25, 50, 100, 200)
+        scaling = curves.step_time_vs_completions(stack, sizes, repeats=1 if q else 2)
+
+    # -- the table -------------------------------------------------------------------------------
+    say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
+    say(f"workload: {len(steps)} steps x {len(steps[0].completions)} completions, heavy-tailed, one of "
+        f"{max(len(c or '') for s in steps for c in s.completions):,} characters; reference on steps {ref_idx}")
+    say()
+    head = ["model", "ours c/s", "reference c/s", "floor c/s", "ours / floor"]
+    table = fullstack.rows(st)
+    say(f"{head[0]:<26}" + "".join(f"{h:>15}" for h in head[1:]))
+    for r in table:
+        say(f"{r[0]:<26}" + "".join(f"{c:>15}" for c in r[1:]))
+    speedup = (st.n_ref / st.stack_ref_subset_s) / (st.n_ref / st.ref_total) if st.ref_total else float("nan")
+    say(f"speed-up over the per-completion reference (same steps): {speedup:.1f}x")
+    if st.pipeline_s:
+        pipe_n = st.n
+        say(f"classifiers: rewardstack {pipe_n / st.ours_classifiers_s:.1f} c/s vs transformers.pipeline (batch 16) "
+            f"{pipe_n / sum(st.pipeline_s.values()):.1f} c/s")
+    ratio = st.stack_s / st.floor_total
+    ratio_su = (st.stack_s + su["warm"]) / st.floor_total
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    say()
+    say(f"start-up to first score: cold (profiling) {su['cold']:.1f} s, warm (saved cost models) {su['warm']:.1f} s; "
+        f"share of a {len(steps)}-step run: cold {su['cold'] / (su['cold'] + st.stack_s):.0%}, "
+        f"warm {su['warm'] / (su['warm'] + st.stack_s):.0%}")
+    say(f"TARGET full stack / floor (scoring) <= {TARGET_FLOOR}x: {ratio:.2f}x {met(ratio <= TARGET_FLOOR)}")
+    say(f"TARGET full stack incl. warm start-up / floor <= {TARGET_FLOOR_WITH_STARTUP}x: {ratio_su:.2f}x "
+        f"{met(ratio_su <= TARGET_FLOOR_WITH_STARTUP)}")
+    say()
+    say("DPO on both stand-ins:")
+    say(f"{'run':52s} {'n':>5s} {'secs':>8s} {'compl/s':>9s} {'peak MiB':>9s}  note")
+    for r in dpo_rows:
+        say(" ".join(r[:5]) + ("  " + r[5] if r[5] else ""))
+    for d in dpos:
+        say(f"  {d['label']}: {d['shape']}; vs floor (body) {d['vs_floor']:.2f}x, vs floor + head {d['vs_floor_head']:.2f}x, "
+            f"speed-up vs reference {d['speedup_vs_ref']:.1f}x")
+    say()
+    say("memory against completion length (one completion; MiB):")
+    say(f"{'model':<26}{'chars':>9}{'ours':>10}{'reference':>12}{'full-size ours (sim)':>22}{'full-size ref (sim)':>21}")
+    for r in length_rows:
+        ref = fmt_bytes(r.ref_bytes) if r.ref_bytes is not None else "not run"
+        say(f"{r.model:<26}{r.chars:>9,}{fmt_bytes(r.ours_bytes):>10}{ref:>12}"
+            f"{fmt_bytes(r.sim_ours_bytes):>22}{fmt_bytes(r.sim_ref_bytes):>21}")
+    say()
+    say(f"memory at rest over {len(up['live'])} steps: tracked live {up['live'][0] / MiB:.1f} -> {up['live'][-1] / MiB:.1f} MiB, "
+        f"slope over the last half {up['live_slope'] / 1024:.2f} KiB/step; RSS {up['rss'][0] / MiB:.0f} -> {up['rss'][-1] / MiB:.0f} MiB "
+        f"(slope {up['rss_slope'] / 1024:.1f} KiB/step); diversity history full at step {up['history_full_at']}")
+    per = [t / n for n, t in scaling]
+    say("step time against completions per step: " + ", ".join(f"{n}: {t:.2f} s" for n, t in scaling)
+        + f"; per completion {per[0] * 1000:.1f} -> {per[-1] * 1000:.1f} ms ({'linear or better' if per[-1] <= per[0] * 1.1 else 'worse than linear'})")
+    wall = time.perf_counter() - t_all
+    say(f"bench wall time {wall / 60:.1f} min")
+
+    results.plot_length(length_rows, plots / "memory_vs_length.png")
+    results.plot_uptime(up, plots / "memory_vs_uptime.png")
+    results.plot_scaling(scaling, plots / "step_time_vs_completions.png")
+    _write_markdown(out_dir / "RESULTS.md", lines, q)
+    print(f"\nwrote {out_dir / 'RESULTS.md'} and {plots}/*.png")
+    return 0
+
+
+def _write_markdown(path: Path, lines: list[str], quick: bool) -> None:
+    """RESULTS.md: the printed table verbatim, the plots, and the reading (kept from the last edit)."""
+    reading_marker = "<!-- reading -->"
+    reading = ""
+    if path.exists():
+        old = path.read_text(encoding="utf-8")
+        if reading_marker in old:
+            reading = old.split(reading_marker, 1)[1].strip()
+    body = [
+        "# Benchmark results" + (" (quick dry run)" if quick else ""),
+        "",
+        "Regenerated by `python -m bench` (CPU, offline stand-ins). The table as printed:",
+        "",
+        "```",
+        *lines,
+        "```",
+        "",
+        "![memory against length](results/memory_vs_length.png)",
+        "",
+        "![memory against uptime](results/memory_vs_uptime.png)",
+        "",
+        "![step time against completions per step](results/step_time_vs_completions.png)",
+        "",
+        reading_marker,
+        reading or "_Reading: to be written after looking at the plots._",
+        "",
+    ]
+    path.write_text("\n".join(body), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""A dry run of `python -m bench --quick`: every row of the benchmark runs on tiny shapes.
+
+It asserts that the table, RESULTS.md and the three plots are produced, nothing about speed (speed
+is read from a full run on a quiet machine, never from a test).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quick_benchmark_runs_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.__main__ import main
+
+    committed = (ROOT / "bench" / "RESULTS.md").read_text() if (ROOT / "bench" / "RESULTS.md").exists() else None
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for row in ("whole stack", "TARGET full stack / floor", "start-up to first score", "DPO on both stand-ins",
+                "memory against completion length", "memory at rest", "step time against completions per step"):
+        assert row in out, row
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "quick dry run" in text and "whole stack" in text
+    for png in ("memory_vs_length.png", "memory_vs_uptime.png", "step_time_vs_completions.png"):
+        assert (tmp_path / "results" / png).stat().st_size > 10_000
+    # --quick never touches the committed results.
+    now = (ROOT / "bench" / "RESULTS.md").read_text() if (ROOT / "bench" / "RESULTS.md").exists() else None
+    assert now == committed
