@@ -63,3 +63,22 @@ def test_judge_maps_numbered_tasks(task: str) -> None:
 
     assert judge.template_for(task) is not None
     assert judge.template_for("followups") is None and judge.template_for("summary") is None
+
+
+def test_new_forward_pass_flag_opens_a_pass(fake_config) -> None:  # noqa: ANN001
+    """The reference reset the blacklist at every `augment`; a step can also say so itself
+    (`new_forward_pass`), which a replay starting mid-pass needs, and an `augment` marked false
+    keeps the lists."""
+    from rewardstack.stack import RewardStack
+
+    stack = RewardStack(fake_config)
+
+    def step(name: str, comps: list[str], **extra: object) -> dict:
+        return {"name": name, "prompt": "p", "base_prompt": "b", "completions": comps, **extra}
+
+    q = stack.score_step(step("followup0", ["what is x?", "why is y?"])).best
+    res = stack.score_step(step("followup1", [q, "another question?"], new_forward_pass=True))
+    assert res.normalized["blacklist_filter"] == [1.0, 1.0]  # the lists were reset
+    q2 = res.best
+    res = stack.score_step(step("augment", [q2, "a summary"], new_forward_pass=False))
+    assert res.normalized["blacklist_filter"] == [0.0, 1.0]  # not reset: q2 is still a best question
