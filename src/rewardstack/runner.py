@@ -94,7 +94,8 @@ def _read_lines(path: Path) -> tuple[list[str], int, bool]:
         return [], 0, False
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    lines = data[:end].decode("utf-8").splitlines(keepends=True) if end else []
+    # Split on "\n" only: an event may hold U+0085 or U+2028 raw, which str.splitlines would split.
+    lines = [x + "\n" for x in data[:end].decode("utf-8").split("\n")[:-1]] if end else []
     return lines, end, end < len(data)
 
 

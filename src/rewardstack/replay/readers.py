@@ -101,7 +101,7 @@ def _raw_bytes(path: Path) -> bytes:
 
 
 def _first_json(data: bytes) -> Any:
-    for line in data.splitlines():
+    for line in data.split(b"\n"):
         if line.strip():
             try:
                 return json.loads(line)
@@ -147,7 +147,7 @@ def _parquet_layout(path: Path) -> str:
 
 def _loguru_start(path: Path) -> float:
     """Timestamp of the file's first record (rotated files are read in time order)."""
-    for line in _raw_bytes(path).splitlines():
+    for line in _raw_bytes(path).split(b"\n"):
         try:
             return float(json.loads(line)["record"]["time"]["timestamp"])
         except (ValueError, KeyError, TypeError):
@@ -294,7 +294,8 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     text = _raw_bytes(path).decode("utf-8", errors="surrogateescape")
-    for number, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: a record may hold U+0085 or U+2028 raw, which str.splitlines would split on.
+    for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             yield number, line
 
