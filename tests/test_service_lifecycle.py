@@ -25,14 +25,14 @@ def heavy_steps(tag: str, n: int) -> list[dict[str, Any]]:
     """Steps with long completions: each keeps the worker busy for a while."""
     steps = text_steps(tag, n, width=8)
     for s in steps:
-        s["completions"] = [(c + " ") * 40 for c in s["completions"]]
+        s["completions"] = [(c + " ") * 10 for c in s["completions"]]
         s.pop("failed", None)
     return steps
 
 
 @pytest.fixture(scope="module")
 def config(standins: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_config(standins, tmp_path_factory.mktemp("service_life") / "state", "life", batch_requests=1)
+    return write_config(standins, tmp_path_factory.mktemp("service_life") / "state", "life", batch_requests=1, deadline_s=900.0)
 
 
 def wait_until(fn, timeout: float = 120.0) -> None:  # noqa: ANN001

@@ -275,20 +275,26 @@ class Worker:
             elif seq in ns.state.recent:
                 stored = ns.state.recent[seq]
                 job.answer(Outcome(stored, seq, scored=False) if _same_step(stored, job.step)
-                           else ServiceError(409, "sequence_conflict", f"sequence {seq} of namespace '{job.namespace}' "
-                                             "was committed with a different step; the next sequence is "
-                                             f"{exp}", field="sequence"))
+                           else self._conflict(job.namespace, seq, exp))
             else:
                 job.answer(self._gap(job.namespace, seq, exp))
         if to_score:
             self._score(to_score)
-        for job, original in duplicates:
+        for job, original in duplicates:  # answered like a repeat of a committed step
             try:
-                job.answer(original.future.result(timeout=0))
+                done: Outcome = original.future.result(timeout=0)
             except concurrent.futures.TimeoutError:  # pragma: no cover - the original is answered above
                 job.answer(ServiceError(500, "internal", "the original request was not answered"))
             except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
                 job.answer(e)
+            else:
+                job.answer(Outcome(done.body, done.sequence, scored=False) if _same_step(done.body, job.step)
+                           else self._conflict(job.namespace, done.sequence, expected[job.namespace]))
+
+    @staticmethod
+    def _conflict(namespace: str, got: int, expected: int) -> ServiceError:
+        return ServiceError(409, "sequence_conflict", f"sequence {got} of namespace '{namespace}' was committed with "
+                            f"a different step; the next sequence is {expected}", field="sequence")
 
     @staticmethod
     def _gap(namespace: str, got: int, expected: int) -> ServiceError:
