@@ -23,9 +23,11 @@ tensors, with the same lifetimes, as the code it stands for):
     greedy loop runs them; its stopping bookkeeping (a few [B] tensors) is left out;
   - the one value a forward pass reads (`attention_mask.all()`: is there padding?) is answered from
     the lengths: a batch is padded (its last row one token short) unless `padded=False`.
-Scaled-dot-product attention: on the meta device torch would take its math fallback, which builds
-the L x L scores; on CPU and CUDA a fused kernel runs and never does, so the simulation runs the
-fused kernel's meta function (its output and float32 log-sum-exp). Models with their own attention
+Scaled-dot-product attention is charged as the fused kernels that run it on CPU and CUDA allocate:
+its output and float32 log-sum-exp, never L x L scores. (Under inference mode, where scorers and the
+simulation run, torch dispatches it as one op whose internals the tracker does not see; outside it
+the meta device would decompose it into the math fallback, so the simulation pins the fused
+kernel's meta function either way.) Models with their own attention
 (DeBERTa's disentangled attention, MPNet's relative bias, eager attention) build the scores on
 every device, and the simulation charges them.
 
