@@ -79,7 +79,8 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
     base = str(cfg.options.get("base_config", BASE_CONFIG))
     dtype = torch_dtype(cfg.dtype, runtime.device)
     has_tok = (folder / "tokenizer_config.json").exists()
-    tokenizer = runtime.models.tokenizer(str(folder) if has_tok else base)
+    base_rev = cfg.locked.get(base)  # the lock file pins the base config's hub id too
+    tokenizer = runtime.models.tokenizer(str(folder)) if has_tok else runtime.models.tokenizer(base, revision=base_rev)
     if (folder / "config.json").exists():
         body = runtime.models.model(str(folder), GPTJModel, dtype=cfg.dtype)
         head_w = _head_from_safetensors(folder)
@@ -94,7 +95,7 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
         state = load_checkpoint_file(ckpts[0])
         head_w = state.pop("v_head.weight")
         body_state = {k.removeprefix("transformer."): v for k, v in state.items() if k.startswith("transformer.")}
-        conf = AutoConfig.from_pretrained(base)
+        conf = AutoConfig.from_pretrained(base, revision=base_rev)
         body = load_into_empty_model(lambda: GPTJModel(conf), body_state, dtype=dtype, what=str(ckpts[0]))
     head = torch.nn.Linear(head_w.shape[1], 1, bias=False)
     head.weight.data.copy_(head_w.reshape(1, -1))
