@@ -6,5 +6,6 @@
 #   bash scripts/gpu-check.sh                 # on a GPU machine (CUDA build of torch in .venv)
 #   bash scripts/gpu-check.sh --dry-run       # the CPU parts only (simulate and plan; no GPU)
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test
-export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
+# The allocator rewardstack sets before CUDA starts (memory/allocator.py), unless one is given.
+export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 exec timeout 580 .venv/bin/python scripts/gpu_check.py --device-memory "${DEVICE_MEMORY:-40GiB}" "$@"

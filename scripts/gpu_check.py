@@ -58,11 +58,19 @@ def build_on_gpu(model: str, arch: S.Arch, dtype: str) -> tuple[torch.nn.Module,
     torch.manual_seed(0)
     conf = arch.config()
     dt = S.DTYPES[dtype]
-    with torch.device("cuda"):
-        if S.SCORERS[model][1] == "GPTJModel":
-            mods: tuple = (transformers.GPTJModel(conf).to(dt), torch.nn.Linear(conf.n_embd, 1, bias=False).to(dt))
-        else:
-            mods = (getattr(transformers, S.SCORERS[model][1]).from_config(conf, dtype=dt),)
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dt)  # initialized in its dtype: no float32 copy of a 6B model first
+    try:
+        with torch.device("cuda"):
+            if S.SCORERS[model][1] == "GPTJModel":
+                mods: tuple = (transformers.GPTJModel(conf), torch.nn.Linear(conf.n_embd, 1, bias=False))
+            elif arch.remote_code:
+                mods = (arch.remote_class(S.SCORERS[model][1])(conf),)
+            else:
+                mods = (getattr(transformers, S.SCORERS[model][1]).from_config(conf, dtype=dt),)
+    finally:
+        torch.set_default_dtype(saved)
+    mods = tuple(m.to(dt) for m in mods)
     for m in mods:
         m.eval().requires_grad_(False)
     return mods
@@ -76,6 +84,9 @@ def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, d
 
     m = mods[0]
     vocab = getattr(m.config, "vocab_size", 30000)
+    plen = max(1, prefix)  # DPO: rows after the prompt are scored (the simulation's `prompt`)
+    if S.SCORERS[model][0] == "dpo" and getattr(m.config, "model_type", "") == "btlm":
+        prefix = 0  # tuple-cache remote code: the DPO scorer runs full sequences (as simulate does)
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(5, vocab, (length,), generator=g).tolist() for _ in range(batch)]
     for r in rows:
@@ -101,7 +112,6 @@ def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, d
         ids = torch.zeros(batch, length, dtype=torch.long)
         for k, r in enumerate(rows):
             ids[k, : len(r)] = torch.tensor(r)
-        plen = max(1, prefix)
         chunked_logprobs(lambda s, p: runner.rows(h, s, p), lh, ids.to(device), torch.full((batch,), plen, device=device), n, 512)
     else:
         width = max(len(r) for r in rows)
