@@ -23,6 +23,7 @@ from rewardstack.errors import ModelLoadError
 from rewardstack.hub import load_source
 from rewardstack.scorers import dahoas, dpo, judge, kvcache, reciprocate
 from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.scorers.prefix import PrefixRunner
 from rewardstack.standin_btlm import make_checkpoint
 from rewardstack.workload import text
 
@@ -66,7 +67,8 @@ def test_probe_sends_legacy_cache_model_to_fallback(btlm_scorer: dpo.DpoScorer, 
 
 
 def test_probe_catches_a_model_that_ignores_the_cache(tmp_path: Path) -> None:
-    """A body that silently drops the cache object runs, but its numbers are wrong: fallback."""
+    """A body that silently drops the cache object runs, but its numbers are wrong: fallback. A body
+    without use_cache or position_ids also takes the fallback, which passes it neither."""
     folder = tmp_path / "gpt2"
     dpo.make_standin(folder, max_length=64)
     from transformers import AutoModelForCausalLM
@@ -84,6 +86,21 @@ def test_probe_catches_a_model_that_ignores_the_cache(tmp_path: Path) -> None:
 
     ok, why = kvcache.takes_cache_objects(Forgetful(), body.config.vocab_size)
     assert not ok and "differs" in why
+
+    class Minimal(torch.nn.Module):  # no use_cache, no position_ids, no **kwargs
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = body
+
+        def forward(self, input_ids, attention_mask=None):  # noqa: ANN001, ANN201
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+    assert not kvcache.takes_cache_objects(Minimal(), body.config.vocab_size)[0]
+    seqs = [[5, 6, 7, 8], [9, 10]]
+    h, mask = PrefixRunner(Minimal(), []).run(seqs)  # the fallback's call: nothing it cannot take
+    for k, x in enumerate(seqs):
+        want = body(input_ids=torch.tensor([x])).last_hidden_state[0]
+        assert torch.allclose(h[k, : len(x)], want, atol=1e-5) and int(mask[k].sum()) == len(x)
 
 
 def test_dpo_parity_on_remote_code_standin(btlm_scorer: dpo.DpoScorer) -> None:
