@@ -76,8 +76,9 @@ def build_on_gpu(model: str, arch: S.Arch, dtype: str) -> tuple[torch.nn.Module,
     return mods
 
 
-def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, device: str) -> None:  # pragma: no cover - CUDA-only path
-    """The scorer's pass on real tensors (random ids, last row one token short), as the simulation runs it."""
+def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, device: str, chunk: int = 512) -> None:
+    """The scorer's pass on real tensors (random ids, last row one token short), as the simulation
+    runs it. tests/test_simulate.py runs it on CPU under the tracker against the simulation."""
     from rewardstack.scorers import classifier, embedding, encoding as enc
     from rewardstack.scorers.dpo import LogitHead, chunked_logprobs, logits_scale
     from rewardstack.scorers.prefix import PrefixRunner
@@ -112,7 +113,7 @@ def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, d
         ids = torch.zeros(batch, length, dtype=torch.long)
         for k, r in enumerate(rows):
             ids[k, : len(r)] = torch.tensor(r)
-        chunked_logprobs(lambda s, p: runner.rows(h, s, p), lh, ids.to(device), torch.full((batch,), plen, device=device), n, 512)
+        chunked_logprobs(lambda s, p: runner.rows(h, s, p), lh, ids.to(device), torch.full((batch,), plen, device=device), n, chunk)
     else:
         width = max(len(r) for r in rows)
         ids = torch.zeros(batch, width, dtype=torch.long)
