@@ -100,11 +100,21 @@ def test_planned_batch_fits_a_fresh_simulation(tmp_path: Path) -> None:
         assert sim.peak_bytes <= 1.05 * limit, (p.name, p.max_batch_at_bound, sim.peak_bytes, limit)
 
 
-def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     config = _tiny_stack(tmp_path)
     out = tmp_path / "plan.json"
+    monkeypatch.setenv("REWARDSTACK_HOME", str(tmp_path / "home"))
+    S._CACHE.clear()
     assert main(["plan", "--config", str(config), "--device-memory", "4GiB", "--json", str(out)]) == 0
     text = capsys.readouterr().out
+    # The simulated peaks were kept on disk, per architecture: a second run reads them, same plan.
+    assert list((tmp_path / "home" / "simulate").glob("*.json"))
+    S._CACHE.clear()
+    assert main(["plan", "--config", str(config), "--device-memory", "4GiB", "--json", str(tmp_path / "again.json")]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "again.json").read_text())["models"] == json.loads(out.read_text())["models"]
+    S.use_disk_cache(None)
     data = json.loads(out.read_text())
     assert data["verdict"] in VERDICTS and f"verdict: {data['verdict']}" in text
     assert {m["name"] for m in data["models"]} <= set(S.SCORERS)

@@ -294,11 +294,15 @@ def format_plan(plan: StackPlan) -> str:
     return "\n".join(lines)
 
 
-def run_plan(config_path: str | None, device_memory: int, dtype: str | None, json_path: str | None) -> tuple[str, StackPlan]:
-    """Load the config, plan it, write JSON if asked; the table and the plan."""
+def run_plan(config_path: str | None, device_memory: int, dtype: str | None, json_path: str | None,
+             cache_dir: str | None = None) -> tuple[str, StackPlan]:
+    """Load the config, plan it, write JSON if asked; the table and the plan. `cache_dir` keeps
+    simulated peaks across runs (per architecture and dtype), so a second plan takes about a second."""
     from importlib import resources
 
     from rewardstack.config import load_config
+
+    S.use_disk_cache(cache_dir)
 
     if config_path is None:
         config_path = str(resources.files("rewardstack") / "configs" / "default.toml")
@@ -318,6 +322,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device-memory", required=True, help="the card's memory, e.g. 24GiB, 40GiB, 80GiB")
     p.add_argument("--dtype", default=None, choices=sorted(S.DTYPES), help="run every model in this dtype")
     p.add_argument("--json", default=None, help="also write the plan as JSON to this path")
+    p.add_argument("--no-cache", action="store_true",
+                   help="simulate everything again (default: reuse $REWARDSTACK_HOME/simulate, keyed by the code and versions)")
     p.set_defaults(func=cmd_plan)
 
 
@@ -325,6 +331,10 @@ def cmd_plan(args: Any) -> int:
     """`rewardstack plan`: print the table (and write --json)."""
     from rewardstack.settings import parse_bytes
 
-    table, _ = run_plan(args.config, parse_bytes(args.device_memory, key="--device-memory"), args.dtype, args.json)
+    from rewardstack.cli import default_home
+
+    cache = None if args.no_cache else str(default_home() / "simulate")
+    table, plan = run_plan(args.config, parse_bytes(args.device_memory, key="--device-memory"), args.dtype, args.json, cache)
     print(table)
+    print(f"planned in {plan.seconds:.1f} s")
     return 0

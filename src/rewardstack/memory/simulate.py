@@ -632,6 +632,75 @@ def _judge_pass(mods: tuple, rows: list[list[int]], new_tokens: int = 2) -> Call
 # -- the public API ------------------------------------------------------------------------------
 
 _CACHE: dict[tuple, SimResult] = {}
+_DISK: Path | None = None  # folder of the on-disk cache (`use_disk_cache`); None: memory only
+
+
+def use_disk_cache(folder: str | Path | None) -> None:
+    """Keep simulated results in `folder` across runs, one JSON file per architecture and dtype
+    (None: in memory only). Entries are keyed by the code that produced them (this module, the
+    scorer helpers it runs, torch and transformers versions), so a change to any of them starts afresh."""
+    global _DISK
+    _DISK = Path(folder) if folder is not None else None
+
+
+@lru_cache(maxsize=1)
+def _code_version() -> str:
+    """A digest of the code a simulated number depends on."""
+    import hashlib
+
+    import transformers
+
+    from rewardstack import standin_btlm
+    from rewardstack.scorers import classifier, dpo, embedding, encoding, prefix
+
+    h = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
+    for mod in (__import__(__name__, fromlist=["_"]), classifier, dpo, embedding, encoding, prefix):
+        h.update(Path(mod.__file__).read_bytes())
+    for f in sorted(Path(standin_btlm.__file__).parent.glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _disk_file(arch: Arch, dtype: str) -> Path:
+    import hashlib
+
+    assert _DISK is not None
+    return _DISK / f"{arch.name}-{dtype}-{hashlib.sha256(arch.key().encode()).hexdigest()[:12]}.json"
+
+
+def _disk_get(arch: Arch, dtype: str, key: tuple) -> SimResult | None:
+    if _DISK is None:
+        return None
+    try:
+        data = json.loads(_disk_file(arch, dtype).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if data.get("code") != _code_version():
+        return None
+    hit = data.get("results", {}).get(repr(key))
+    if hit is None:
+        return None
+    hit["largest_alloc_shape"] = tuple(hit["largest_alloc_shape"])
+    hit["modelled"] = tuple(hit["modelled"])
+    return SimResult(**hit)
+
+
+def _disk_put(arch: Arch, dtype: str, key: tuple, res: SimResult) -> None:
+    if _DISK is None:
+        return
+    path = _disk_file(arch, dtype)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("code") != _code_version():
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data["code"] = _code_version()
+    data.setdefault("results", {})[repr(key)] = dataclasses.asdict(res)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)  # atomic: a killed run leaves the old file
 MODELLED = {
     "dpo_reward_model": ("penalty bookkeeping (columns bounded: every scored token distinct)",),
     "prompt_reward_model": ("generation (prefill with logits_to_keep=1, then one decode step per new token)",),
@@ -679,6 +748,10 @@ def simulate_peak(
     same = "pooled" if kind == "encoder" else model
     key = (same, arch.key(), dtype, batch, length, prefix if kind in ("reciprocate", "dahoas", "dpo") else 0,
            prompt if kind == "dpo" else 0, padded, chunk if kind == "dpo" else 0, exact)
+    if key not in _CACHE:
+        found = _disk_get(arch, dtype, key)
+        if found is not None:
+            _CACHE[key] = found
     if key in _CACHE:
         hit = _CACHE[key]
         return hit if hit.model == model else dataclasses.replace(hit, model=model)
@@ -695,6 +768,7 @@ def simulate_peak(
     res.arch = arch.name
     res.seconds = time.perf_counter() - t0
     _CACHE[key] = res
+    _disk_put(arch, dtype, key, res)
     return res
 
 
