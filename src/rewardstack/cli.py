@@ -249,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="output folder (default RUN_DIR/report)")
     r.set_defaults(func=cmd_report)
 
+    from rewardstack.distributed.commands import add_parsers as add_ray_parsers  # imports no Ray
+
+    add_ray_parsers(sub)
+
     from rewardstack.plan import add_parser as add_plan_parser
 
     add_plan_parser(sub)

@@ -50,3 +50,7 @@ class SequenceError(RewardStackError):
         self.got = got
         self.expected = expected
         super().__init__(f"field 'sequence': got {got}, expected {expected}")
+
+
+class ClusterError(RewardStackError):
+    """The Ray cluster cannot run the job as asked (a path not shared by every node, no workers left)."""

@@ -1,0 +1,146 @@
+"""`rewardstack rescore` on a local 2-CPU Ray cluster with the stand-in stack.
+
+One cluster and one pool of two workers serve the whole module (each start costs seconds). The
+reference is each run scored alone by a freshly built stack, independent of the workers' reuse of
+one loaded stack across runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from ray_fixtures import local_cluster, standins_config, write_runs
+from rewardstack.distributed import output as out
+from rewardstack.distributed.runs import discover_runs
+from rewardstack.errors import ConfigError
+from rewardstack.replay import readers
+from rewardstack.replay.replay import replay
+from rewardstack.stack import RewardStack
+
+ray = pytest.importorskip("ray")
+from rewardstack.distributed.rescore import RescorePool, rescore  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def cluster():  # noqa: ANN201
+    yield from local_cluster()
+
+
+@pytest.fixture(scope="module")
+def setup(cluster, standins, tmp_path_factory):  # noqa: ANN001, ANN201
+    root = tmp_path_factory.mktemp("rescore")
+    config = standins_config(standins, root / "state")
+    write_runs(root / "runs", 3)
+    runs = discover_runs([root / "runs"])
+    # The workers load while the reference is computed here.
+    pool = RescorePool(config, 2)
+    alone = {}
+    for run in runs:
+        stack = RewardStack(config, load_state=False)  # a fresh stack per run: the run replayed alone
+        events: list[dict] = []
+        replay(stack, readers.read_run([run.path]).steps, reference=False, on_event=events.append)
+        alone[run.id] = [row for index, event in enumerate(events) for row in out.rows_from_event(index, event)]
+    yield root, config, runs, pool, alone
+    pool.close()
+
+
+def assert_equal_tables(table_path: Path, expected: list[dict]) -> None:
+    got = pq.read_table(table_path).to_pylist()
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.keys() == e.keys()
+        for key, value in e.items():
+            if isinstance(value, float):
+                # Worker and test differ in torch threads, so in reduction order: float noise only.
+                assert g[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+            else:
+                assert g[key] == value, key
+
+
+def test_rescore_equals_each_run_scored_alone(setup) -> None:  # noqa: ANN001
+    root, config, runs, pool, alone = setup
+    report = rescore(runs, config, root / "out", pool=pool, stream=None)
+    assert report.ok and report.complete == 3 and report.skipped == 0
+    for run in runs:
+        assert_equal_tables(out.output_path(root / "out", run.id), alone[run.id])
+    bad = report.entries[runs[1].id]
+    assert bad["bad_records"] == 1 and bad["steps"] == 5 and "line 4" in bad["bad"][0]
+    failed_rows = [r for r in alone[runs[1].id] if r["status"] == "failed"]
+    assert len(failed_rows) == 1 and failed_rows[0]["rlhf_reward_model"] is None
+    assert {e["run"] for e in out.read_manifest(root / "out").values()} == {r.id for r in runs}
+    assert not list((root / "out").glob("*.tmp"))
+
+
+def test_rerun_does_nothing_and_a_changed_run_is_scored_again(setup) -> None:  # noqa: ANN001
+    root, config, runs, pool, alone = setup
+    tables = {r.id: out.output_path(root / "out", r.id) for r in runs}
+    before = {k: p.stat().st_mtime_ns for k, p in tables.items()}
+    manifest_lines = (root / "out" / out.MANIFEST).read_text().count("\n")
+    report = rescore(runs, config, root / "out", stream=None)  # no pool: none is started
+    assert report.ok and report.skipped == 3 and report.complete == 0
+    assert {k: p.stat().st_mtime_ns for k, p in tables.items()} == before
+    assert (root / "out" / out.MANIFEST).read_text().count("\n") == manifest_lines
+    # A torn manifest line (a killed driver) does not hide what the tables say.
+    with open(root / "out" / out.MANIFEST, "a") as f:
+        f.write('{"run": "torn')
+    # Run 2's file now holds run 0's steps: it is scored again, and only it.
+    Path(runs[2].path).write_text(Path(runs[0].path).read_text())
+    report = rescore(runs, config, root / "out", pool=pool, stream=None)
+    assert report.skipped == 2 and report.complete == 1 and runs[2].id in report.entries
+    assert tables[runs[0].id].stat().st_mtime_ns == before[runs[0].id]
+    assert_equal_tables(tables[runs[2].id], alone[runs[0].id])
+
+
+def test_a_worker_killed_mid_run_is_replaced_and_the_run_restarted(setup) -> None:  # noqa: ANN001
+    root, config, _, pool, _ = setup
+    write_runs(root / "long", 2, n_steps=12)
+    runs = discover_runs([root / "long"])
+    # Uninterrupted first (the test above shows a rescore equals each run scored alone).
+    assert rescore(runs, config, root / "long-clean", pool=pool, stream=None).ok
+    killed: dict[str, int] = {}
+
+    def kill_a_busy_worker(snapshot: dict) -> None:
+        if killed:
+            return
+        for run_id, state in snapshot["in_flight"].items():
+            if state and state["attempt"] == 1 and 2 <= state["steps"] < 12:  # some steps scored
+                os.kill(state["worker"]["pid"], signal.SIGKILL)  # the worker process dies mid-run
+                killed[run_id] = state["steps"]
+                return
+
+    report = rescore(runs, config, root / "long-killed", pool=pool, stream=None, on_progress=kill_a_busy_worker,
+                     progress_interval_s=0.05)
+    assert killed, "no worker was caught mid-run"
+    (run_id,) = killed
+    assert report.ok and report.complete == 2 and report.restarts == 1
+    assert report.entries[run_id]["attempts"] == 2
+    for run in runs:
+        clean = pq.read_table(out.output_path(root / "long-clean", run.id)).to_pylist()
+        assert_equal_tables(out.output_path(root / "long-killed", run.id), clean)
+    assert not list((root / "long-killed").glob("*.tmp"))
+
+
+def test_output_folder_of_another_config_is_refused(tmp_path: Path) -> None:
+    out.claim_output(tmp_path, "aaaa")
+    out.claim_output(tmp_path, "aaaa")
+    with pytest.raises(ConfigError, match="another config"):
+        out.claim_output(tmp_path, "bbbb")
+
+
+def test_runs_are_discovered_once_each(tmp_path: Path) -> None:
+    paths = write_runs(tmp_path / "a", 2, n_steps=3)
+    (tmp_path / "list.txt").write_text(f"# runs\n{paths[0]}\n")
+    log_dir = tmp_path / "validator"
+    log_dir.mkdir()
+    (log_dir / "completions.log").write_text("")
+    (log_dir / "completions.2023-07-01_10-00-00_1.log.gz").write_bytes(b"")
+    runs = discover_runs([tmp_path / "a", paths[1], log_dir], list_files=[tmp_path / "list.txt"])
+    assert [Path(r.path).name for r in runs] == ["run0.jsonl", "run1.jsonl", "validator"]
+    assert len(runs[2].files) == 2 and len({r.id for r in runs}) == 3
