@@ -151,3 +151,12 @@ def test_gpu_check_dry_run_plans_every_check(capsys: pytest.CaptureFixture[str])
     # 40 GiB minus these two models' weights leaves ~37.9 GiB: DeBERTa's unbounded pass fills it
     # past 10,000 tokens (its 4.40 GiB tensor came at 8,587 on the report's fuller card).
     assert 9_000 < n < 12_000
+
+
+def test_card_size_from_the_config_or_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _tiny_stack(tmp_path)
+    assert main(["plan", "--config", str(config), "--no-cache"]) == 1
+    assert "--device-memory" in capsys.readouterr().err
+    config.write_text(config.read_text() + '\n[memory]\ndevice_memory = "4GiB"\n')
+    assert main(["plan", "--config", str(config), "--no-cache"]) == 0
+    assert "card 4.00 GiB" in capsys.readouterr().out

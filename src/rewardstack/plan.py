@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from rewardstack.config import StackConfig
+from rewardstack.errors import ConfigError
 from rewardstack.memory import simulate as S
 from rewardstack.memory.budget import compute_budget
 from rewardstack.memory.costmodel import CostModel
@@ -294,7 +295,7 @@ def format_plan(plan: StackPlan) -> str:
     return "\n".join(lines)
 
 
-def run_plan(config_path: str | None, device_memory: int, dtype: str | None, json_path: str | None,
+def run_plan(config_path: str | None, device_memory: int | None, dtype: str | None, json_path: str | None,
              cache_dir: str | None = None) -> tuple[str, StackPlan]:
     """Load the config, plan it, write JSON if asked; the table and the plan. `cache_dir` keeps
     simulated peaks across runs (per architecture and dtype), so a second plan takes about a second."""
@@ -307,6 +308,10 @@ def run_plan(config_path: str | None, device_memory: int, dtype: str | None, jso
     if config_path is None:
         config_path = str(resources.files("rewardstack") / "configs" / "default.toml")
     cfg = load_config(config_path)
+    if device_memory is None:
+        device_memory = getattr(getattr(cfg, "memory", None), "device_memory", None)
+        if device_memory is None:
+            raise ConfigError("--device-memory", "give the card's size (e.g. 40GiB) or set [memory] device_memory")
     plan = plan_stack(cfg, device_memory, dtype=dtype)
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
@@ -319,7 +324,8 @@ def add_parser(sub: Any) -> None:
     """The `plan` subcommand's arguments (cli.py registers it)."""
     p = sub.add_parser("plan", help="will this stack fit a card of this size? (configs only, no weights, no GPU)")
     p.add_argument("--config", default=None, help="stack config (default: the shipped default stack)")
-    p.add_argument("--device-memory", required=True, help="the card's memory, e.g. 24GiB, 40GiB, 80GiB")
+    p.add_argument("--device-memory", default=None,
+                   help="the card's memory, e.g. 24GiB, 40GiB, 80GiB (default: the config's [memory] device_memory)")
     p.add_argument("--dtype", default=None, choices=sorted(S.DTYPES), help="run every model in this dtype")
     p.add_argument("--json", default=None, help="also write the plan as JSON to this path")
     p.add_argument("--no-cache", action="store_true",
@@ -334,7 +340,8 @@ def cmd_plan(args: Any) -> int:
     from rewardstack.cli import default_home
 
     cache = None if args.no_cache else str(default_home() / "simulate")
-    table, plan = run_plan(args.config, parse_bytes(args.device_memory, key="--device-memory"), args.dtype, args.json, cache)
+    size = parse_bytes(args.device_memory, key="--device-memory") if args.device_memory else None
+    table, plan = run_plan(args.config, size, args.dtype, args.json, cache)
     print(table)
     print(f"planned in {plan.seconds:.1f} s")
     return 0
