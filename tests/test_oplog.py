@@ -41,11 +41,23 @@ def test_weights_bytes_and_revision() -> None:
 
 
 @pytest.mark.parametrize(("flags", "level"), [([], logging.INFO), (["-v"], logging.DEBUG), (["-q"], logging.WARNING)])
-def test_cli_logs_rewardstack_at_info_by_default(flags: list[str], level: int, capsys: pytest.CaptureFixture) -> None:
-    logger = logging.getLogger("rewardstack")
-    before = logger.level
+def test_cli_logs_rewardstack_at_info_by_default(flags: list[str], level: int, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    root, logger = logging.getLogger(), logging.getLogger("rewardstack")
+    monkeypatch.setattr(root, "handlers", [])  # as in a fresh process (pytest's own handlers aside)
+    before, root_before = logger.level, root.level
     try:
         assert main([*flags, "config", "--explain"]) == 0
         assert logger.level == level
+        assert root.level == logging.WARNING  # other libraries: warnings only
     finally:
         logger.setLevel(before)
+        root.setLevel(root_before)
+
+
+def test_cli_keeps_a_callers_logging(capsys: pytest.CaptureFixture) -> None:
+    logger = logging.getLogger("rewardstack")
+    before = logger.level
+    assert logging.getLogger().handlers  # pytest's: a caller that configured logging itself
+    assert main(["config", "--explain"]) == 0
+    assert logger.level == before

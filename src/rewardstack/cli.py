@@ -264,11 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # rewardstack's own lines at INFO by default (models, budget, placement, fits, one per step);
     # other libraries only warn unless -vv.
-    v = args.verbose - args.quiet
-    own = logging.DEBUG if v >= 1 else logging.INFO if v == 0 else logging.WARNING
-    logging.basicConfig(level=logging.DEBUG if v >= 2 else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("rewardstack").setLevel(own)
+    # A program that set up logging before calling main() keeps its own configuration.
+    if not logging.getLogger().handlers:
+        v = args.verbose - args.quiet
+        own = logging.DEBUG if v >= 1 else logging.INFO if v == 0 else logging.WARNING
+        logging.basicConfig(level=logging.DEBUG if v >= 2 else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        logging.getLogger("rewardstack").setLevel(own)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-model "Loading weights" bars drown the output
