@@ -96,28 +96,51 @@ def bert() -> torch.nn.Module:
     return model
 
 
-def test_long_inputs_under_a_simulated_budget(bert: torch.nn.Module) -> None:
-    """Heavy-tailed lengths up to 100k tokens: capped, planned, the tracker peak stays in budget."""
+def _profile_run(model: torch.nn.Module):  # noqa: ANN202
+    """The scoring path at (B, L): a padded batch (one row a token short), so the mask is built."""
+
+    def run(b: int, length: int) -> object:
+        mask = torch.ones(b, length, dtype=torch.long)
+        mask[-1, -1] = 0
+        return model(input_ids=torch.randint(5, 1000, (b, length)), attention_mask=mask)
+
+    return run
+
+
+def _long_inputs_run(bert: torch.nn.Module, underfit: float = 1.0) -> MemoryManager:
+    """Heavy-tailed lengths up to 100k tokens: capped, planned and scored under a 600 kB budget."""
     mm = MemoryManager(None)
-    mm.calibrate("bert", lambda b, l: bert(input_ids=torch.randint(5, 1000, (b, l))), max_length=1024, max_batch=8)
-    budget = 3_000_000
+    cost = mm.calibrate("bert", _profile_run(bert), max_length=1024, max_batch=8)
+    cost.a, cost.b, cost.c, cost.d, cost.e, cost.f, cost.g = (v * underfit for v in cost.coefficients())
+    budget = 600_000  # about 600 tokens of this model: the budget, not the profile, cuts
     mm.set_budget(budget)
     rng = random.Random(0)
     raw = [min(100_000, int(rng.lognormvariate(0, 1.2) * 60)) for _ in range(40)] + [100_000, 25_000]
     cap = mm.length_cap("bert", 4096)
-    assert cap < 4096  # the budget, not the model, is what cuts here
+    assert cap < 1024  # the budget, not the model or its profile, is what cuts here
     lengths = [max(1, min(n, cap)) for n in raw]
     truncated = [n > cap for n in raw]
     forward = _score_fn(bert, lengths)
-    with mm.tracker.window("score") as w:
-        out = mm.run("bert", lengths, forward)
-    assert w.peak_bytes <= budget
+    out = mm.run("bert", lengths, forward)
+    # No planned batch ran out of memory (the tracker's peak is under the budget by construction:
+    # it raises first, so only the absence of OOMs says the plan was right).
+    assert [r for r in mm.oom_log if not r.injected] == [], [(r.batch, r.length) for r in mm.oom_log]
     assert all(o.status == "ok" for o in out) and sum(truncated) >= 2
     # Planning does not change scores: each input scored alone, unplanned, untracked.
     with torch.inference_mode():
         alone = [forward([i])[0] for i in range(len(lengths))]
     for o, a in zip(out, alone):
         assert math.isclose(o.value, a, rel_tol=1e-4, abs_tol=1e-5)
+    return mm
+
+
+def test_long_inputs_under_a_simulated_budget(bert: torch.nn.Module) -> None:
+    _long_inputs_run(bert)
+
+
+@pytest.mark.xfail(strict=True, reason="the cost model is under-fitted on purpose: planned batches OOM")
+def test_long_inputs_with_an_underfitted_cost_model_oom(bert: torch.nn.Module) -> None:
+    _long_inputs_run(bert, underfit=0.4)
 
 
 def test_real_simulated_oom_splits_and_shrinks_trust(bert: torch.nn.Module) -> None:
@@ -128,11 +151,10 @@ def test_real_simulated_oom_splits_and_shrinks_trust(bert: torch.nn.Module) -> N
     mm.set_cost_model("bert", CostModel(b=1.0))  # wildly optimistic: everything in one batch
     lengths = [200] * 16
     forward = _score_fn(bert, lengths)
-    with mm.tracker.window("score") as w:
-        out = mm.run("bert", lengths, forward)
-    assert w.peak_bytes <= 2_000_000
+    out = mm.run("bert", lengths, forward)
     assert all(o.status == "ok" for o in out)
     assert mm.oom_log and not mm.oom_log[0].injected and mm.cost_models["bert"].trust < 1
+    assert mm.ooms_total == len(mm.oom_log) and mm.summary()["ooms"] == mm.ooms_total
     with torch.inference_mode():
         alone = [forward([i])[0] for i in range(16)]
     assert all(math.isclose(o.value, a, rel_tol=1e-4, abs_tol=1e-5) for o, a in zip(out, alone))
@@ -152,3 +174,31 @@ def test_injected_ooms_with_a_real_model(bert: torch.nn.Module) -> None:
         for o, c in zip(out, clean):
             assert o.status == "oom" or math.isclose(o.value, c, rel_tol=1e-4, abs_tol=1e-5)
     assert mm.injector.injected > 0
+
+
+def test_oom_log_is_a_ring_buffer_with_totals() -> None:
+    from rewardstack.memory.manager import OOM_LOG_SIZE
+
+    mm = MemoryManager(None, injector=FaultInjector(1.0, seed=0))  # every pass runs out of memory
+    for _ in range(OOM_LOG_SIZE // 2):  # three records a run: one split, two gave_up
+        out = mm.run("m", [3, 3], lambda idx: [1.0] * len(idx))
+        assert [o.status for o in out] == ["oom", "oom"]
+    assert len(mm.oom_log) == OOM_LOG_SIZE < mm.ooms_total == mm.ooms_injected
+    assert mm.summary()["ooms"] == mm.ooms_total
+
+
+def test_only_models_allowed_on_the_cpu_get_a_cpu_fallback() -> None:
+    lin = torch.nn.Linear(4, 4)
+
+    def forward(idx: list[int]) -> list[float]:
+        torch.empty(1000)  # 4,000 bytes: more than the 100-byte budget on the device
+        return [1.0] * len(idx)
+
+    for cpu_ok, want in [(True, "ok"), (False, "oom")]:
+        mm = MemoryManager(100)
+        mm.register_model("m", [lin], cpu_ok=cpu_ok)
+        mm.place(None)
+        out = mm.run("m", [3], forward)
+        assert out[0].status == want
+        assert mm.fallbacks_total == (1 if cpu_ok else 0)
+        assert [r.action for r in mm.oom_log] == ["cpu_fallback" if cpu_ok else "gave_up"]

@@ -144,6 +144,8 @@ class MemoryManager:
 
     def place(self, weights_budget: int | None, *, move: bool | None = None) -> dict[str, Decision]:
         """Plan placement of the registered models under a weight budget (bytes on the device)."""
+        if move is None and self._snapshot is not None:
+            move = False  # an injected (simulated) card: account, move nothing
         self.placement = Placement(self.device, weights_budget, move=move)
         for name, (mods, prio, cpu_ok) in self._registered.items():
             self.placement.register(name, mods, priority=prio, cpu_ok=cpu_ok)
