@@ -313,7 +313,7 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
 
     report = ReplayReport(steps=len(steps), budget_bytes=stack.memory.budget_bytes)
     probe = PeakProbe(stack)
-    oom_start = len(stack.memory.oom_log)
+    oom_start = stack.memory.ooms_total  # a total: oom_log is a bounded ring buffer
     statuses: Counter[str] = Counter()
     lost: Counter[str] = Counter()
     raws: list[dict[str, list[float]]] = []
@@ -331,7 +331,8 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
         probe.close()
     report.completions = dict(statuses)
     report.oom_completions = {m: n for m, n in lost.items() if n}
-    report.ooms = [r.to_dict() for r in list(stack.memory.oom_log)[oom_start:]]
+    new_ooms = stack.memory.ooms_total - oom_start
+    report.ooms = [r.to_dict() for r in list(stack.memory.oom_log)[-new_ooms:]] if new_ooms else []
     for by in probe.peaks.values():
         for m, p in by.items():
             report.peaks[m] = max(report.peaks.get(m, 0), p)

@@ -176,12 +176,12 @@ class Monitor:
         original = type(pl).ensure
 
         def ensure(name: str) -> Any:
-            before = len(pl.swap_log)
+            before = pl.swaps  # a total: swap_log is a bounded ring buffer
             t0, p0 = time.time(), time.perf_counter()
             d = original(pl, name)
-            if len(pl.swap_log) > before:
+            if pl.swaps > before:
                 seconds = time.perf_counter() - p0
-                for ev in pl.swap_log[before:]:
+                for ev in list(pl.swap_log)[-(pl.swaps - before):]:
                     self._move(ev.name, "in", pl.decisions[ev.name].bytes, seconds, t0)
                     for victim in ev.evicted:
                         self._move(victim, "out", pl.decisions[victim].bytes, None, t0)
