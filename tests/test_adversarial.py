@@ -142,3 +142,41 @@ def test_diversity(scored) -> None:  # noqa: ANN001
     comps = scored[2]
     refs = dict(zip(comps, RefDiversity(sc.embedder.model, sc.embedder.tokenizer).score(comps)))
     assert _check("diversity_reward_model", scored, lambda c: refs[c]) == len(comps)
+
+
+def test_rule_masks(scored) -> None:  # noqa: ANN001
+    """The rule masks on the same completions: the spec's rules, literally."""
+    _, labels, comps, res = scored
+    answer_kw = ("Answer:", "Response:", "A:", "Completion:")
+    question_kw = ("Question:", "Query:", "Q:")
+    for c, v in zip(comps, res.raw["task_validator_filter"]):  # an augment (summary) step
+        bad = any(k.lower() in c.lower() for k in answer_kw + question_kw)
+        assert v == (0.0 if bad else 1.0)
+    for c, v in zip(comps, res.raw["blacklist_filter"]):
+        assert v == (0.0 if c in ("That is an excellent question.", BASE) else 1.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_reciprocate_small_vocab_both_dtypes(tmp_path: Path, dtype: str) -> None:
+    """Reciprocate's family in float32 and float16 against `model(**inputs)` in the same dtype, on a
+    tokenizer that emits token types: repetition, and inputs past the 1,024-token maximum."""
+    from causal_fixtures import make_runtime, model_config
+    from rewardstack.scorers import reciprocate
+    from rewardstack.scorers.base import ScoreRequest
+    from small_models import make_small_gptj_classifier
+
+    folder = tmp_path / "rec"
+    make_small_gptj_classifier(folder, max_length=1024)
+    sc = reciprocate.build(model_config("reciprocate_reward_model", folder, {"path": "rec", "dtype": dtype},
+                                        options={"calibration_length": 64}), make_runtime())
+    assert sc.model.dtype == getattr(torch, dtype)
+    comps = [" the" * 700, " reward" * 300, text(random.Random(3), 6000), "ok", " yes no" * 100]
+    res = sc.score(ScoreRequest(PROMPT, comps))
+    tol = 1e-4 if dtype == "float32" else 2e-3
+    for c, v, st in zip(comps, res.scores, res.statuses):
+        inputs = sc.tokenizer(reciprocate.TEMPLATE.format(prompt=PROMPT, completion=c), return_tensors="pt", truncation=True)
+        assert "token_type_ids" in inputs
+        with torch.no_grad():
+            ref = float(sc.model(**inputs).logits[0])
+        assert st in Status.SCORED and close(v, ref, tol), (dtype, c[:20], v, ref)
+    assert Status.TRUNCATED in res.statuses
