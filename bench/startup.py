@@ -2,7 +2,8 @@
 
 Builds the offline stand-in stack twice from a config file in a fresh folder: the first start
 profiles every model and saves the fits beside the config (`stack.calibration.json`); the second
-reads them and profiles nothing. Prints both times, the time spent profiling, and their ratio.
+reads them and profiles nothing. Each start runs in a fresh process (a restart) and times the
+stack's construction inside it. Prints both times, the time spent profiling, and their ratio.
 
     .venv/bin/python bench/startup.py [--standins DIR] [--quick]
 
@@ -12,12 +13,26 @@ reads them and profiles nothing. Prints both times, the time spent profiling, an
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+_START = """
+import json, sys, time
+sys.path.insert(0, %r)
+from rewardstack import RewardStack
+t = time.perf_counter()
+stack = RewardStack.from_config(sys.argv[1], load_state=False)
+mm = stack.memory
+print(json.dumps({"seconds": time.perf_counter() - t, "profiling": mm.calibration_seconds,
+                  "profiled": len(mm.profiled), "hits": mm.calibration.hits}))
+""" % str(Path(__file__).resolve().parents[1] / "src")
 
 
 def _config(standins: Path, folder: Path, quick: bool) -> Path:
@@ -58,7 +73,6 @@ def main() -> None:
     p.add_argument("--standins", help="stand-in folder (built in a temp folder when omitted)")
     p.add_argument("--quick", action="store_true", help="one small model: check that the script runs")
     args = p.parse_args()
-    from rewardstack import RewardStack
     from rewardstack.standins import make_standins
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,11 +84,10 @@ def main() -> None:
         path = _config(root, folder, args.quick)
         rows = []
         for label in ("profiles (no saved fits)", "reads saved cost models"):
-            t = time.perf_counter()
-            stack = RewardStack.from_config(str(path), load_state=False)
-            elapsed = time.perf_counter() - t
-            mm = stack.memory
-            rows.append((label, elapsed, mm.calibration_seconds, len(mm.profiled), mm.calibration.hits))
+            # Each start is a fresh process, as a restart is; the stack build is timed inside it.
+            out = subprocess.run([sys.executable, "-c", _START, str(path)], capture_output=True, text=True, check=True)
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append((label, got["seconds"], got["profiling"], got["profiled"], got["hits"]))
         print(f"{'start':<28} {'seconds':>8} {'profiling s':>12} {'profiled':>9} {'cached':>7}")
         for label, elapsed, prof, n, hits in rows:
             print(f"{label:<28} {elapsed:8.2f} {prof:12.2f} {n:9d} {hits:7d}")
