@@ -57,7 +57,7 @@ def reference_templates(monkeypatch: pytest.MonkeyPatch) -> None:
 def _step(seed: int) -> tuple[str, list[str]]:
     rng = random.Random(seed)
     prompt = _words(rng, 40)
-    comps = [_words(rng, rng.choice([2, 6, 20, 60, 150])) for _ in range(14)]
+    comps = [_words(rng, rng.choice([2, 6, 20, 60, 150])) for _ in range(9)]
     comps += ["the the the the the " * 40, "7", "a"]
     return prompt, comps
 
