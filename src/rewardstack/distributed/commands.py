@@ -122,7 +122,7 @@ def cmd_ray_serve(args: argparse.Namespace) -> int:
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         serve.delete(APP_NAME)  # replicas finish their requests; every answered step is committed
-        stop_namespace_actors()
+        stop_namespace_actors(args.state_dir)
         serve.shutdown()
     finally:
         if started:
