@@ -39,12 +39,14 @@ def test_every_pathological_kind_is_scored_or_has_an_explicit_status(standins: P
     steps = [
         Step("augment", prompt, [path.completion(k, rng, prompt) for k in kinds], base_prompt=prompt),
         Step("followup0", "Ask a question about it.", ["What is a lexer?", "What is a parser?"], base_prompt=prompt),
-        Step("answer0", "Answer it.", ["A lexer splits text into tokens.", path.completion("huge", rng, "")], base_prompt="What is a lexer?"),
+        Step("answer0", "Answer it.", ["A lexer splits text into tokens.", "It reads characters."], base_prompt="What is a lexer?"),
     ]
     path.grow_prompts(steps)
     assert len(steps[2].prompt) > len(steps[1].prompt) > len(steps[0].prompt)
+    results = []
     for step in steps:
         result = stack.score_step(step, save=False)
+        results.append(result)
         for i, (st, reward) in enumerate(zip(result.statuses, result.rewards)):
             kind = kinds[i] if step is steps[0] else step.name
             assert st in SCORED or st in ("failed", "oom"), (kind, st)  # never 'error'
@@ -52,7 +54,7 @@ def test_every_pathological_kind_is_scored_or_has_an_explicit_status(standins: P
             for m in ("rlhf_reward_model", "dpo_reward_model"):
                 x = result.raw[m][i]
                 assert math.isfinite(x) or result.model_statuses[m][i] not in SCORED, (kind, m)
-    first = stack.score_step(steps[0], save=False)
+    first = results[0]
     by_kind = dict(zip(kinds, first.statuses))
     assert by_kind["huge"] == "truncated"  # 100,000 characters: cut to the model's bound, said so
     assert first.raw["blacklist_filter"][kinds.index("prompt_itself")] == 0.0
