@@ -76,7 +76,9 @@ def greedy_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     Each step runs the whole sequence so far (`use_cache=False`) and takes the argmax of the last
     position's logits, as `generate(do_sample=False)` does; position ids are the mask's running
     count minus one (1 on padding), which is what `generate` passes for left-padded rows. A row
-    that produced the eos token keeps getting `pad_id`, as `generate` pads finished rows.
+    that produced the eos token keeps getting `pad_id`, as `generate` pads finished rows. No logits
+    processor runs: this reproduces `generate` for a generation config that sets none (a checkpoint
+    whose generation_config.json sets, say, a repetition penalty would differ).
     """
     kwargs: dict[str, Any] = {}
     if accepts(model, "use_cache"):
