@@ -59,44 +59,16 @@ def _progress(total: int | None, desc: str):  # noqa: ANN202
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    """Score a JSONL file of validator steps into a JSONL file of events."""
-    from rewardstack.stack import RewardStack, Step
+    """Score a JSONL file of validator steps into a JSONL file of events, exactly once (rewardstack.runner)."""
+    from rewardstack.runner import run_score
 
-    stack = RewardStack.from_config(args.config)
-    from rewardstack.telemetry import open_telemetry
+    def telemetry(stack):  # noqa: ANN001, ANN202
+        from rewardstack.telemetry import open_telemetry
 
-    telemetry = open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
-    in_path = Path(args.input)
-    with in_path.open(encoding="utf-8") as f:
-        total = sum(1 for line in f if line.strip())
-    errors = 0
-    scored = 0
-    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
-    try:
-        with in_path.open(encoding="utf-8") as f, _progress(total, "scoring") as bar:
-            for number, obj in read_steps(f):
-                try:
-                    if isinstance(obj, InputError):
-                        raise obj
-                    step = Step.from_dict(obj, line=number)
-                except InputError as e:
-                    errors += 1
-                    print(f"{in_path}: {e}", file=sys.stderr)
-                    bar.update(1)
-                    continue
-                result = stack.score_step(step, save=(scored + 1) % args.save_every == 0)
-                out.write(event_line(result.event))
-                out.flush()  # each scored step is on disk before the next one starts
-                scored += 1
-                bar.update(1)
-    finally:
-        stack.save_state()
-        if out is not sys.stdout:
-            out.close()
-        if telemetry is not None:
-            telemetry.close()
-    print(f"scored {scored} steps, {errors} bad lines", file=sys.stderr)
-    return 0 if errors == 0 else 2
+        return open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
+
+    return run_score(args.config, args.input, args.output, save_every=args.save_every, setup=telemetry,
+                     device_memory=args.device_memory, recalibrate=args.recalibrate)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -200,6 +172,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bytes(text: str) -> int:
+    from rewardstack.errors import ConfigError
+    from rewardstack.settings import parse_bytes
+
+    try:
+        return parse_bytes(text, key="--device-memory")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """`--device-memory` and `--recalibrate`, for every command that builds a stack."""
+    p.add_argument("--device-memory", type=_bytes, help="behave as on a card of this size, e.g. 40GiB (overrides [memory] device_memory)")
+    p.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved cost models")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `rewardstack` command."""
     p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0])
@@ -213,9 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, help="stack config (TOML)")
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
     s.add_argument("--output", required=True, help="events, one per line ('-' for stdout)")
-    s.add_argument("--save-every", type=_positive_int, default=1, help="persist state every N steps (and at the end)")
+    s.add_argument("--save-every", type=_positive_int, default=1, help="commit state and events every N steps (and at the end); a rerun resumes after the last commit")
     s.add_argument("--run-dir", help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
+    add_memory_flags(s)
     s.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")
@@ -229,10 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DPO stand-in: a native GPT-2 (default) or the BTLM-like model that loads through its own remote code")
     m.set_defaults(func=cmd_make_standins)
 
-    from rewardstack.service.command import add_parser as add_serve_parser  # imports no FastAPI
-
-    add_serve_parser(sub)
-
     c = sub.add_parser("config", help="list every config key (--explain) or validate a config file")
     c.add_argument("--explain", action="store_true", help="print every key: type, default, one line of help")
     c.add_argument("--config", help="a config file to validate, with the lock file beside it")
@@ -244,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--no-fetch", action="store_true", help="resolve and lock only; do not download files")
     dl.set_defaults(func=cmd_download)
 
+    from rewardstack.service.command import add_parser as add_serve_parser  # imports no FastAPI
+
+    add_serve_parser(sub)
+
     r = sub.add_parser("report", help="plots and a one-page summary (report.html) of a run directory")
     r.add_argument("run_dir", help="a run directory written by --run-dir")
     r.add_argument("--out", help="output folder (default RUN_DIR/report)")
@@ -252,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rewardstack.distributed.commands import add_parsers as add_ray_parsers  # imports no Ray
 
     add_ray_parsers(sub)
+
+    from rewardstack.replay.commands import add_parsers as add_replay_parsers  # replay, soak
+
+    add_replay_parsers(sub)
 
     from rewardstack.plan import add_parser as add_plan_parser
 
