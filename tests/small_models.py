@@ -58,7 +58,7 @@ def make_small_gpt2(folder: Path, max_length: int = 8192, seed: int = 7) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tok = save_small_tokenizer(folder, max_length)
-    # Logits of a few units, like a real LM's (BTLM's reach +-20): the float16 penalty then
+    # Logits of a few units, like a real LM's: the float16 penalty then
     # saturates within ~50 repetitions, as it does on the real model.
     config = GPT2Config(vocab_size=len(tok), n_positions=max_length, n_embd=32, n_layer=2, n_head=2,
                         initializer_range=1.0, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
