@@ -85,7 +85,7 @@ def test_unknown_model_and_value_reads_are_clear_errors() -> None:
     with pytest.raises(S.SimulationError, match="no architecture"):
         S.load_arch("someone/unknown-model")
     with pytest.raises(S.SimulationError, match="reads a"):
-        with S._MetaScalars(True):
+        with S.SimTracker(full=True):
             int(torch.empty(1, dtype=torch.long, device="meta").sum())
 
 

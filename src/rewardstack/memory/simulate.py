@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,7 +53,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from rewardstack.errors import RewardStackError
@@ -316,7 +314,7 @@ class SimTracker(TensorBytesTracker):
         super().__init__(budget_bytes)
         self.largest = (0, "", (), "")  # bytes, op, shape, module
         self.module_stack: list[str] = []
-        self.full = full  # the answer to "is this bool mask all true?" (see `_MetaScalars`)
+        self.full = full  # the answer to "is this bool mask all true?" (see `_answer`)
         self.answered = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -337,26 +335,13 @@ class SimTracker(TensorBytesTracker):
 _VALUE_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default, torch.ops.aten.item.default)
 
 
-class _MetaScalars(TorchDispatchMode):
-    """Answers the one value a forward pass reads from a meta tensor: whether a bool is all true.
+def _answer(mode: Any, func: Any, t: torch.Tensor) -> bool:
+    """The one value a forward pass reads from a meta tensor: whether a bool is all true.
 
     transformers asks `attention_mask.all()` to skip building a mask when nothing is padded, and
     the prefix runner asks the same of its batch; the answer follows from the lengths, which the
-    simulation knows (`full`). Any other read of a value is an error naming the op.
+    simulation knows (`mode.full`). Any other read of a value is an error naming the op.
     """
-
-    def __init__(self, full: bool) -> None:
-        super().__init__()
-        self.full = full
-        self.answered = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if func in _VALUE_READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
-            return _answer(self, func, args[0])
-        return func(*args, **(kwargs or {}))
-
-
-def _answer(mode: Any, func: Any, t: torch.Tensor) -> bool:
     if t.dtype == torch.bool:
         mode.answered += 1
         return mode.full
@@ -415,7 +400,7 @@ def _module_names(tracker: SimTracker, modules: tuple[torch.nn.Module, ...]) -> 
 
 def measure_meta(run: Callable[[], Any], modules: tuple[torch.nn.Module, ...], *, full: bool) -> tuple[int, tuple]:
     """Peak bytes above the start of `run()` on meta tensors, and the largest allocation in it."""
-    tracker = SimTracker(full=full)  # also answers the mask reads (`_MetaScalars`)
+    tracker = SimTracker(full=full)  # also answers the mask reads (`_answer`)
     with torch.inference_mode(), _fused_attention(), _module_names(tracker, modules):
         with tracker.window("simulate") as w:
             run()
@@ -865,6 +850,3 @@ def gib(n: float) -> str:
     """Bytes as GiB with two decimals, the way CUDA's OOM message prints them."""
     return f"{n / 1024**3:.2f} GiB"
 
-
-def _round_gib(n: float) -> float:
-    return math.floor(n / 1024**3 * 100 + 0.5) / 100
