@@ -18,7 +18,7 @@ the two halves of the stack run in different processes:
   service's one-writer `StateLock`) before answering. Ray restarts a dead state actor from
   that file. On a multi-node cluster the state folder must be shared storage (checked).
 
-A request whose replica dies mid-flight fails at the HTTP proxy; a client retrying with the same
+A request whose replica dies mid-flight can fail at the HTTP proxy; a client retrying with the same
 sequence number gets either the stored result (the state actor committed it) or a fresh scoring
 (it did not): never a step applied twice. Without a sequence number there is no such protection,
 as in `rewardstack serve`.
@@ -408,7 +408,7 @@ def build_app(config: StackConfig, settings: ServiceSettings, token_hashes: dict
         ScoringReplica, name="ScoringReplica", num_replicas=replicas,
         ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
         # The replica admits up to queue_size steps itself and answers 429 past that, like the service.
-        max_ongoing_requests=settings.queue_size + 1, health_check_period_s=5, graceful_shutdown_timeout_s=60,
+        max_ongoing_requests=settings.queue_size + 1, health_check_period_s=5, graceful_shutdown_timeout_s=20,
     )
     wait = settings.deadline_s if reorder_wait_s is None else reorder_wait_s
     return deployment.bind(config, settings, dict(token_hashes), str(Path(state_dir).resolve()), wait)
