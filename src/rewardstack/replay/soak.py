@@ -172,7 +172,9 @@ def supervise(args: argparse.Namespace, steps_path: Path, folder: Path, n_steps:
     """Run the faulted scoring process to the end, killing it `args.kills` times at random moments."""
     rng = random.Random(args.seed + 7)
     out = folder / "events.jsonl"
-    targets = sorted(rng.sample(range(1, max(2, n_steps)), min(args.kills, max(0, n_steps - 1))))
+    # Kill points leave at least one step after them, so a kill within one step's time lands.
+    room = range(1, max(2, n_steps - 1))
+    targets = sorted(rng.sample(room, min(args.kills, len(room)))) if n_steps > 1 else []
     kills = restarts = crashes = 0
     kill_points: list[dict[str, Any]] = []
     step_seconds = 0.0
@@ -181,18 +183,19 @@ def supervise(args: argparse.Namespace, steps_path: Path, folder: Path, n_steps:
                       budget=args.budget, tag=str(restarts))
         if targets:
             target = targets[0]
-            last_n, last_t = _lines(out), time.time()
+            last_n, last_t = _lines(out), None  # the first commit of a process includes its start-up
             while proc.poll() is None and _lines(out) < target:
                 time.sleep(0.05)
                 n = _lines(out)
                 if n > last_n:
                     now = time.time()
-                    # Average time per committed step (for the random moment inside the next one).
-                    dt = (now - last_t) / (n - last_n)
-                    step_seconds = dt if step_seconds == 0 else 0.8 * step_seconds + 0.2 * dt
+                    if last_t is not None:
+                        # Average time per committed step (for a random moment inside the next one).
+                        dt = (now - last_t) / (n - last_n)
+                        step_seconds = dt if step_seconds == 0 else 0.8 * step_seconds + 0.2 * dt
                     last_n, last_t = n, now
             if proc.poll() is None:
-                delay = rng.uniform(0.0, 1.5 * step_seconds) if step_seconds else rng.uniform(0.0, 0.5)
+                delay = rng.uniform(0.0, 0.9 * step_seconds) if step_seconds else rng.uniform(0.0, 0.3)
                 time.sleep(delay)
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
