@@ -141,3 +141,21 @@ def test_close_answers_queued_steps_503(worker: Worker) -> None:
             j.future.result()
         assert e.value.status == 503 and e.value.type == "shutting_down"
     assert not worker.namespaces.known("z")  # nothing was scored
+
+
+def test_run_dir_records_every_committed_step(fake_config, tmp_path) -> None:  # noqa: ANN001
+    from rewardstack.telemetry.monitor import Telemetry
+
+    w = Worker(fake_config, queue_size=64, batch_requests=64, run_dir=str(tmp_path / "run"))
+    w.stack = RewardStack(fake_config, load_state=False)
+    w.telemetry = Telemetry(w.stack, run_dir=w.run_dir, metrics_port=None, settings=fake_config.telemetry)
+    w.ready = True
+    jobs = [_job("a", s, k + 1) for k, s in enumerate(_steps("a", 3))] + [_job("b", _steps("b", 1)[0], None)]
+    for j in jobs:
+        w.submit(j)
+    _turn(w)
+    w._close()
+    lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+    assert [json.loads(x)["prompt"] for x in lines] == [j.step.prompt for j in jobs]
+    steps = [json.loads(x) for x in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
+    assert sum(r["type"] == "step" for r in steps) == 4

@@ -33,6 +33,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--batch-requests", type=int, help=docs.get("batch_requests"))
     s.add_argument("--max-namespaces", type=int, help=docs.get("max_namespaces"))
     s.add_argument("--tokens-file", help=docs.get("tokens_file"))
+    s.add_argument("--run-dir", help="telemetry run directory: timeline, events, incidents, summary (default [telemetry].run_dir)")
     s.set_defaults(func=cmd_serve)
 
 
@@ -72,6 +73,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"rewardstack: error: binding {settings.host} (not loopback) requires a bearer token: set "
               "REWARDSTACK_TOKEN or [service].tokens_file (never a command-line flag)", file=sys.stderr)
         return 2
+    if getattr(args, "run_dir", None):
+        config.telemetry.run_dir = args.run_dir
     app = create_app(config, settings, access)
     worker = app.state.worker
 

@@ -115,8 +115,12 @@ class Worker:
     """The thread that loads the stack and scores every job; the app talks to it through `submit`."""
 
     def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
-                 max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None) -> None:
+                 max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None,
+                 run_dir: str | None = None) -> None:
         self.config = config
+        self.run_dir = run_dir if run_dir is not None else config.telemetry.run_dir
+        """Telemetry run directory (timeline, events, incidents, summary); None: none written."""
+        self.telemetry: Any = None
         self.batch_requests = max(1, batch_requests)
         self.queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
         self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
@@ -184,6 +188,12 @@ class Worker:
         try:
             self._beat("loading models")
             self.stack = self._factory(self.config)
+            if self.run_dir is not None:
+                from rewardstack.telemetry.monitor import Telemetry
+
+                # The app serves /metrics itself; the run directory records every committed step.
+                self.telemetry = Telemetry(self.stack, run_dir=self.run_dir, metrics_port=None,
+                                           settings=self.config.telemetry)
             self._beat("startup forward pass")
             self.stack.forward(WARMUP_STEP)
             self._beat(None, forward_done=True)
@@ -237,6 +247,9 @@ class Worker:
             except OSError:
                 log.exception("namespace %s: final commit failed", ns.name)
         self.namespaces.release()
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
         self._beat(None)
 
     def _process(self, batch: list[Job]) -> None:
@@ -321,6 +334,7 @@ class Worker:
             return
         self._beat("applying rewards", forward_done=True)
         answers: list[tuple[Job, Outcome]] = []
+        applied: list[tuple[str, Any]] = []
         touched: dict[str, Namespace] = {}
         broken: set[str] = set()
         for job, fwd in zip(jobs, forwards):
@@ -335,6 +349,7 @@ class Worker:
                 result = ns.state.apply(fwd)  # type: ignore[arg-type]
                 body = response_body(result.event, ns.state.sequence)
                 ns.state.remember(ns.state.sequence, body)
+                applied.append((job.namespace, result))
             except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
                 log.exception("namespace %s: applying a step failed", job.namespace)
                 broken.add(job.namespace)
@@ -353,6 +368,12 @@ class Worker:
                 broken.add(name)
         for name in broken:
             self.namespaces.get(name).reload()
+        if self.stack.on_step:  # telemetry and the operator's callbacks see every committed step
+            from rewardstack.telemetry.monitor import notify_step
+
+            for name, result in applied:
+                if name not in broken:
+                    notify_step(self.stack, result)
         for job, outcome in answers:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
