@@ -20,7 +20,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import math
-import os
 import sys
 import time
 import uuid

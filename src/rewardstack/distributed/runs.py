@@ -3,14 +3,12 @@
 A run is what `replay` calls one: a parquet file, a step or event JSONL file, or a validator log
 (`completions.log`, or the folder holding it with its rotated siblings). It is scored in order by one
 stack from fresh state, because normalization is stateful within a run. Steps are read through
-`rewardstack.replay.readers` when that package is installed, and from the step JSONL otherwise.
-Nothing here imports Ray.
+`rewardstack.replay.readers`. Nothing here imports Ray.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,44 +106,12 @@ class RunRead:
 
 
 def read_run(run: Run) -> RunRead:
-    """Every readable step of `run` in order, with its 0-based position among them (as `replay --steps`)."""
-    reader = _replay_reader()
-    if reader is not None:
-        return reader(run)
-    return _read_step_jsonl(run)
+    """Every readable step of `run` in order, with its 0-based position among them (as `replay --steps`).
 
+    Read by replay's readers (every format `rewardstack replay` reads, detected from the content);
+    a bad record is listed and skipped, a file that is no run log raises LogFormatError.
+    """
+    from rewardstack.replay import readers
 
-def _replay_reader():  # noqa: ANN202 - returns a reader or None
-    """`rewardstack.replay.readers.read_run` (every format replay reads); None without replay."""
-    try:
-        from rewardstack.replay import readers  # type: ignore[import-not-found]
-    except ImportError:  # pragma: no cover - replay is part of the package
-        return None
-
-    def reader(run: Run) -> RunRead:
-        read = readers.read_run([run.path])
-        return RunRead([(i, rs.step) for i, rs in enumerate(read.steps)], list(read.errors))
-
-    return reader
-
-
-def _read_step_jsonl(run: Run) -> RunRead:  # pragma: no cover - only without replay's readers
-    """The step JSONL `rewardstack score` reads; a bad line is reported and skipped."""
-    steps: list[tuple[int, Step]] = []
-    bad: list[str] = []
-    position = 0
-    for f in run.files:
-        with open(f, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise InputError(f"not valid JSON ({e.msg} at column {e.colno})", line=number) from None
-                    steps.append((position, Step.from_dict(obj, line=number)))
-                    position += 1
-                except InputError as e:
-                    bad.append(f"{f}: {e}")
-    return RunRead(steps, bad)
+    read = readers.read_run([run.path])
+    return RunRead([(i, rs.step) for i, rs in enumerate(read.steps)], list(read.errors))

@@ -3,13 +3,11 @@
 A `RunScorer` loads the models once and scores run after run, each from fresh state: the stack's
 stateless part (`RewardStack.forward`) runs the forward passes, and a new stateful part
 (`RewardState`, normalizers, blacklist, diversity history) is made for every run, so nothing of one
-run leaks into the next. The Ray worker of `rescore` wraps one; tests and the benchmark use it to
-compute what a run scores alone.
+run leaks into the next. Each Ray worker of `rescore` holds one.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from dataclasses import dataclass, replace
@@ -55,27 +53,11 @@ class RunScorer:
         self.config = config
         # load_state=False: a rescore never reads or writes the validator's state directory.
         self.stack = RewardStack(config, load_state=False)
-        self._split = hasattr(self.stack, "forward") and hasattr(self.stack, "new_state")
-        if not self._split:  # the stack before its stateless/stateful split: reset by snapshot
-            self._initial = copy.deepcopy(self.stack.state_sections())
 
     def _fresh(self) -> Callable[[Any], dict[str, Any]]:
-        """A scoring function over fresh state: step -> event."""
-        if self._split:
-            state = self.stack.new_state()
-            return lambda step: state.apply(self.stack.forward(step)).event
-        self._reset()
-        return lambda step: self.stack.score_step(step, save=False).event
-
-    def _reset(self) -> None:  # pragma: no cover - only before the stack's split
-        from rewardstack.normalize import RunningNormalizer
-
-        initial = copy.deepcopy(self._initial)
-        for name, d in initial.get("normalizers", {}).items():
-            self.stack.normalizers[name] = RunningNormalizer.from_dict(d)
-        for name, scorer in self.stack.scorers.items():
-            scorer.load_state_dict(initial.get(name, {}))
-        self.stack.steps_scored = 0
+        """A scoring function over a new, empty state: step -> event (the stack's two parts)."""
+        state = self.stack.new_state()
+        return lambda step: state.apply(self.stack.forward(step)).event
 
     def score_run(self, run: Run, progress: ProgressFn | None = None) -> RunScores:
         """Every step of `run` in order from fresh state; bad records are skipped and listed."""
