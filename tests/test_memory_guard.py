@@ -111,7 +111,7 @@ def _long_inputs_run(bert: torch.nn.Module, underfit: float = 1.0) -> MemoryMana
     """Heavy-tailed lengths up to 100k tokens: capped, planned and scored under a 600 kB budget."""
     mm = MemoryManager(None)
     cost = mm.calibrate("bert", _profile_run(bert), max_length=1024, max_batch=8)
-    cost.a, cost.b, cost.c, cost.d, cost.e, cost.f, cost.g = (v * underfit for v in cost.coefficients())
+    cost.scale(underfit)
     budget = 600_000  # about 600 tokens of this model: the budget, not the profile, cuts
     mm.set_budget(budget)
     rng = random.Random(0)

@@ -3,6 +3,11 @@
 These are issue-level checks: every scorer runs under a simulated device budget with 100,000-character
 completions, OOMs injected at random forward passes never change a score or lose a completion, and a
 budget smaller than the stack's weights still scores every step.
+
+A good plan is one whose batches never run out of memory: the tracker raises before its peak could
+pass the budget, so "the peak stayed under the budget" is true by construction and proves nothing.
+The checks here assert that no planned batch hit a (non-injected) OOM, and the same check with
+every cost model deliberately under-fitted is a strict expected failure: it shows they can fail.
 """
 
 from __future__ import annotations
@@ -43,17 +48,30 @@ def _same(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-4 * max(1.0, abs(b))
 
 
-def test_long_completions_stay_within_budget_and_fitting_scores_are_unchanged(standins, tmp_path) -> None:  # noqa: ANN001
-    budget = 48 * 1024**2
+def real_ooms(stack: RewardStack) -> list:
+    """OOMs of planned batches (injected ones excluded): a sound plan has none."""
+    return [r for r in stack.memory.oom_log if not r.injected]
+
+
+def underfit(stack: RewardStack, factor: float = 0.3) -> None:
+    """Shrink every fitted cost model: its plans now pack batches that do not fit."""
+    for cost in stack.memory.cost_models.values():
+        cost.scale(factor)
+
+
+BUDGET = 48 * 1024**2
+
+
+def test_long_completions_are_planned_without_oom_and_fitting_scores_are_unchanged(standins, tmp_path) -> None:  # noqa: ANN001
+    budget = BUDGET
     planned = RewardStack(standin_config(standins, tmp_path / "a", memory_budget=budget), load_state=False)
     free = RewardStack(standin_config(standins, tmp_path / "b"), load_state=False)
     assert planned.memory.tracker is not None and planned.memory.budget_bytes == budget
     steps = _steps(1, 2, 6, long_chars=100_000)
-    planned.memory.tracker.reset_peak()
     for step in steps:
         got = planned.score_step(step, save=False)
         want = free.score_step(step, save=False)
-        assert planned.memory.tracker.peak_bytes <= budget
+        assert real_ooms(planned) == [], [(r.model, r.batch, r.length) for r in real_ooms(planned)]
         for name in MODEL_SCORERS:
             for i, (g, w) in enumerate(zip(got.raw[name], want.raw[name])):
                 sg, sw = got.model_statuses[name][i], want.model_statuses[name][i]
@@ -64,7 +82,16 @@ def test_long_completions_stay_within_budget_and_fitting_scores_are_unchanged(st
             # The 100,000-character completion is cut, and that is said, never silent.
             assert got.model_statuses["rlhf_reward_model"][1] == Status.TRUNCATED
             assert got.statuses[1] == Status.TRUNCATED
-    assert planned.memory.oom_log == [] or all(r.action != "gave_up" for r in planned.memory.oom_log)
+    assert planned.memory.ooms_total == 0
+
+
+@pytest.mark.xfail(strict=True, reason="cost models under-fitted on purpose: planned batches must OOM")
+def test_underfitted_cost_models_make_planned_batches_oom(standins, tmp_path) -> None:  # noqa: ANN001
+    planned = RewardStack(standin_config(standins, tmp_path / "a", memory_budget=BUDGET), load_state=False)
+    underfit(planned)
+    for step in _steps(1, 2, 6, long_chars=100_000):
+        planned.score_step(step, save=False)
+    assert real_ooms(planned) == []
 
 
 def test_injected_ooms_never_change_a_score(standins, tmp_path) -> None:  # noqa: ANN001
@@ -97,6 +124,7 @@ def test_budget_below_weights_still_scores_every_step(standins, tmp_path, caplog
             res = stack.score_step(step, save=False)
             assert all(s in (Status.OK, Status.TRUNCATED) for s in res.statuses)
             assert all(math.isfinite(r) for r in res.rewards)
+    assert real_ooms(stack) == []  # every planned batch fitted, swapped models included
     summary = stack.memory.summary()["placement"]
     wheres = {d["where"] for d in summary["models"].values()}
     assert wheres - {"resident"}, "with half the weights' bytes, some model must move"

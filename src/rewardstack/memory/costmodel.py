@@ -36,7 +36,7 @@ import torch
 
 log = logging.getLogger("rewardstack.memory")
 
-TERMS = ("a", "b", "c", "d", "e", "f", "g")
+TERMS = ("a", "b", "c", "d", "e", "f", "g", "h")
 
 
 def _features(batch: float, length: float, chunk: int | None = None, chunk_rows: bool = False) -> list[float]:
@@ -46,7 +46,9 @@ def _features(batch: float, length: float, chunk: int | None = None, chunk_rows:
         chunked = 0.0
     else:
         chunked = min(bl, chunk) if chunk_rows else batch * min(length, chunk)
-    return [1.0, bl, bl * length, float(batch), float(length), float(length) * length, float(chunked)]
+    # DPO's penalty temporaries: each chunk row against the columns its sequence has seen (<= L).
+    penalty = float(chunked) * length if (chunk and chunk_rows) else 0.0
+    return [1.0, bl, bl * length, float(batch), float(length), float(length) * length, float(chunked), penalty]
 
 
 @dataclass
@@ -62,6 +64,7 @@ class CostModel:
     e: float = 0.0
     f: float = 0.0
     g: float = 0.0
+    h: float = 0.0  # chunk_rows only: h*min(B*L, chunk)*L, the penalty's rows x columns seen
     chunk: int | None = None
     chunk_rows: bool = False  # the chunk spans the batch's rows: g*min(B*L, chunk)
     clean: int = 0  # batches run without an OOM since trust was last lowered
@@ -83,7 +86,12 @@ class CostModel:
 
     def coefficients(self) -> list[float]:
         """The coefficients in the order of `TERMS`."""
-        return [self.a, self.b, self.c, self.d, self.e, self.f, self.g]
+        return [self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h]
+
+    def scale(self, factor: float) -> "CostModel":
+        """Multiply every coefficient (tests under-fit a model on purpose with this)."""
+        self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (v * factor for v in self.coefficients())
+        return self
 
     def predict(self, batch: int, length: int) -> float:
         """Predicted peak bytes of one forward pass over a (batch, length) padded rectangle."""
@@ -104,7 +112,7 @@ class CostModel:
         usable = _identifiable_terms(samples, self.chunk, self.chunk_rows)
         coef = np.zeros(len(TERMS))
         coef[usable] = _nnls_relative(x[:, usable], y)
-        self.a, self.b, self.c, self.d, self.e, self.f, self.g = (float(v) for v in coef)
+        self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (float(v) for v in coef)
         self.samples = [tuple(int(v) for v in s) for s in samples]  # type: ignore[misc]
         return self
 
@@ -137,7 +145,7 @@ class CostModel:
     def describe(self) -> str:
         """One line for logs."""
         extra = "".join(
-            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"min(B*L,{self.chunk})" if self.chunk_rows else f"B*min(L,{self.chunk})")) if v
+            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"min(B*L,{self.chunk})" if self.chunk_rows else f"B*min(L,{self.chunk})"), (self.h, f"min(B*L,{self.chunk})*L")) if v
         )
         shapes = sorted({(b, l) for b, l, _ in self.samples})
         return (
@@ -150,7 +158,7 @@ class CostModel:
         """JSON-able form (for logs and telemetry)."""
         return {
             "a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e, "f": self.f,
-            "g": self.g, "chunk": self.chunk, "chunk_rows": self.chunk_rows,
+            "g": self.g, "h": self.h, "chunk": self.chunk, "chunk_rows": self.chunk_rows,
             "trust": self.trust, "samples": self.samples,
         }
 
@@ -159,7 +167,7 @@ class CostModel:
         """The inverse of `to_dict` (the calibration cache stores fits this way); trust starts at 1."""
         return cls(
             a=float(d["a"]), b=float(d["b"]), c=float(d["c"]), d=float(d.get("d", 0.0)), e=float(d.get("e", 0.0)),
-            f=float(d.get("f", 0.0)), g=float(d.get("g", 0.0)), chunk=d.get("chunk"),
+            f=float(d.get("f", 0.0)), g=float(d.get("g", 0.0)), h=float(d.get("h", 0.0)), chunk=d.get("chunk"),
             chunk_rows=bool(d.get("chunk_rows", False)),
             samples=[(int(b), int(l), int(m)) for b, l, m in d.get("samples", [])],
         )
@@ -185,6 +193,8 @@ def _identifiable_terms(
     sizes = {b * l for b, l, _ in samples} if chunk_rows else lengths
     if chunk and any(v < chunk for v in sizes) and any(v > chunk for v in sizes):
         terms.append(6)  # the chunk term: needs sizes on both sides of the chunk
+        if chunk_rows and len(lengths) >= 2:
+            terms.append(7)  # the penalty's rows x columns
     return terms
 
 
