@@ -46,8 +46,9 @@ def _features(batch: float, length: float, chunk: int | None = None, chunk_rows:
         chunked = 0.0
     else:
         chunked = min(bl, chunk) if chunk_rows else batch * min(length, chunk)
-    # DPO's penalty temporaries: each chunk row against the columns its sequence has seen (<= L).
-    penalty = float(chunked) * length if (chunk and chunk_rows) else 0.0
+    # DPO's penalty temporaries: each chunk row against the columns its sequence has seen, past
+    # the first chunk (below it the rows x columns square is c's B*L^2, with the attention mask).
+    penalty = float(chunked) * max(0.0, length - chunk) if (chunk and chunk_rows) else 0.0
     return [1.0, bl, bl * length, float(batch), float(length), float(length) * length, float(chunked), penalty]
 
 
@@ -64,7 +65,7 @@ class CostModel:
     e: float = 0.0
     f: float = 0.0
     g: float = 0.0
-    h: float = 0.0  # chunk_rows only: h*min(B*L, chunk)*L, the penalty's rows x columns seen
+    h: float = 0.0  # chunk_rows only: h*min(B*L, chunk)*max(0, L-chunk), the penalty's rows x columns
     chunk: int | None = None
     chunk_rows: bool = False  # the chunk spans the batch's rows: g*min(B*L, chunk)
     clean: int = 0  # batches run without an OOM since trust was last lowered
@@ -145,7 +146,7 @@ class CostModel:
     def describe(self) -> str:
         """One line for logs."""
         extra = "".join(
-            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"min(B*L,{self.chunk})" if self.chunk_rows else f"B*min(L,{self.chunk})"), (self.h, f"min(B*L,{self.chunk})*L")) if v
+            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"min(B*L,{self.chunk})" if self.chunk_rows else f"B*min(L,{self.chunk})"), (self.h, f"min(B*L,{self.chunk})*(L-{self.chunk})+")) if v
         )
         shapes = sorted({(b, l) for b, l, _ in self.samples})
         return (
