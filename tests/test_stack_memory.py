@@ -119,10 +119,11 @@ def test_injected_ooms_never_change_a_score(standins, tmp_path) -> None:  # noqa
             for i, (g, w) in enumerate(zip(got.raw[name], want.raw[name])):
                 status = got.model_statuses[name][i]
                 assert _same(g, w) or status in (Status.OOM,), (name, i, g, w, status)
+        # A step's own statistics include its values too: it diverges from its first 'oom' on.
+        diverged = diverged or any(Status.OOM in sts for sts in got.model_statuses.values())
         if not diverged:
             for i, (g, w) in enumerate(zip(got.rewards, want.rewards)):
-                assert _same(g, w) or got.statuses[i] == Status.OOM
-        diverged = diverged or Status.OOM in got.statuses
+                assert _same(g, w), (i, g, w)
     injected = faulty.memory.injector.injected
     assert injected >= 5, "the injector should have fired several times"
     assert sum(r.injected for r in faulty.memory.oom_log) == injected
