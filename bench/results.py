@@ -18,6 +18,13 @@ def _plt() -> Any:
     return plt
 
 
+def _save(fig: Any, path: Path) -> None:
+    """Lay out, write the PNG, and free the figure (every plot of the page ends the same way)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
 def plot_length(rows: list[Any], path: Path) -> None:
     """Peak MiB against completion characters (log-log), ours against the reference, per model."""
     plt = _plt()
@@ -54,9 +61,7 @@ def plot_length(rows: list[Any], path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     if any_sim:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_uptime(up: dict[str, Any], path: Path) -> None:
@@ -71,9 +76,7 @@ def plot_uptime(up: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("step"), ax.set_ylabel("memory (MiB)")
     ax.set_title("Memory at rest after each step")
     ax.grid(True, alpha=0.3), ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_scaling(points: list[tuple[int, float]], path: Path) -> None:
@@ -87,9 +90,7 @@ def plot_scaling(points: list[tuple[int, float]], path: Path) -> None:
     ax.set_xlabel("completions per step"), ax.set_ylabel("step time (s)")
     ax.set_title("Step time against completions per step")
     ax.grid(True, alpha=0.3), ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def machine() -> str:
