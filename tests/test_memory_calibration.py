@@ -46,7 +46,7 @@ def deep_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def deep(deep_folder: Path) -> ReciprocateScorer:
     """The Reciprocate scorer on the deep stand-in, profiled up to its 384-token bound."""
-    cfg = ModelConfig(name="reciprocate_reward_model", path=str(folder), weight=1.0, max_length=MAX_LEN, batch_size=4)
+    cfg = ModelConfig(name="reciprocate_reward_model", path=str(deep_folder), weight=1.0, max_length=MAX_LEN, batch_size=4)
     return ReciprocateScorer(cfg, make_runtime())
 
 
