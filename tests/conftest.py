@@ -33,7 +33,11 @@ def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 def standin_config(root, state_dir, **top):  # noqa: ANN001, ANN003, ANN201
-    """A StackConfig over the stand-ins with every model on (all five reward models weighted)."""
+    """A StackConfig over the stand-ins with every model on (all five reward models weighted).
+
+    Its source is the stand-ins' stack.toml, so every stack built from it shares one calibration
+    cache (stack.calibration.json): the session profiles each model once, as a restart would.
+    """
     import tomllib
 
     data = tomllib.loads((root / "stack.toml").read_text())
@@ -43,4 +47,4 @@ def standin_config(root, state_dir, **top):  # noqa: ANN001, ANN003, ANN201
                "dahoas_reward_model": 0.2, "prompt_reward_model": 0.2}
     for name, w in weights.items():
         data["models"][name]["weight"] = w
-    return config_mod.from_dict(data, base=root)
+    return config_mod.from_dict(data, base=root, source=root / "stack.toml")

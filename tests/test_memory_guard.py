@@ -176,14 +176,17 @@ def test_injected_ooms_with_a_real_model(bert: torch.nn.Module) -> None:
     assert mm.injector.injected > 0
 
 
-def test_oom_log_is_a_ring_buffer_with_totals() -> None:
-    from rewardstack.memory.manager import OOM_LOG_SIZE
+def test_oom_log_is_a_ring_buffer_with_totals(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rewardstack.memory import manager
 
+    # A short ring: each OOM's recovery collects garbage, which takes ~0.4 s in a process holding
+    # this suite's models, so 256 records would cost minutes.
+    monkeypatch.setattr(manager, "OOM_LOG_SIZE", 8)
     mm = MemoryManager(None, injector=FaultInjector(1.0, seed=0))  # every pass runs out of memory
-    for _ in range(OOM_LOG_SIZE // 2):  # three records a run: one split, two gave_up
+    for _ in range(4):  # three records a run: one split, two gave_up
         out = mm.run("m", [3, 3], lambda idx: [1.0] * len(idx))
         assert [o.status for o in out] == ["oom", "oom"]
-    assert len(mm.oom_log) == OOM_LOG_SIZE < mm.ooms_total == mm.ooms_injected
+    assert len(mm.oom_log) == 8 < mm.ooms_total == mm.ooms_injected == 12
     assert mm.summary()["ooms"] == mm.ooms_total
 
 

@@ -4,7 +4,7 @@ No weights are downloaded and no GPU is needed: every model is built on the meta
 architecture (hub ids map to the JSON files shipped in `configs/archs/`, local folders use their
 config.json), its weights are counted, and its scorer's forward pass is simulated at full size
 (`memory.simulate`). The budget and the placement are decided by the same code the stack runs
-(`memory.budget.compute_budget`, `memory.placement.Placement`, the manager's activation share), so
+(`memory.budget.split_card`, `memory.placement.Placement`), so
 the plan is what the stack would do on that card.
 
 Per model: weights, the activation cost model fitted to simulated peaks (at full size), where it is
@@ -32,9 +32,8 @@ import torch
 from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError
 from rewardstack.memory import simulate as S
-from rewardstack.memory.budget import compute_budget
+from rewardstack.memory.budget import split_card
 from rewardstack.memory.costmodel import CostModel
-from rewardstack.memory.manager import ACTIVATION_SHARE
 from rewardstack.memory.placement import Placement
 
 VERDICTS = ("fits", "fits with swapping", "cannot fit")
@@ -143,17 +142,9 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
                                 stand_in=arch.stand_in)
     weights = sum(p.weights_bytes for p in plans.values())
 
-    # The budget, as MemoryManager.setup decides it on a card of this size.
-    def total(_d: torch.device) -> int:
-        return device_memory
-
+    # The budget, as MemoryManager.setup decides it on a card of this size (the same split_card).
     usable = int(device_memory * cfg.gpu_utilization) - cfg.headroom_bytes
-    if weights <= usable * (1 - ACTIVATION_SHARE):
-        weights_budget: int | None = None
-        activation = compute_budget(cfg, "cuda", weights, total_memory=total).activation_bytes or 0
-    else:
-        weights_budget = max(0, int(usable * (1 - ACTIVATION_SHARE)))
-        activation = cfg.memory_budget if cfg.memory_budget is not None else usable - weights_budget
+    weights_budget, activation = split_card(usable, weights, cfg.memory_budget)
 
     # Placement, by the stack's own rules (scorer names; masks may run on the host).
     placement = Placement("cuda", weights_budget, move=False)

@@ -37,12 +37,11 @@ from typing import Any
 
 import ray
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from ray import serve
 
 from rewardstack.config import StackConfig
 from rewardstack.distributed.cluster import RAY_NAMESPACE
-from rewardstack.errors import InputError, RewardStackError
 from rewardstack.settings import ServiceSettings
 from rewardstack.stack import RECENT_RESULTS, ForwardResult, RewardState, Step
 
@@ -226,14 +225,6 @@ class ScoringReplica:
         return build_http_app(self)
 
 
-def _bearer(request: Request) -> str | None:
-    value = request.headers.get("authorization")
-    if not value:
-        return None
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
 def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     from rewardstack.service.app import ERROR_SCHEMA
 
@@ -244,7 +235,8 @@ def build_http_app(replica: ScoringReplica) -> Any:
     """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
     from rewardstack.service.app import SCORE_SCHEMA, BodyLimit, _client_deadline, check_limits
     from rewardstack.service.errors import ServiceError
-    from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
+    from rewardstack.service.guard import authorizer, install_error_handlers, namespace_for
+    from rewardstack.service.namespaces import valid_name
 
     settings = replica.settings
     access = replica.access
@@ -253,40 +245,8 @@ def build_http_app(replica: ScoringReplica) -> Any:
                               "See docs/RAY.md.")
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(InputError)
-    async def input_error(request: Request, exc: InputError) -> JSONResponse:
-        return await service_error(request, ServiceError(422, "invalid_step", str(exc), field=exc.field))
-
-    @app.exception_handler(RewardStackError)
-    async def library_error(request: Request, exc: RewardStackError) -> JSONResponse:
-        return await service_error(request, ServiceError(500, "internal", str(exc)))
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return await service_error(request, ServiceError(500, "internal", f"internal error ({type(exc).__name__})"))
-
-    def authorize(request: Request) -> str | None:
-        if not access.required:
-            return None
-        scope = access.namespace_of(_bearer(request))
-        if scope is None:
-            raise ServiceError(401, "unauthorized", "a valid bearer token is required (Authorization: Bearer ...)",
-                               field="authorization", headers={"WWW-Authenticate": "Bearer"})
-        return scope
-
-    def namespace_for(requested: Any, scope: str | None) -> str:
-        if requested is None:
-            requested = scope if scope not in (None, ALL_NAMESPACES) else DEFAULT_NAMESPACE
-        if not valid_name(requested):
-            raise ServiceError(422, "invalid_step", f"field 'namespace': must match {NAME_RE.pattern}", field="namespace")
-        if scope not in (None, ALL_NAMESPACES) and requested != scope:
-            raise ServiceError(403, "forbidden", f"this token may only use namespace '{scope}'", field="namespace")
-        return requested
+    install_error_handlers(app)  # the service's error chokepoint and access checks (service/guard.py)
+    authorize = authorizer(access)
 
     root = Path(replica.state_dir) / "namespaces"
 

@@ -99,6 +99,27 @@ def cuda_total_memory(device: torch.device) -> int:  # pragma: no cover - CUDA-o
     return int(total)
 
 
+# On a card, when the weights do not all fit, the share of the usable memory kept for activations.
+ACTIVATION_SHARE = 0.2
+
+
+def split_card(usable: int, weights: int, memory_budget: int | None) -> tuple[int | None, int]:
+    """(weights budget, activation bytes) for a card with `usable` bytes and `weights` to hold.
+
+    The one rule `MemoryManager.setup` and `rewardstack plan` share: when the weights fit in
+    usable x (1 - ACTIVATION_SHARE), all are resident (weights budget None) and activations get
+    the rest; otherwise weights get that share, placed by `Placement`, and activations the other
+    ACTIVATION_SHARE. `memory_budget` (the config's) overrides the activation bytes either way.
+    """
+    if weights <= usable * (1 - ACTIVATION_SHARE):
+        weights_budget: int | None = None
+        rest = max(0, usable - weights)
+    else:
+        weights_budget = max(0, int(usable * (1 - ACTIVATION_SHARE)))
+        rest = max(0, usable - weights_budget)
+    return weights_budget, int(memory_budget) if memory_budget is not None else rest
+
+
 def compute_budget(
     cfg: StackConfig,
     device: torch.device | str,

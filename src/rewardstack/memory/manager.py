@@ -32,9 +32,11 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from rewardstack.memory.budget import (
+    ACTIVATION_SHARE,
     Budget,
     DeviceSnapshot,
     compute_budget,
+    split_card,
     cuda_allocated,
     cuda_snapshot,
     cuda_total_memory,
@@ -49,8 +51,6 @@ from rewardstack.memory.tracker import TensorBytesTracker
 
 log = logging.getLogger("rewardstack.memory")
 
-# On CUDA, when the weights do not fit, the share of the usable memory kept for activations.
-ACTIVATION_SHARE = 0.2
 # OOM records kept in memory (a ring buffer); totals are counted without limit.
 OOM_LOG_SIZE = 256
 
@@ -221,12 +221,7 @@ class MemoryManager:
                 free_at_start = self.startup.free + self.startup.reserved
                 usable = min(usable, free_at_start - cfg.headroom_bytes) - self.measure_non_torch()
                 self._cap_allocator(cfg, card)
-            if weights <= usable * (1 - ACTIVATION_SHARE):
-                weights_budget: int | None = None
-                act = cfg.memory_budget if cfg.memory_budget is not None else max(0, usable - weights)
-            else:
-                weights_budget = max(0, int(usable * (1 - ACTIVATION_SHARE)))
-                act = cfg.memory_budget if cfg.memory_budget is not None else max(0, usable - weights_budget)
+            weights_budget, act = split_card(usable, weights, cfg.memory_budget)
             budget = Budget(str(self.device), int(act), "config" if cfg.memory_budget is not None else "device",
                             card, cfg.gpu_utilization, weights, cfg.headroom_bytes, free_at_start, self.non_torch_bytes)
         else:
@@ -346,6 +341,9 @@ class MemoryManager:
             self.cost_models.setdefault(name, CostModel())
             self._pending.append((name, work))
             return self.cost_models[name]
+        owner = name.split("[", 1)[0]
+        if self.placement is not None and owner in self.placement.names():
+            self.placement.ensure(owner)  # a profile after start-up (DPO's smaller chunk) runs where scoring does
         return work()
 
     def _calibration_key(self, name: str, args: dict[str, Any]) -> str | None:

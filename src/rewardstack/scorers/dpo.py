@@ -24,6 +24,7 @@ accumulates in float32 and is rounded to that dtype, so a long, repetitive compl
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
+from rewardstack.memory.costmodel import CostModel
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.prefix import (
@@ -47,6 +49,8 @@ from rewardstack.scorers.prefix import (
 
 LOW = -11.0  # exp(-11) is below 1/vocab: the spec's "worst" score
 PENALTY = 1.2  # the CTRL paper's repetition penalty, as in the reference
+
+log = logging.getLogger(__name__)
 
 
 def sane_max_length(tokenizer: Any, config: Any, override: int | None) -> int:
@@ -247,8 +251,9 @@ class DpoScorer(Scorer):
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        calib_len = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib_len, max_batch=4, chunk=self.chunk, chunk_rows=True,
+        self.calib_len = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
+        self.chunk_costs: dict[int, CostModel] = {}  # logits chunk -> cost model measured at that chunk
+        runtime.memory.calibrate(self.name, self._dummy, max_length=self.calib_len, max_batch=4, chunk=self.chunk, chunk_rows=True,
                                  tune=(lambda: {"chunk": self._tune_chunk()}) if tune else None, apply=self._use_chunk)
 
     def _use_chunk(self, settings: dict) -> None:
@@ -302,15 +307,41 @@ class DpoScorer(Scorer):
 
         The chunk only trades speed for memory (every chunk gives the same numbers), so under a
         tight budget it halves first, down to 16 rows; only then are inputs cut. Returns the
-        length cap that remains. The cost model's chunk term follows the chunk in use.
+        length cap that remains. A chunk is only used with a cost model measured at that chunk:
+        the fit at the tuned chunk, extrapolated, predicted too little at 5,000+ tokens (its
+        planned batches ran out of memory), so each smaller chunk is profiled the first time it
+        would be chosen (and cached with the calibration). The extrapolation still decides which
+        chunks to skip: when it says a chunk cannot hold the input, the next one is tried.
         """
-        memory, cost = self.runtime.memory, self.runtime.memory.cost_model(self.name)
-        self.chunk = cost.chunk = self.tuned_chunk
+        memory = self.runtime.memory
+        self._use_chunk_cost(self.tuned_chunk)
         cap = min(self.max_len, memory.length_cap(self.name, self.max_len))
-        while cap < longest and self.chunk > 16:
-            self.chunk = cost.chunk = self.chunk // 2
+        chunk = self.tuned_chunk
+        while cap < longest and chunk > 16:
+            chunk //= 2
+            # The tuned fit with this chunk's terms: a cheap first guess.
+            memory.cost_models[self.name] = CostModel.from_dict({**self.chunk_costs[self.tuned_chunk].to_dict(), "chunk": chunk})
+            rough = min(self.max_len, memory.length_cap(self.name, self.max_len))
+            if rough < longest and chunk > 16:
+                continue  # even the guess says no: try the next chunk without profiling this one
+            self._use_chunk_cost(chunk)
             cap = min(self.max_len, memory.length_cap(self.name, self.max_len))
+        self._use_chunk_cost(chunk)
         return cap
+
+    def _use_chunk_cost(self, chunk: int) -> None:
+        """Run with `chunk` rows and the cost model measured at it (profiling it the first time)."""
+        memory = self.runtime.memory
+        if self.tuned_chunk not in self.chunk_costs:  # the calibration's fit, however it was made
+            self.chunk_costs[self.tuned_chunk] = memory.cost_model(self.name)
+        if chunk not in self.chunk_costs:
+            self.chunk = chunk
+            log.info("%s: profiling the %d-row logits chunk the budget needs", self.name, chunk)
+            self.chunk_costs[chunk] = memory.calibrate(
+                f"{self.name}[chunk={chunk}]", self._dummy, max_length=self.calib_len, max_batch=4,
+                chunk=chunk, chunk_rows=True)
+        self.chunk = chunk
+        memory.cost_models[self.name] = self.chunk_costs[chunk]
 
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens, all but the first row scored."""

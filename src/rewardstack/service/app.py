@@ -22,13 +22,12 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
-from rewardstack.errors import InputError, RewardStackError
 from rewardstack.service.errors import ServiceError
-from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, Access, valid_name
+from rewardstack.service.guard import authorizer, install_error_handlers, namespace_for
+from rewardstack.service.namespaces import DEFAULT_NAMESPACE, NAME_RE, Access
 from rewardstack.service.worker import Job, Worker
 from rewardstack.settings import ServiceSettings
 from rewardstack.stack import Step
@@ -151,14 +150,6 @@ def metrics_registry() -> Any:
     return registry()
 
 
-def _bearer(request: Request) -> str | None:
-    value = request.headers.get("authorization")
-    if not value:
-        return None
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
 def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None) -> FastAPI:
     """The FastAPI app; its lifespan starts the worker (models load in the worker's thread)."""
     worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
@@ -177,50 +168,8 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
     app.state.worker = worker
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    # -- the one error chokepoint ----------------------------------------------------------
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(InputError)
-    async def input_error(request: Request, exc: InputError) -> JSONResponse:
-        return await service_error(request, ServiceError(422, "invalid_step", str(exc), field=exc.field))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        where = ".".join(str(x) for x in errs[0].get("loc", ())[1:]) if errs else None
-        return await service_error(request, ServiceError(422, "invalid_request", errs[0]["msg"] if errs else "invalid",
-                                                         field=where or None))
-
-    @app.exception_handler(RewardStackError)
-    async def library_error(request: Request, exc: RewardStackError) -> JSONResponse:
-        return await service_error(request, ServiceError(500, "internal", str(exc)))
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return await service_error(request, ServiceError(500, "internal", f"internal error ({type(exc).__name__})"))
-
-    # -- access ----------------------------------------------------------------------------
-    def authorize(request: Request) -> str | None:
-        """The namespace the caller's token is bound to (ALL_NAMESPACES: any; None: no tokens)."""
-        if not access.required:
-            return None
-        scope = access.namespace_of(_bearer(request))
-        if scope is None:
-            raise ServiceError(401, "unauthorized", "a valid bearer token is required (Authorization: Bearer ...)",
-                               field="authorization", headers={"WWW-Authenticate": "Bearer"})
-        return scope
-
-    def namespace_for(requested: Any, scope: str | None) -> str:
-        if requested is None:
-            requested = scope if scope not in (None, ALL_NAMESPACES) else DEFAULT_NAMESPACE
-        if not valid_name(requested):
-            raise ServiceError(422, "invalid_step", f"field 'namespace': must match {NAME_RE.pattern}", field="namespace")
-        if scope not in (None, ALL_NAMESPACES) and requested != scope:
-            raise ServiceError(403, "forbidden", f"this token may only use namespace '{scope}'", field="namespace")
-        return requested
+    install_error_handlers(app)  # the one error chokepoint (service/guard.py)
+    authorize = authorizer(access)
 
     # -- routes ----------------------------------------------------------------------------
     @app.post("/v1/score", summary="Score one step",

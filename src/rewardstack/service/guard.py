@@ -1,0 +1,86 @@
+"""What every rewardstack HTTP app puts in front of its routes: the one error chokepoint, bearer
+access and the namespace a request may use.
+
+`rewardstack serve` (service/app.py) and the Ray Serve replicas (distributed/serve.py) answer the
+same contract; both install these, so a refusal reads the same from either.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from rewardstack.errors import InputError, RewardStackError
+from rewardstack.service.errors import ServiceError
+from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, Access, valid_name
+
+log = logging.getLogger(__name__)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Turn every error a route raises into `{"error": {"message", "type", "field"}}` with its status."""
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(InputError)
+    async def input_error(request: Request, exc: InputError) -> JSONResponse:
+        return await service_error(request, ServiceError(422, "invalid_step", str(exc), field=exc.field))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        where = ".".join(str(x) for x in errs[0].get("loc", ())[1:]) if errs else None
+        return await service_error(request, ServiceError(422, "invalid_request", errs[0]["msg"] if errs else "invalid",
+                                                         field=where or None))
+
+    @app.exception_handler(RewardStackError)
+    async def library_error(request: Request, exc: RewardStackError) -> JSONResponse:
+        return await service_error(request, ServiceError(500, "internal", str(exc)))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return await service_error(request, ServiceError(500, "internal", f"internal error ({type(exc).__name__})"))
+
+
+def bearer(request: Request) -> str | None:
+    """The token of an `Authorization: Bearer ...` header, if there is one."""
+    value = request.headers.get("authorization")
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def authorizer(access: Access) -> Callable[[Request], str | None]:
+    """A FastAPI dependency: the namespace the caller's token is bound to (ALL_NAMESPACES: any;
+    None: no tokens are configured), or 401."""
+
+    def authorize(request: Request) -> str | None:
+        if not access.required:
+            return None
+        scope = access.namespace_of(bearer(request))
+        if scope is None:
+            raise ServiceError(401, "unauthorized", "a valid bearer token is required (Authorization: Bearer ...)",
+                               field="authorization", headers={"WWW-Authenticate": "Bearer"})
+        return scope
+
+    return authorize
+
+
+def namespace_for(requested: Any, scope: str | None) -> str:
+    """The namespace a request asked for (its token's, or `default`, when it names none); 422 for a
+    malformed name, 403 for one its token is not bound to."""
+    if requested is None:
+        requested = scope if scope not in (None, ALL_NAMESPACES) else DEFAULT_NAMESPACE
+    if not valid_name(requested):
+        raise ServiceError(422, "invalid_step", f"field 'namespace': must match {NAME_RE.pattern}", field="namespace")
+    if scope not in (None, ALL_NAMESPACES) and requested != scope:
+        raise ServiceError(403, "forbidden", f"this token may only use namespace '{scope}'", field="namespace")
+    return requested
