@@ -131,18 +131,20 @@ def test_peak_memory_bounded_by_chunk(dpo_folder: tuple[Path, dict]) -> None:
 def test_budget_length_cap_and_oom_statuses(dpo_folder: tuple[Path, dict]) -> None:
     folder, entry = dpo_folder
     rt = make_runtime(budget=40 * 2**20)
-    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 128}), rt)
+    # A 4,096-token bound keeps the profile short; the 40,000-character input is past it.
+    sc = dpo.build(model_config("dpo_reward_model", folder, entry, max_length=4096, options={"logits_chunk": 128}), rt)
     rng = random.Random(2)
     res = sc.score(ScoreRequest("Q: ", [text(rng, 40_000), text(rng, 100)]))
-    assert res.statuses[1] == Status.OK
-    assert res.statuses[0] in (Status.TRUNCATED, Status.OK, Status.OOM)
-    assert all(math.isfinite(s) or st == Status.OOM for s, st in zip(res.scores, res.statuses))
+    assert res.statuses == [Status.TRUNCATED, Status.OK]
+    assert all(math.isfinite(s) for s in res.scores)
+    assert [(r.batch, r.length) for r in rt.memory.oom_log] == []  # planned passes held
 
 
 def test_budget_below_the_prompt_is_oom_not_minus_eleven(dpo_folder: tuple[Path, dict]) -> None:
     folder, entry = dpo_folder
     rt = make_runtime(budget=4 * 2**20)
-    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 16, "tune_logits_chunk": False}), rt)
+    sc = dpo.build(model_config("dpo_reward_model", folder, entry, max_length=4096,
+                                options={"logits_chunk": 16, "tune_logits_chunk": False}), rt)
     cap = rt.memory.length_cap("dpo_reward_model", sc.max_len)
     assert cap < sc.max_len // 4  # the budget, not the spec's max length, is what binds
     prompt = text(random.Random(8), 8 * cap)  # more prompt tokens than the budget holds, < max_len
