@@ -10,7 +10,7 @@ import torch
 from rewardstack.cli import main
 from rewardstack.memory import FaultInjector, MemoryManager
 from rewardstack.memory.guard import InjectedOOM
-from rewardstack.replay.soak import LONG_CHARS, compare, soak_steps
+from rewardstack.replay.soak import LONG_CHARS, compare, memory_slope, soak_steps
 
 from test_replay_run import _oa_config
 
@@ -110,3 +110,18 @@ def test_short_soak_with_a_kill(standins: Path, tmp_path: Path, capsys) -> None:
     assert o["reported"] >= min(1, o["gave_up"])
     assert v["input_errors"] == 0 and v["memory"]["slope_bytes_per_step"] <= 1024
     assert "soak verdict: PASS" in out
+
+
+def test_memory_slope_sees_a_leak_within_each_process(tmp_path: Path) -> None:
+    """Tensor bytes at rest growing 2 KiB a step in each of two processes (a restart resets the
+    level) is a 2 KiB/step slope; a flat run is 0; RSS is pooled the same way."""
+    def write(leak: int) -> Path:
+        path = tmp_path / f"rest-{leak}.jsonl"
+        rows = [{"pid": 1 if s <= 50 else 2, "steps": s, "rest_bytes": 4096 + leak * (s if s <= 50 else s - 50),
+                 "rss_bytes": 2**30 + 3 * leak * s, "history_rows": 0} for s in range(1, 101)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    leaking, flat = memory_slope(write(2048), 100), memory_slope(write(0), 100)
+    assert abs(leaking["slope_bytes_per_step"] - 2048) < 1 and flat["slope_bytes_per_step"] == 0
+    assert abs(leaking["rss_slope_bytes_per_step"] - 3 * 2048) < 1 and flat["rss_slope_bytes_per_step"] == 0

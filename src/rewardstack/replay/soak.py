@@ -135,7 +135,7 @@ def worker(args: argparse.Namespace) -> int:
             # Committed with the event: OOM counts are exact per committed step, kills or not.
             result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in reversed(new)]
             rest.write(json.dumps({"pid": os.getpid(), "steps": stack.steps_scored, "rest_bytes": _rest_bytes(stack),
-                                   "history_rows": _history_rows(stack)}) + "\n")
+                                   "rss_bytes": _rss_bytes(), "history_rows": _history_rows(stack)}) + "\n")
             rest.flush()
 
         report = score_file(stack, args.input, args.output, on_result=on_result, progress=False,
@@ -300,6 +300,34 @@ def compare(expected_hashes: list[str], faulted: list[dict[str, Any]], clean: li
     }
 
 
+def _rss_bytes() -> int | None:
+    """The process's resident set (Linux), beside the tensor bytes: a leak of Python objects (a
+    list that keeps every step) shows here and nowhere in the tracker. Includes the allocator's
+    caches, so it is reported, not judged."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _slope(points: list[dict[str, Any]], key: str) -> float | None:
+    """Least-squares slope of `key` against steps, pooled within each process (None: no data)."""
+    by_pid: dict[int, list[tuple[float, float]]] = {}
+    for r in points:
+        if r.get(key) is not None:
+            by_pid.setdefault(r["pid"], []).append((float(r["steps"]), float(r[key])))
+    if not by_pid:
+        return None
+    sxy = sxx = 0.0
+    for xs in by_pid.values():
+        mx = sum(x for x, _ in xs) / len(xs)
+        my = sum(y for _, y in xs) / len(xs)
+        sxy += sum((x - mx) * (y - my) for x, y in xs)
+        sxx += sum((x - mx) ** 2 for x, _ in xs)
+    return sxy / sxx if sxx > 0 else 0.0
+
+
 def memory_slope(rest_path: Path, n_steps: int) -> dict[str, Any]:
     """Least-squares slope of memory at rest (bytes per step), pooled within each process."""
     from rewardstack.scorers.embedding import HISTORY_MAX
@@ -311,19 +339,13 @@ def memory_slope(rest_path: Path, n_steps: int) -> dict[str, Any]:
     else:
         warm = max(3, n_steps // 5)
         pts, basis = [r for r in recs if r["steps"] > warm], f"after a warm-up of {warm} steps (the history did not fill)"
-    by_pid: dict[int, list[tuple[float, float]]] = {}
-    for r in pts:
-        by_pid.setdefault(r["pid"], []).append((float(r["steps"]), float(r["rest_bytes"])))
-    sxy = sxx = 0.0
-    for xs in by_pid.values():
-        mx = sum(x for x, _ in xs) / len(xs)
-        my = sum(y for _, y in xs) / len(xs)
-        sxy += sum((x - mx) * (y - my) for x, y in xs)
-        sxx += sum((x - mx) ** 2 for x, _ in xs)
-    slope = sxy / sxx if sxx > 0 else 0.0
+    slope = _slope(pts, "rest_bytes") or 0.0
     rest = [r["rest_bytes"] for r in pts]
+    rss = [r["rss_bytes"] for r in pts if r.get("rss_bytes") is not None]
     return {"slope_bytes_per_step": slope, "points": len(pts), "basis": basis,
-            "rest_bytes_min": min(rest) if rest else None, "rest_bytes_max": max(rest) if rest else None}
+            "rest_bytes_min": min(rest) if rest else None, "rest_bytes_max": max(rest) if rest else None,
+            "rss_slope_bytes_per_step": _slope(pts, "rss_bytes"),
+            "rss_bytes_min": min(rss) if rss else None, "rss_bytes_max": max(rss) if rss else None}
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
@@ -419,6 +441,9 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"  kills {v['kills']}, restarts {v['restarts']}, crashes {v['crashes']}",
         f"  memory at rest: slope {m['slope_bytes_per_step']:.2f} bytes/step over {m['points']} points ({m['basis']}); "
         f"range {m['rest_bytes_min']}..{m['rest_bytes_max']} bytes",
+        f"  process RSS (reported, not judged: includes the allocator's caches): "
+        + (f"slope {m['rss_slope_bytes_per_step']:.0f} bytes/step, range {m['rss_bytes_min'] / 2**20:.0f}.."
+           f"{m['rss_bytes_max'] / 2**20:.0f} MiB" if m.get("rss_slope_bytes_per_step") is not None else "not measured"),
         f"  comparison with the clean run: events {c['events']}/{c['expected']}, missing {c['missing']}, duplicated "
         f"{c['duplicates']}, in order {c['in_order']}; values differing {c['mismatched_values']} (beyond {TOL:g}; "
         f"{c['rebatched_values']} more within float32 batching noise after a split, largest {c['rebatched_max_diff']:.2g}); "

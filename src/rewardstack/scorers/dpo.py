@@ -314,6 +314,9 @@ class DpoScorer(Scorer):
         chunks to skip: when it says a chunk cannot hold the input, the next one is tried.
         """
         memory = self.runtime.memory
+        if memory.budget_bytes is None:  # nothing to fit: the tuned chunk, inputs cut at max_len only
+            self.chunk = self.tuned_chunk
+            return self.max_len
         self._use_chunk_cost(self.tuned_chunk)
         cap = min(self.max_len, memory.length_cap(self.name, self.max_len))
         chunk = self.tuned_chunk
