@@ -159,11 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in length_rows:
         ref = fmt_bytes(r.ref_bytes) if r.ref_bytes is not None else "not run"
         say(f"{r.model:<26}{r.chars:>9,}{fmt_bytes(r.ours_bytes):>10}{ref:>12}"
-            f"{fmt_bytes(r.sim_ours_bytes):>22}{fmt_bytes(r.sim_ref_bytes):>21}")
+            f"{fmt_bytes(r.sim_ours_bytes):>22}{fmt_bytes(r.sim_ref_bytes) if r.sim_ref_bytes is not None else 'not simulated':>21}")
+    say("  (full-size ref: rlhf untruncated as the reference ran it; the others at their bound, the same pass as ours;"
+        " DPO's own reference pass, full [L, V] logits, is not simulated)")
     say()
     say(f"memory at rest over {len(up['live'])} steps: tracked live {up['live'][0] / MiB:.1f} -> {up['live'][-1] / MiB:.1f} MiB, "
-        f"slope over the last half {up['live_slope'] / 1024:.2f} KiB/step; RSS {up['rss'][0] / MiB:.0f} -> {up['rss'][-1] / MiB:.0f} MiB "
-        f"(slope {up['rss_slope'] / 1024:.1f} KiB/step); diversity history full at step {up['history_full_at']}")
+        f"RSS {up['rss'][0] / MiB:.0f} -> {up['rss'][-1] / MiB:.0f} MiB; diversity history full at step {up['history_full_at']}; "
+        f"from step {up['slope_from']} on: tracked slope {up['live_slope'] / 1024:.2f} KiB/step, RSS slope {up['rss_slope'] / 1024:.1f} KiB/step")
     per = [t / n for n, t in scaling]
     say("step time against completions per step: " + ", ".join(f"{n}: {t:.2f} s" for n, t in scaling)
         + f"; per completion {per[0] * 1000:.1f} -> {per[-1] * 1000:.1f} ms ({'linear or better' if per[-1] <= per[0] * 1.1 else 'worse than linear'})")

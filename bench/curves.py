@@ -89,6 +89,10 @@ def _simulated(model: str, tokens: int) -> tuple[int | None, int | None]:
 
     bound = simulate.scorer_bound(model)
     ours = simulate.simulate_peak(model, 1, max(2, min(tokens, bound)), padded=False, exact=False).peak_bytes
+    if model == "dpo_reward_model":
+        # The reference's DPO pass (full [L, V] logits, a per-position loop) is not simulated;
+        # `reference_need` would give our chunked pass under the reference's name.
+        return int(ours), None
     ref_tokens = tokens if model == "rlhf_reward_model" else min(tokens, bound)
     ref = simulate.reference_need(model, max(2, ref_tokens)).peak_bytes
     return int(ours), int(ref)
@@ -142,7 +146,8 @@ def short_steps(n: int, completions: int, seed: int = 3) -> list[Step]:
 
 
 def memory_vs_uptime(stack: RewardStack, n_steps: int, completions: int) -> dict[str, Any]:
-    """Live tracked bytes and RSS at rest after each step; slope over the last half, bytes per step."""
+    """Live tracked bytes and RSS at rest after each step; their slopes (bytes per step) once the
+    diversity history is full (else over the last half)."""
     tracker = TensorBytesTracker(None)
     stack.memory.tracker = tracker
     live, rss, hist = [], [], []
@@ -154,9 +159,11 @@ def memory_vs_uptime(stack: RewardStack, n_steps: int, completions: int) -> dict
         h = stack.state.diversity.history
         hist.append(int(h.shape[0]) if isinstance(h, torch.Tensor) else 0)
     full_at = next((k for k in range(1, len(hist)) if hist[k] == hist[k - 1] and hist[k] > 0), None)
-    tail = live[len(live) // 2:]
-    return {"live": live, "rss": rss, "history_rows": hist, "history_full_at": full_at,
-            "live_slope": _slope(tail), "rss_slope": _slope(rss[len(rss) // 2:])}
+    # The slope where memory should be flat: once the diversity history is full (it grows by design
+    # until then), else over the last half.
+    start = full_at if full_at is not None and len(live) - full_at >= 10 else len(live) // 2
+    return {"live": live, "rss": rss, "history_rows": hist, "history_full_at": full_at, "slope_from": start,
+            "live_slope": _slope(live[start:]), "rss_slope": _slope(rss[start:])}
 
 
 def _slope(ys: list[int]) -> float:
