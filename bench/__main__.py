@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         stage("full stack: rewardstack, reference, pipelines, floor")
         # 1. full stack
-        st = fullstack.measure(root, steps, ref_idx, device=args.device)
+        st = fullstack.measure(root, steps, ref_idx, device=args.device, repeats=1 if q else 3)
         stage("DPO on both stand-ins")
         dpo_rows: list[list[str]] = []
         prop = {"n_embd": 128, "n_layer": 2, "n_head": 2} if q else {"n_embd": 512, "n_layer": 8, "n_head": 8}
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
     say(f"workload: {len(steps)} steps x {len(steps[0].completions)} completions, heavy-tailed, one of "
         f"{max(len(c or '') for s in steps for c in s.completions):,} characters; reference on steps {ref_idx}")
+    say(f"ours and the floor: fastest of {1 if q else 3} interleaved runs each; the reference and the pipelines: one run")
     say()
     head = ["model", "ours c/s", "reference c/s", "floor c/s", "ours / floor"]
     table = fullstack.rows(st)
