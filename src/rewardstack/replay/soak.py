@@ -48,6 +48,9 @@ REBATCH_TOL = 1e-5
 """A model's pass split after a recovered OOM runs its inputs in other batch shapes (other padding,
 another float32 summation order): its values there may move by float32 batching noise, up to this
 (relative, floor 1), and are counted apart; anything further is a failure."""
+# Diversity embeds with relevance's second model (one checkpoint, one embedding cache per step): a
+# split of that pass moves diversity's values by the same float32 batching noise.
+SHARED_PASS = {"relevance_filter[1]": "diversity_reward_model"}
 LONG_EVERY = 50
 LONG_CHARS = 50_000  # >= 8,000 tokens with the stand-ins' BERT tokenizer (about 10,000)
 MAX_CRASHES = 3
@@ -255,7 +258,8 @@ def compare(expected_hashes: list[str], faulted: list[dict[str, Any]], clean: li
         c = by_hash.get(f.get("step_hash"))
         if c is None:
             continue
-        split = {r["model"].split("[", 1)[0] for r in f.get("soak_ooms", []) if r["action"] == "split"}
+        raw = [r["model"] for r in f.get("soak_ooms", []) if r["action"] == "split"]
+        split = {m.split("[", 1)[0] for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
         for i, status in enumerate(f["statuses"]):
             if status == "oom":
                 # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
