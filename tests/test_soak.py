@@ -98,6 +98,13 @@ def test_compare_catches_a_duplicate_and_a_lost_value() -> None:
                       soak_ooms=[{"model": model, "action": "split", "injected": True}])
         got = compare(["a", "b"], [clean[0], shared], clean, state, ["rlhf_reward_model"])
         assert (got["mismatched_values"], got["rebatched_values"]) == ((0, 1) if forgiven else (1, 0)), model
+    # ... and in every later step: the noisy embeddings stay in diversity's history.
+    later = [ev("a", 1.0), ev("b", 2.0), ev("c", 3.0)]
+    first = dict(later[0], soak_ooms=[{"model": "relevance_filter[1]", "action": "split", "injected": True}])
+    state3 = {"normalizers": {"rlhf_reward_model": {"count": 3, "mean": 2.0, "var": 2 / 3}}, "stack": {"steps_scored": 3}}
+    got = compare(["a", "b", "c"], [first, later[1], dict(later[2], diversity_reward_model=[0.000002])], later, state3,
+                  ["rlhf_reward_model"])
+    assert (got["mismatched_values"], got["rebatched_values"]) == (0, 1)
 
 
 def test_short_soak_with_a_kill(standins: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001

@@ -254,12 +254,18 @@ def compare(expected_hashes: list[str], faulted: list[dict[str, Any]], clean: li
     oom_included: list[dict[str, Any]] = []
     folded = {m: RunningNormalizer() for m in active_rewards}
     by_hash = {e.get("step_hash"): e for e in clean}
+    history_noise = False
     for pos, f in enumerate(faulted):
         c = by_hash.get(f.get("step_hash"))
         if c is None:
             continue
         raw = [r["model"] for r in f.get("soak_ooms", []) if r["action"] == "split"]
         split = {m.split("[", 1)[0] for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
+        # Diversity compares each completion with the embeddings of earlier steps: noise from one
+        # split stays in its history, so its values may carry it in every later step too.
+        history_noise = history_noise or "diversity_reward_model" in split
+        if history_noise:
+            split.add("diversity_reward_model")
         for i, status in enumerate(f["statuses"]):
             if status == "oom":
                 # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
