@@ -42,6 +42,7 @@ from typing import Any
 
 from rewardstack.config import MASKS, REWARD_MODELS
 from rewardstack.stack import Step
+from rewardstack.telemetry.snapshot import host_memory
 
 TOL = 1e-6
 REBATCH_TOL = 1e-5
@@ -138,7 +139,7 @@ def worker(args: argparse.Namespace) -> int:
             # Committed with the event: OOM counts are exact per committed step, kills or not.
             result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in reversed(new)]
             rest.write(json.dumps({"pid": os.getpid(), "steps": stack.steps_scored, "rest_bytes": _rest_bytes(stack),
-                                   "rss_bytes": _rss_bytes(), "history_rows": _history_rows(stack)}) + "\n")
+                                   "rss_bytes": host_memory()[0], "history_rows": _history_rows(stack)}) + "\n")
             rest.flush()
 
         report = score_file(stack, args.input, args.output, on_result=on_result, progress=False,
@@ -308,17 +309,6 @@ def compare(expected_hashes: list[str], faulted: list[dict[str, Any]], clean: li
         "normalizers_equal": norm_equal, "max_normalizer_diff": norm_diff,
         "steps_in_state": faulted_state.get("stack", {}).get("steps_scored"),
     }
-
-
-def _rss_bytes() -> int | None:
-    """The process's resident set (Linux), beside the tensor bytes: a leak of Python objects (a
-    list that keeps every step) shows here and nowhere in the tracker. Includes the allocator's
-    caches, so it is reported, not judged."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _slope(points: list[dict[str, Any]], key: str) -> float | None:
