@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -284,7 +284,7 @@ class MemoryManager:
         *,
         max_length: int,
         max_batch: int = 8,
-        shapes: Sequence[tuple[int, int]] | None = None,
+        shapes: Sequence[tuple[int, int]] | Callable[[dict[str, Any]], Sequence[tuple[int, int]]] | None = None,
         chunk: int | None = None,
         chunk_rows: bool = False,
         max_tokens: int | None = None,
@@ -301,15 +301,19 @@ class MemoryManager:
         `chunk_rows`: the chunks run over the rows of the whole batch, not of each sequence.
         `tune()`: settings measured before profiling (e.g. DPO's logits chunk, {"chunk": 128});
         `apply(settings)` hands them, or the cached ones, back to the scorer.
+        `shapes` may be a function of those settings (a tuned pass size decides how wide the
+        profiled batches must reach); its qualified name then stands for it in the cache key.
 
         With a calibration cache and a known model (`model_keys`), a fit saved under the same key
         is reused without profiling. Inside `deferred_calibration()` the work is queued until
         `run_calibrations()`, after placement has put the models where they will run.
         """
-        grid = list(shapes) if shapes is not None else None
-        if grid is None and max_tokens is None:
+        grid_of = shapes if callable(shapes) else None
+        grid = list(shapes) if shapes is not None and grid_of is None else None  # type: ignore[arg-type]
+        if grid is None and grid_of is None and max_tokens is None:
             max_tokens = int(max_length)  # batches up to one longest input's tokens (TEI-like)
-        args = {"max_length": int(max_length), "max_batch": int(max_batch), "shapes": grid, "chunk": chunk,
+        args = {"max_length": int(max_length), "max_batch": int(max_batch),
+                "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": chunk,
                 "chunk_rows": chunk_rows, "max_tokens": max_tokens, "tuned": tune is not None}
 
         def work() -> CostModel:
@@ -322,11 +326,17 @@ class MemoryManager:
                 log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
             else:
                 started = time.perf_counter()
-                settings = tune() if tune is not None else {}
+                settings = {}
+                if tune is not None:  # timing passes, not a scoring pass: the budget does not bound them
+                    with torch.inference_mode(), _no_budget(self.tracker) if self.tracker is not None else nullcontext():
+                        settings = tune()
                 if apply is not None:
                     apply(dict(settings))
                 use_chunk = settings.get("chunk", chunk)
-                shapes_ = grid if grid is not None else profile_shapes(max_length, max_batch, use_chunk, max_tokens)
+                if grid_of is not None:
+                    shapes_ = list(grid_of(settings))
+                else:
+                    shapes_ = grid if grid is not None else profile_shapes(max_length, max_batch, use_chunk, max_tokens)
                 cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows)
                 self.profiled.append(name)
                 self.calibration_seconds += time.perf_counter() - started

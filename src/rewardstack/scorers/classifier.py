@@ -48,6 +48,7 @@ class _Classifier(Scorer):
         assert cfg.path, f"{name}: no path"
         self.name = name
         self.runtime = runtime
+        self.cfg = cfg
         source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
         self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForSequenceClassification, dtype=cfg.dtype, **how)
         self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, cfg.max_length, default_length)
@@ -60,7 +61,13 @@ class _Classifier(Scorer):
 
     def _calibrate(self, head: Any) -> None:
         token = min(1000, self.model.config.vocab_size - 1)
-        enc.calibrate(self.runtime, self.name, self.model, head, self.max_length, token)
+        tuned = "max_batch_tokens" not in self.cfg.options  # a size set in the config is kept
+
+        def set_pass_tokens(n: int) -> None:
+            self.max_tokens = n
+
+        enc.calibrate(self.runtime, self.name, self.model, head, self.max_length, token,
+                      pass_tokens=self.max_tokens, set_pass_tokens=set_pass_tokens if tuned else None)
 
 
 class OpenAssistantScorer(_Classifier):

@@ -253,7 +253,7 @@ class DpoScorer(Scorer):
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         self.calib_len = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
         self.chunk_costs: dict[int, CostModel] = {}  # logits chunk -> cost model measured at that chunk
-        runtime.memory.calibrate(self.name, self._dummy, max_length=self.calib_len, max_batch=4, chunk=self.chunk, chunk_rows=True,
+        runtime.memory.calibrate(self.name, self._dummy, max_length=self.calib_len, max_batch=16, chunk=self.chunk, chunk_rows=True,
                                  tune=(lambda: {"chunk": self._tune_chunk()}) if tune else None, apply=self._use_chunk)
 
     def _use_chunk(self, settings: dict) -> None:
@@ -341,7 +341,7 @@ class DpoScorer(Scorer):
             self.chunk = chunk
             log.info("%s: profiling the %d-row logits chunk the budget needs", self.name, chunk)
             self.chunk_costs[chunk] = memory.calibrate(
-                f"{self.name}[chunk={chunk}]", self._dummy, max_length=self.calib_len, max_batch=4,
+                f"{self.name}[chunk={chunk}]", self._dummy, max_length=self.calib_len, max_batch=16,
                 chunk=chunk, chunk_rows=True)
         self.chunk = chunk
         memory.cost_models[self.name] = self.chunk_costs[chunk]

@@ -64,6 +64,14 @@ class EmbeddingCache:
     def clear(self) -> None:
         self._data.clear()
 
+    def snapshot(self) -> "OrderedDict[tuple, Embedding]":
+        """A copy of the entries, in LRU order (benchmarks repeat a step from the same cache)."""
+        return OrderedDict(self._data)
+
+    def restore(self, entries: "OrderedDict[tuple, Embedding]") -> None:
+        """Put back the entries of a `snapshot`."""
+        self._data = OrderedDict(entries)
+
 
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
@@ -90,7 +98,12 @@ class Embedder:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.cache: EmbeddingCache = runtime.options.setdefault("embedding_cache", EmbeddingCache())
         token = min(1000, self.model.config.vocab_size - 1)
-        enc.calibrate(runtime, name, self.model, _pooled, self.max_length, token)
+
+        def set_pass_tokens(n: int) -> None:
+            self.max_tokens = n
+
+        enc.calibrate(runtime, name, self.model, _pooled, self.max_length, token, pass_tokens=self.max_tokens,
+                      set_pass_tokens=None if "max_batch_tokens" in opts else set_pass_tokens)
 
     @classmethod
     def shared(cls, runtime: Runtime, path: str, cfg: ModelConfig, *, windowed: bool, name: str) -> "Embedder":

@@ -9,6 +9,7 @@ that keeps peak memory flat for very long inputs) allows.
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -22,10 +23,18 @@ POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet
 
 
 def default_pass_tokens(bound: int, device: torch.device) -> int:
-    """Tokens one padded pass may hold, by default. On CPU, passes past one full window gain no
-    throughput, so one window: a 40,000-character input then peaks like one 512-token input. On
-    an accelerator, bigger passes keep it busy; the memory budget bounds them there."""
+    """Tokens one padded pass may hold before tuning (and on accelerators, where it is not tuned):
+    one window on CPU, 16 windows on an accelerator, where bigger passes keep it busy and the
+    memory budget bounds them. On CPU `tune_pass_tokens` then measures the best size at load."""
     return bound if device.type == "cpu" else 16 * bound
+
+
+PASS_FACTORS = (1, 2, 4)
+"""Pass sizes (in windows of the model's bound) that CPU tuning tries."""
+MAX_PASS_ROWS = 64
+"""Most rows one pass takes (profiled shapes reach this for short inputs)."""
+WIDER_GAIN = 1.15
+"""How much faster a wider pass must be to be chosen over a narrower one."""
 
 
 def position_limit(config: Any) -> int | None:
@@ -95,23 +104,89 @@ def calibrate(
     head: Callable[[Any, torch.Tensor], torch.Tensor],
     max_length: int,
     token_id: int,
+    *,
+    pass_tokens: int,
+    set_pass_tokens: Callable[[int], None] | None = None,
 ) -> None:
-    """Fit the cost model of `name` from measured peaks of dummy passes (once per name)."""
+    """Fit the cost model of `name` from measured peaks of dummy passes (once per name).
+
+    `pass_tokens` is the scorer's cap on the tokens of one padded pass. With `set_pass_tokens`
+    (the cap was not set in the config) and on CPU, the cap is tuned first (`tune_pass_tokens`)
+    and handed back, from the calibration cache on a warm start. The profiled shapes reach the
+    cap with batches of short inputs: the planner admits no shape wider than the widest profiled,
+    so a grid of batches up to 4 held every pass of short inputs to 4 rows, and on a small model
+    the per-pass overhead then cost 2-3x the floor (docs/LOG.md, 2026-11-30).
+    """
     if name in runtime.memory.cost_models:
         return  # a checkpoint shared by two scorers is profiled once
 
-    def run(b: int, length: int) -> None:
+    def batch_of(b: int, length: int) -> dict[str, torch.Tensor]:
         batch = pad_batch(model, [[token_id] * length] * b, 0, [[0] * length] * b)
         if length > 1:
             # One padded position, as real batches have: the attention mask is then built (sdpa
             # drops an all-ones mask), the path scoring takes; a lone input only costs less.
             batch["attention_mask"][-1, -1] = 0
+        return batch
+
+    def run(b: int, length: int) -> None:
+        batch = batch_of(b, length)
         head(model(**batch), batch["attention_mask"])
 
-    # A short grid: passes are capped at a few windows, and the fit is linear in the batch size.
+    tune = None
+    if set_pass_tokens is not None and runtime.device.type == "cpu":
+        def tune() -> dict[str, Any]:
+            return {"pass_tokens": tune_pass_tokens(run, max_length)}
+
+    def apply(settings: dict[str, Any]) -> None:
+        if set_pass_tokens is not None and "pass_tokens" in settings:
+            set_pass_tokens(int(settings["pass_tokens"]))
+
+    def shapes(settings: dict[str, Any]) -> list[tuple[int, int]]:
+        return pass_shapes(max_length, int(settings.get("pass_tokens", pass_tokens)))
+
+    runtime.memory.calibrate(name, run, max_length=max_length, max_batch=4, shapes=shapes, tune=tune, apply=apply)
+
+
+def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:
+    """The profile grid: every length alone up to the bound, a few small batches (the fit is
+    linear in the batch size), and at each length the widest batch the pass cap allows."""
     lengths = sorted({max(8, max_length // 8), max(16, max_length // 4), max(32, max_length // 2), max_length})
-    shapes = [(1, n) for n in lengths] + [(2, lengths[1]), (4, lengths[0]), (2, lengths[2])]
-    runtime.memory.calibrate(name, run, max_length=max_length, max_batch=4, shapes=shapes)
+    shapes = {(1, n) for n in lengths} | {(2, lengths[1]), (4, lengths[0]), (2, lengths[2])}
+    for n in sorted({max(8, max_length // 32), *lengths}):
+        b = min(MAX_PASS_ROWS, pass_tokens // n)
+        if b > 1:
+            shapes.add((b, min(n, max_length)))
+    return sorted(shapes, key=lambda s: (s[1], s[0]))
+
+
+def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, *, rounds: int = 2) -> int:
+    """The CPU pass cap (tokens) with the best throughput, from `PASS_FACTORS` windows.
+
+    Each candidate runs the same tokens (short inputs of an eighth of the bound, and whole
+    windows) in passes of its size, `rounds` times interleaved, its fastest round counting. A
+    wider pass must beat every narrower one by more than `WIDER_GAIN` to be chosen: wider passes
+    peak higher, and timing noise on a shared 2-core machine reaches 10%. Small models gain from
+    wide passes (per-pass overhead), large ones do not (activations fall out of cache): on the
+    stand-ins the tiny classifiers ran 1.5x faster at 2-4 windows, the MiniLM encoders no faster.
+    """
+    caps = [f * max_length for f in PASS_FACTORS]
+    short = max(8, max_length // 8)
+    times = {cap: float("inf") for cap in caps}
+    with torch.inference_mode():
+        run(2, short)  # first-call costs out of the timing
+        for _ in range(rounds):
+            for cap in caps:
+                t = time.perf_counter()
+                for length in (short, max_length):
+                    rows = max(1, min(MAX_PASS_ROWS, cap // length))
+                    for _ in range(max(1, caps[-1] // (rows * length))):
+                        run(rows, length)
+                times[cap] = min(times[cap], time.perf_counter() - t)
+    best = caps[0]
+    for cap in caps[1:]:
+        if times[cap] * WIDER_GAIN < times[best]:
+            best = cap
+    return best
 
 
 def token_groups(order: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
