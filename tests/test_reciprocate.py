@@ -72,3 +72,18 @@ def test_read_position_rule() -> None:
 def test_all_failed(scorer: reciprocate.ReciprocateScorer) -> None:
     res = scorer.score(ScoreRequest("p", [None]))
     assert res.statuses == [Status.FAILED]
+
+
+def test_one_call_tokenization_matches_the_tokenizer_at_the_bound(scorer: reciprocate.ReciprocateScorer) -> None:
+    """Ids, types and "was cut" from the single overflow call equal separate truncated and
+    untruncated calls, for texts just under, at and just over the bound, and very long ones."""
+    tok, bound = scorer.tokenizer, 64
+    words = [f"w{k}" for k in range(200)]
+    texts = [" ".join(words[:n]) for n in (1, 20, 29, 30, 31, 32, 33, 60, 199)] + ["", "x" * 3000]
+    ids, cut, types = reciprocate.tokenize_bounded(tok, texts, bound)
+    want = tok(texts, truncation=True, max_length=bound)
+    full = tok(texts)["input_ids"]
+    assert ids == [list(x) for x in want["input_ids"]]
+    assert types == [list(x) for x in want["token_type_ids"]]
+    assert cut == [len(f) > bound for f in full]
+    assert any(cut) and not all(cut) and any(len(f) == bound for f in full)  # the bound itself is covered

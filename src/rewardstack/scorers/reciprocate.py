@@ -37,27 +37,40 @@ def read_position(ids: list[int], pad_id: int | None) -> int:
     return 0  # argmax over an all-zero mask
 
 
-def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[bool]]:  # noqa: ANN001
-    """Token ids with truncation to `max_len` (tokenizer's own rule) and whether each was cut."""
-    ids = tokenizer(texts, truncation=True, max_length=max_len).input_ids
-    cut = [False] * len(texts)
-    long = [k for k, x in enumerate(ids) if len(x) >= max_len]
-    if long:  # only inputs at the bound can have been cut: check those untruncated
-        full = tokenizer([texts[k] for k in long]).input_ids
-        for k, f in zip(long, full):
-            cut[k] = len(f) > max_len
-    return ids, cut
+def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[bool], list[list[int]] | None]:  # noqa: ANN001
+    """Token ids with truncation to `max_len` (the tokenizer's own rule), whether each was cut, and
+    the token_type_ids the tokenizer returns with them (None if it returns none).
 
+    One tokenizer call: a fast tokenizer asked for its overflow gives each text's truncated row
+    first and one more row per overflow, so "cut" is "has a second row". (A fast tokenizer
+    encodes the whole text even when truncating, so this costs what the truncated call costs; the
+    earlier way encoded a long text three times: truncated, untruncated, and for its types.)
 
-def token_types(tokenizer, texts: list[str], max_len: int) -> list[list[int]] | None:  # noqa: ANN001
-    """The token_type_ids the tokenizer returns for `texts` (same truncation), None if it returns none.
-
-    The reference calls `model(**tokenizer(message, ...))`, so whatever types the tokenizer emits
-    reach the model (GPT-J adds their embedding). GPT-J's own tokenizer emits none: no second pass.
+    The types matter: the reference calls `model(**tokenizer(message, ...))`, so whatever types the
+    tokenizer emits reach the model (GPT-J adds their embedding). GPT-J's own tokenizer emits none.
     """
-    if "token_type_ids" not in getattr(tokenizer, "model_input_names", ()):
-        return None
-    return [list(t) for t in tokenizer(texts, truncation=True, max_length=max_len)["token_type_ids"]]
+    want_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+    enc = tokenizer(texts, truncation=True, max_length=max_len, return_overflowing_tokens=True,
+                    return_token_type_ids=want_types)
+    owner = enc.get("overflow_to_sample_mapping")
+    if owner is None:  # a slow tokenizer: no row mapping; truncate, then re-check the rows at the bound
+        enc = tokenizer(texts, truncation=True, max_length=max_len, return_token_type_ids=want_types)
+        ids = [list(x) for x in enc["input_ids"]]
+        cut = [False] * len(texts)
+        long = [k for k, x in enumerate(ids) if len(x) >= max_len]
+        if long:
+            for k, f in zip(long, tokenizer([texts[k] for k in long]).input_ids):
+                cut[k] = len(f) > max_len
+        types = enc.get("token_type_ids") if want_types else None
+        return ids, cut, [list(t) for t in types] if types is not None else None
+    first: dict[int, int] = {}
+    rows_of = [0] * len(texts)
+    for row, k in enumerate(owner):
+        first.setdefault(k, row)
+        rows_of[k] += 1
+    ids = [list(enc["input_ids"][first[k]]) for k in range(len(texts))]
+    types = enc.get("token_type_ids") if want_types else None
+    return ids, [n > 1 for n in rows_of], [list(types[first[k]]) for k in range(len(texts))] if types is not None else None
 
 
 class ReciprocateScorer(Scorer):
@@ -82,7 +95,7 @@ class ReciprocateScorer(Scorer):
         self.use_prefix = choose_path(self.name, self.body, int(conf.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         calib = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
+        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=16, max_tokens=4 * calib)
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
@@ -105,8 +118,7 @@ class ReciprocateScorer(Scorer):
         if not live:
             return res
         texts = [TEMPLATE.format(prompt=request.prompt, completion=request.completions[i]) for i in live]
-        ids, cut = tokenize_bounded(self.tokenizer, texts, self.max_len)
-        types = token_types(self.tokenizer, texts, self.max_len)
+        ids, cut, types = tokenize_bounded(self.tokenizer, texts, self.max_len)
         cap = self.runtime.memory.length_cap(self.name, self.max_len)
         for k, i in enumerate(live):
             if cut[k] or len(ids[k]) > cap:
