@@ -112,7 +112,7 @@ def bench_dpo(root: Path, label: str, overrides: dict | None, steps: list[Step],
             ("whole workload" if len(ref_idx) == len(steps) else "subset: the per-position loop is slow")
             + ("; peak = its longest input" if peaks else "")),
         row(f"{tag} floor: body, prefix once", n, t_floor, None),
-        row(f"{tag} floor + head matmul", n, t_floor + t_head, None, f"head on the {n_rows} scored rows timed alone"),
+        row(f"{tag} floor + head", n, t_floor + t_head, None, f"head (matmul + log-sum-exp) on the {n_rows} scored rows, timed alone"),
     ]
     c = sc.model.config
     res.update({
@@ -135,7 +135,7 @@ def report_dpo(d: dict) -> None:
           f"(target >= 10x: {verdict(d['speedup_vs_ref'] >= 10)})")
     print(f"  time / floor (body only):            {d['vs_floor']:6.2f}x  "
           f"(target <= 1.5x: {verdict(d['vs_floor'] <= 1.5)})")
-    print(f"  time / (floor + head matmul):        {d['vs_floor_head']:6.2f}x  (no target: work the semantics need)")
+    print(f"  time / (floor + head):               {d['vs_floor_head']:6.2f}x  (no target: work the semantics need)")
     print(f"  logits chunk {d['chunk']} rows (tuned at load, cap {d['max_chunk']}); load + calibration {d['load_s']:.1f} s")
     if "peak_long" in d:
         print(f"  {d['long_tokens']}-token call: peak {d['peak_long'] / MiB:.1f} MiB "

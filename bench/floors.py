@@ -61,13 +61,17 @@ def floor_body(body: torch.nn.Module, groups_of_ids: list[list[list[int]]]) -> N
 
 
 def head_matmul(head: Any, n_rows: int, chunk: int) -> float:
-    """Seconds for a DPO head's projection of `n_rows` hidden rows to vocabulary logits, nothing else.
+    """Seconds for a DPO head over `n_rows` hidden rows: the projection to vocabulary logits and
+    their log-sum-exp (one exp and one sum per logit), nothing else.
 
-    The matmul's cost does not depend on the values, so random rows stand in for the body's; they
-    go through the scorer's own head into one reused buffer of its chunk size (its fastest way).
+    Both are work the semantics cannot skip: a row's log-probability is its token's logit minus
+    the log-sum-exp over the whole vocabulary. The cost does not depend on the values, so random
+    rows stand in for the body's; they go through the scorer's own head into one reused buffer of
+    its chunk size (its fastest way), and the exp and sum run in place on that buffer.
     """
     g = torch.Generator().manual_seed(0)
     h = torch.randn(min(n_rows, 4 * chunk), head.weight.shape[1], generator=g)
+    h.mul_(1e-3)  # keep exp() finite: the cost of exp does not depend on the values
     buf = torch.empty(chunk, head.vocab)
     t = time.perf_counter()
     with torch.inference_mode():
@@ -77,6 +81,7 @@ def head_matmul(head: Any, n_rows: int, chunk: int) -> float:
             k = done % h.shape[0]
             k = 0 if k + r > h.shape[0] else k
             head(h[k : k + r], buf[:r])
+            buf[:r].exp_().sum(1).log_()
             done += r
     return time.perf_counter() - t
 
@@ -173,7 +178,7 @@ def dpo_inputs(sc: Any, steps: list[Step]) -> tuple[list[list[list[int]]], int]:
 
 
 def dpo(sc: Any, steps: list[Step]) -> tuple[float, float]:
-    """DPO: (body floor, head matmul over the scored rows); the exact semantics need both."""
+    """DPO: (body floor, head over the scored rows: matmul and log-sum-exp); exact semantics need both."""
     groups, n_rows = dpo_inputs(sc, steps)
     t_body = timed(lambda: floor_body(sc.body, groups))
     return t_body, head_matmul(sc.logit_head, n_rows, sc.chunk)

@@ -8,12 +8,14 @@ time is taken from the same run. Beside it, on the same stand-in weights:
   steps and compared with rewardstack's time on the same subset;
 - `transformers.pipeline` with batching for the two classifiers (what a user would reach for);
 - the floor: the forward passes the semantics need with the least work (`bench.floors`), timed
-  alone. DPO's floor includes the head's matmul over the scored rows: exact log-probabilities need it.
+  alone. DPO's floor includes its head over the scored rows (the matmul and the log-sum-exp over
+  the vocabulary): exact log-probabilities need both.
 Timings run without the tensor tracker, as on a GPU.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +44,8 @@ class StackTimes:
     pipeline_s: dict[str, float] = field(default_factory=dict)
     ours_classifiers_s: float = 0.0
     load_s: float = 0.0
-
-    @property
-    def floor_total(self) -> float:
-        return sum(self.floor_s.values())
+    floor_total: float = 0.0
+    """The floor's total: per step its fastest run, summed (as the stack's total is taken)."""
 
     @property
     def ref_total(self) -> float:
@@ -167,8 +167,12 @@ def pipeline_times(stack: RewardStack, steps: list[Step], batch_size: int = 16) 
 def measure(root: Path, steps: list[Step], ref_idx: list[int], *, device: str = "cpu", repeats: int = 3) -> StackTimes:
     """Score `steps` with the stand-in default stack and time every comparison on the same weights.
 
-    The stack and the floor run `repeats` times, interleaved, and the fastest run of each counts
-    (per model, and for the stack's total); the reference and the pipelines run once.
+    Step by step, the stack scores the step and the floor runs that step's passes, `repeats`
+    times interleaved (the stack from the same state and embedding cache each time); per step the
+    fastest of each counts, for the totals and per model alike (the same statistic on both sides).
+    Pairing at the step keeps the two under the same machine speed: on this shared 2-core machine
+    the speed drifts by 20-40% over minutes, and whole-run interleaving moved the ratio by 0.1-0.2.
+    The reference and the pipelines run once.
     """
     t = time.perf_counter()
     stack = build_stack(root, device=device)
@@ -179,22 +183,44 @@ def measure(root: Path, steps: list[Step], ref_idx: list[int], *, device: str = 
     acc: dict[str, float] = {}
     _timed_scorers(stack, acc)
     cache = stack.runtime.options.get("embedding_cache")
-    # Ours and the floor, interleaved `repeats` times, the fastest of each kept: one pass of each
-    # on this 2-core machine moved a model's ratio by up to 40% between two quiet runs.
-    runs: list[tuple[list[float], dict[str, float]]] = []
-    floor_runs: list[dict[str, float]] = []
-    for _ in range(max(1, repeats)):
-        stack.state = RewardState(stack.config)  # the same work each time: fresh history and statistics
+    stack.state = RewardState(stack.config)
+    if cache is not None:
+        cache.clear()
+    per_step: list[float] = []
+    floor_step: list[float] = []
+    model_s: dict[str, float] = {}
+    fl: dict[str, float] = {}
+    for step in steps:
+        state0 = copy.deepcopy(stack.state)
+        cache0 = cache.snapshot() if cache is not None else None
+        best, best_floor = float("inf"), float("inf")
+        best_model: dict[str, float] = {}
+        best_fl: dict[str, float] = {}
+        after: tuple[Any, Any] = (None, None)
+        for _ in range(max(1, repeats)):
+            stack.state = copy.deepcopy(state0)  # the same work each time
+            if cache is not None:
+                cache.restore(cache0)
+            acc.clear()
+            took = timed(lambda: stack.score_step(step, save=False))
+            if took < best:
+                best = took
+            after = (stack.state, cache.snapshot() if cache is not None else None)
+            for k, v in acc.items():
+                best_model[k] = min(best_model.get(k, float("inf")), v)
+            f = floor_times(stack, [step])  # the floor clears the embedding cache: restored after
+            best_floor = min(best_floor, sum(f.values()))
+            for k, v in f.items():
+                best_fl[k] = min(best_fl.get(k, float("inf")), v)
+        stack.state = after[0]
         if cache is not None:
-            cache.clear()
-        acc.clear()
-        runs.append(([timed(lambda s=s: stack.score_step(s, save=False)) for s in steps], dict(acc)))
-        if cache is not None:
-            cache.clear()
-        floor_runs.append(floor_times(stack, steps))
-    per_step = min((r[0] for r in runs), key=sum)
-    model_s = {k: min(r[1].get(k, 0.0) for r in runs) for k in runs[0][1]}
-    fl = {k: min(f[k] for f in floor_runs) for k in floor_runs[0]}
+            cache.restore(after[1])
+        per_step.append(best)
+        floor_step.append(best_floor)
+        for k, v in best_model.items():
+            model_s[k] = model_s.get(k, 0.0) + v
+        for k, v in best_fl.items():
+            fl[k] = fl.get(k, 0.0) + v
     n = sum(len(floors.live(s)) for s in steps)
     ref_steps = [steps[k] for k in ref_idx]
     ref_s: dict[str, float] = {}
@@ -206,7 +232,7 @@ def measure(root: Path, steps: list[Step], ref_idx: list[int], *, device: str = 
     return StackTimes(
         n=n, n_ref=sum(len(floors.live(s)) for s in ref_steps), stack_s=sum(per_step),
         stack_ref_subset_s=sum(per_step[k] for k in ref_idx), model_s=model_s, floor_s=fl, ref_s=ref_s,
-        pipeline_s=pipe, ours_classifiers_s=ours_cls, load_s=load_s,
+        pipeline_s=pipe, ours_classifiers_s=ours_cls, load_s=load_s, floor_total=sum(floor_step),
     )
 
 
