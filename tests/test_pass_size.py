@@ -51,9 +51,13 @@ def test_profile_grid_reaches_the_cap() -> None:
 def test_tuning_picks_wide_passes_only_when_they_pay() -> None:
     """Per-pass overhead: the widest cap wins. Cost by tokens alone: the narrowest stays."""
     overhead = lambda b, n: time.sleep(0.004)  # noqa: E731
-    by_tokens = lambda b, n: time.sleep(b * n * 2e-6)  # noqa: E731
+    by_tokens = lambda b, n: time.sleep(b * n * 2e-5)  # noqa: E731 (per-call sleep overhead negligible)
     assert enc.tune_pass_tokens(overhead, 256) == 256 * enc.PASS_FACTORS[-1]
     assert enc.tune_pass_tokens(by_tokens, 256) == 256
+    # A window pass slower than WINDOW_PASS_SLOW stops the tuning at one window (big models):
+    # even a pure per-call cost is not timed further.
+    slow = lambda b, n: time.sleep(enc.WINDOW_PASS_SLOW * 1.5)  # noqa: E731
+    assert enc.tune_pass_tokens(slow, 256) == 256
 
 
 def test_tuned_cap_is_read_back_from_the_calibration_cache(stand, tmp_path) -> None:  # noqa: ANN001

@@ -35,6 +35,11 @@ MAX_PASS_ROWS = 64
 """Most rows one pass takes (profiled shapes reach this for short inputs)."""
 WIDER_GAIN = 1.15
 """How much faster a wider pass must be to be chosen over a narrower one."""
+WINDOW_PASS_SLOW = 0.06
+"""Seconds of one whole-window pass past which tuning stops at one window: a pass's fixed costs
+(module calls, DeBERTa's relative-position tables; a few ms on CPU) are then too small a share
+for a wider pass to win by `WIDER_GAIN`. Measured here: the MiniLM encoders ~100 ms a window
+(stop), the DeBERTa stand-in ~35 ms and the RoBERTa stand-in ~5 ms (tuned)."""
 
 
 def position_limit(config: Any) -> int | None:
@@ -174,6 +179,10 @@ def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, *, rounds:
     times = {cap: float("inf") for cap in caps}
     with torch.inference_mode():
         run(2, short)  # first-call costs out of the timing
+        t = time.perf_counter()
+        run(1, max_length)
+        if time.perf_counter() - t > WINDOW_PASS_SLOW:
+            return caps[0]  # the per-pass overhead is too small a share for a wider pass to win
         for _ in range(rounds):
             for cap in caps:
                 t = time.perf_counter()
