@@ -125,16 +125,12 @@ def calibrate(
     if name in runtime.memory.cost_models:
         return  # a checkpoint shared by two scorers is profiled once
 
-    def batch_of(b: int, length: int) -> dict[str, torch.Tensor]:
+    def run(b: int, length: int) -> None:
         batch = pad_batch(model, [[token_id] * length] * b, 0, [[0] * length] * b)
         if length > 1:
             # One padded position, as real batches have: the attention mask is then built (sdpa
             # drops an all-ones mask), the path scoring takes; a lone input only costs less.
             batch["attention_mask"][-1, -1] = 0
-        return batch
-
-    def run(b: int, length: int) -> None:
-        batch = batch_of(b, length)
         head(model(**batch), batch["attention_mask"])
 
     tune = None
@@ -169,8 +165,9 @@ def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, *, rounds:
 
     Each candidate runs the same tokens (short inputs of an eighth of the bound, and whole
     windows) in passes of its size, `rounds` times interleaved, its fastest round counting. A
-    wider pass must beat every narrower one by more than `WIDER_GAIN` to be chosen: wider passes
-    peak higher, and timing noise on a shared 2-core machine reaches 10%. Small models gain from
+    wider pass is chosen only when it is faster than the one chosen so far (from one window up) by
+    more than `WIDER_GAIN`: wider passes peak higher, and timing noise on a shared 2-core machine
+    reaches 10%. Small models gain from
     wide passes (per-pass overhead), large ones do not (activations fall out of cache): on the
     stand-ins the tiny classifiers ran 1.5x faster at 2-4 windows, the MiniLM encoders no faster.
     """
