@@ -36,11 +36,11 @@ def main() -> None:
         stack = RewardStack(cfg, **kwargs)
         stack.score_step(Step(name="augment", prompt="What is a reward model?", base_prompt="What is a reward model?",
                               completions=["A model that scores completions.", "It ranks answers."]), save=False)
-        elapsed = time.time() - _started()
+        elapsed = time.time() - process_started()
         print(f"FIRST_SCORE {elapsed:.3f}", flush=True)
 
 
-def _started() -> float:
+def process_started() -> float:
     """This process's start time (Linux: from /proc), seconds since the epoch."""
     import os
 

@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from bench.first_score import _started
+from bench.first_score import process_started  # stdlib only: the probe imports nothing it does not need
 
 # The auto class each scorer loads its checkpoint(s) with.
 CLASSES = {
@@ -52,7 +52,7 @@ def main() -> None:
             model = getattr(transformers, CLASSES[name]).from_pretrained(path, dtype=torch.float32).eval()
             with torch.inference_mode():
                 model(**tok(["a first input"], return_tensors="pt"))
-    print(f"FIRST_SCORE {time.time() - _started():.3f}", flush=True)
+    print(f"FIRST_SCORE {time.time() - process_started():.3f}", flush=True)
 
 
 if __name__ == "__main__":

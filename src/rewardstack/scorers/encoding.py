@@ -145,7 +145,7 @@ def calibrate(
     def shapes(settings: dict[str, Any]) -> list[tuple[int, int]]:
         return pass_shapes(max_length, int(settings.get("pass_tokens", pass_tokens)))
 
-    runtime.memory.calibrate(name, run, max_length=max_length, max_batch=4, shapes=shapes, tune=tune, apply=apply)
+    runtime.memory.calibrate(name, run, max_length=max_length, shapes=shapes, tune=tune, apply=apply)
 
 
 def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:
