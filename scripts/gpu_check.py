@@ -15,6 +15,15 @@ larger than 40 GiB: `torch.cuda.set_per_process_memory_fraction` caps this proce
 4. The unbounded reference OpenAssistant call (DeBERTa-v3-large, float32, batch 1): the
    simulation picks the shortest input whose peak exceeds what the card has left; that input
    must OOM, and one at 90% of that length must not. [FAIL] otherwise.
+5. Swaps that complete: the stack's models under a weights budget that holds only some of them;
+   `Placement` swaps each in and out; every swap must leave exactly the planned bytes on the card
+   (allocator-measured within 5%) and the swapped-in model must score. [FAIL] otherwise.
+6. Recovery from a real CUDA OOM: a batch of DeBERTa reference inputs that the simulation says
+   cannot fit together runs through the OOM guard; it must OOM for real, split, and give every
+   input the value it has when run alone (nothing lost). [FAIL] otherwise.
+
+Each phase prints its figures as it ends; with $OUT set they are also appended, one JSON object
+a line, to $OUT/gpu-check.jsonl (flushed and synced), so a timeout keeps what was measured.
 
 `--dry-run` runs every CPU part (simulations, the plan of batches, the OOM length) and prints
 what it would measure, without a GPU (tests/test_plan.py runs it).
@@ -24,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import random
 import sys
 import time
@@ -41,14 +52,43 @@ from rewardstack.workload import heavy_tailed_lengths
 
 GIB = 1024**3
 TOLERANCE = 0.15
+SWAP_TOLERANCE = 0.05
 failures: list[str] = []
+# Modules the check imports inside its functions: scripts/gpu_preflight.py imports them up front,
+# so a package the card's image lacks is named before any GPU time is spent.
+LAZY_MODULES = [
+    "rewardstack.scorers.classifier", "rewardstack.scorers.embedding", "rewardstack.scorers.encoding",
+    "rewardstack.scorers.dpo", "rewardstack.scorers.prefix", "rewardstack.memory.guard",
+    "rewardstack.memory.placement", "transformers",
+]
 
 
-def check(ok: bool, what: str) -> None:
+def record(phase: str, **figures: Any) -> None:
+    """Append one phase's figures to $OUT/gpu-check.jsonl (when $OUT is set), synced at once: a
+    check stopped by its timeout still leaves every figure measured before it."""
+    out = os.environ.get("OUT")
+    if not out:
+        return
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu-check.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"phase": phase, "time": round(time.time(), 3), **figures}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check(ok: bool, what: str, phase: str = "check") -> None:
     """Print a figure's verdict; remember failures (the script exits 1 on any)."""
     print(("  [ok]   " if ok else "  [FAIL] ") + what, flush=True)
+    record(phase, ok=ok, what=what)
     if not ok:
         failures.append(what)
+
+
+def phase_done(phase: str, started: float, **figures: Any) -> None:
+    """The line that ends a phase, with its wall time; recorded with its figures."""
+    took = time.time() - started
+    print(f"phase {phase}: done in {took:.1f}s", flush=True)
+    record(phase, seconds=round(took, 2), done=True, **figures)
 
 
 def build_on_gpu(model: str, arch: S.Arch, dtype: str) -> tuple[torch.nn.Module, ...]:  # pragma: no cover - CUDA-only path
@@ -151,6 +191,89 @@ def fitted_cost(model: str, bound: int, dtype: str, cap: int) -> CostModel:
     return CostModel().fit(samples)
 
 
+def swap_phase(names: list[str], mods: dict[str, tuple], weights: int, dry: bool) -> None:
+    """5. Swaps that complete: a weights budget that holds the largest model and half the rest, so
+    some models swap; each swap must leave the planned bytes on the card and the model must score."""
+    from rewardstack.memory.placement import Placement
+
+    t = time.time()
+    sizes = {n: S.weights_bytes_of(mods[n]) for n in names}
+    largest = max(sizes.values())
+    budget = largest + max(0, weights - largest) // 2
+    device = "cpu" if dry else "cuda"
+    residue = 0 if dry else torch.cuda.memory_allocated() - weights  # pragma: no branch
+    placement = Placement(device, budget, move=not dry)
+    for n in names:
+        placement.register(n, list(mods[n]))
+    decisions = placement.plan()
+    swapped = [n for n, d in decisions.items() if d.where == "swap"]
+    print(f"swaps: weights budget {budget / GIB:.2f} GiB of {weights / GIB:.2f} GiB; swapped on demand: "
+          f"{', '.join(swapped) or 'none'}", flush=True)
+    times: list[float] = []
+    if not dry:  # pragma: no cover - CUDA-only path
+        for n in swapped * 2:  # twice round: every swap evicts another swapped model
+            torch.cuda.synchronize()
+            s0 = time.time()
+            placement.ensure(n)
+            torch.cuda.synchronize()
+            took = time.time() - s0
+            times.append(took)
+            planned = placement.device_bytes() + residue
+            allocated = torch.cuda.memory_allocated()
+            err = (allocated - planned) / max(planned, 1)
+            try:
+                with torch.inference_mode():
+                    scorer_pass(n, mods[n], 1, 64, 0, "cuda")
+                scored = "scored"
+            except Exception as exc:  # noqa: BLE001 - a failed pass after a swap is the finding
+                scored = f"failed to score: {type(exc).__name__}: {exc}"
+            check(abs(err) <= SWAP_TOLERANCE and scored == "scored",
+                  f"swap in {n} ({sizes[n] / GIB:.2f} GiB) in {took:.2f}s ({sizes[n] / GIB / max(took, 1e-9):.1f} GiB/s): "
+                  f"allocated {allocated / GIB:.2f} GiB vs planned {planned / GIB:.2f} GiB ({err:+.1%}), {scored}", "swaps")
+        check(bool(swapped), f"the budget forced swaps ({len(swapped)} models)", "swaps")
+        placement.budget_bytes = None  # every model resident again for the phases after this one
+        placement.plan()
+    phase_done("5 swaps", t, swapped=swapped, budget=budget, swap_seconds=[round(x, 3) for x in times])
+
+
+def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, dry: bool) -> None:
+    """6. A real CUDA OOM survived with nothing lost: four DeBERTa reference inputs, each simulated
+    at 45% of what the card has left, in one batch; the guard must hit a real OOM, split, and give
+    each input the value it has alone."""
+    from rewardstack.memory.guard import OomRecord, run_guarded
+    from rewardstack.scorers import classifier, encoding as enc
+
+    t = time.time()
+    left = card - (live if dry else torch.cuda.memory_allocated())
+    length = S.length_for_peak("rlhf_reward_model", int(left * 0.45))
+    print(f"OOM recovery: 4 x {length} tokens in one batch, each simulated at 45% of the {left / GIB:.2f} GiB left", flush=True)
+    if dry:
+        phase_done("6 oom recovery", t, length=length)
+        return
+    deberta = mods["rlhf_reward_model"]  # pragma: no cover - CUDA-only path
+    if S.model_dtype("rlhf_reward_model", cfg) != "float32":
+        deberta = build_on_gpu("rlhf_reward_model", S.load_arch(S.model_path("rlhf_reward_model", cfg)), "float32")
+    m = deberta[0]
+    g = torch.Generator().manual_seed(6)
+    rows = [torch.randint(5, m.config.vocab_size, (length,), generator=g).tolist() for _ in range(4)]
+
+    def forward(idx: list[int]) -> list[float]:
+        b = enc.pad_batch(m, [rows[i] for i in idx], 0, [[0] * length for _ in idx])
+        with torch.inference_mode():
+            return classifier._first_logit(m(**b), b["attention_mask"]).float().tolist()
+
+    ooms: list[OomRecord] = []
+    got = run_guarded("rlhf_reward_model", [[0, 1, 2, 3]], [length] * 4, forward, device=torch.device("cuda"),
+                      fallback=None, on_oom=ooms.append)
+    alone = [forward([i])[0] for i in range(4)]
+    real = [r for r in ooms if not r.injected]
+    values_ok = all(got[i].status == "ok" and abs(got[i].value - alone[i]) <= 1e-3 * max(1.0, abs(alone[i])) for i in range(4))
+    check(bool(real) and values_ok,
+          f"real OOMs {len(real)} ({', '.join(r.action for r in real)}); statuses {[got[i].status for i in range(4)]}; "
+          f"values equal to each input alone: {values_ok}", "oom recovery")
+    phase_done("6 oom recovery", t, length=length, ooms=len(real), values_ok=values_ok)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device-memory", default="40GiB")
@@ -164,14 +287,18 @@ def main(argv: list[str] | None = None) -> int:
     dry = args.dry_run
     if not dry:  # pragma: no cover - CUDA-only path
         if not torch.cuda.is_available():
-            print("no CUDA device: use --dry-run", file=sys.stderr)
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+            print(f"needs a GPU: torch {torch.__version__} ({build}) sees no CUDA device; "
+                  "--dry-run runs the CPU parts", flush=True)
             return 2
         total = torch.cuda.mem_get_info()[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, card / total))
         print(f"device: {torch.cuda.get_device_name()} ({total / GIB:.1f} GiB), capped at {card / GIB:.2f} GiB", flush=True)
+        record("device", name=torch.cuda.get_device_name(), total=total, cap=card, torch=torch.__version__)
     t0 = time.time()
 
     # 1. the stack's models, resident
+    t = time.time()
     mods: dict[str, tuple] = {}
     shared: dict[tuple, tuple] = {}
     weights = 0
@@ -183,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             weights += S.weights_bytes_of(S.meta_modules(n, dt, arch))
         mods[n] = shared[key]
     print(f"weights: {weights / GIB:.2f} GiB simulated" + ("" if dry else f", {torch.cuda.memory_allocated() / GIB:.2f} GiB allocated"), flush=True)
+    phase_done("1 weights", t, simulated=weights, allocated=None if dry else torch.cuda.memory_allocated())
 
     # 2. measured vs simulated per model
+    t = time.time()
     print("per-model peaks (measured vs simulated):", flush=True)
     for n in names:
         bound = S.scorer_bound(n, cfg)
@@ -196,18 +325,21 @@ def main(argv: list[str] | None = None) -> int:
             try:  # pragma: no cover - CUDA-only path
                 real = measured_peak(lambda: scorer_pass(n, mods[n], b, l, pre, "cuda"))
             except torch.OutOfMemoryError:
-                check(False, f"{n} B={b} L={l}: OOM (simulated {sim.peak_bytes / GIB:.3f} GiB)")
+                check(False, f"{n} B={b} L={l}: OOM (simulated {sim.peak_bytes / GIB:.3f} GiB)", "peaks")
                 continue
             err = (real - sim.peak_bytes) / max(sim.peak_bytes, 1)
             check(abs(err) <= TOLERANCE, f"{n} B={b} L={l} prefix={pre}: measured {real / GIB:.3f} GiB, simulated "
-                  f"{sim.peak_bytes / GIB:.3f} GiB ({err:+.1%})")
+                  f"{sim.peak_bytes / GIB:.3f} GiB ({err:+.1%})", "peaks")
+    phase_done("2 peaks", t)
 
     # 3. a heavy-tailed workload, planned from the simulation: zero OOM
+    t = time.time()
     live = weights if dry else torch.cuda.memory_allocated()  # pragma: no branch
     activation = int(card * cfg.gpu_utilization) - cfg.headroom_bytes - live
     print(f"workload: activation budget {activation / GIB:.2f} GiB x margin {cfg.safety_margin}", flush=True)
     rng = random.Random(0)
     ooms = 0
+    planned = 0
     for n in names:
         bound = S.scorer_bound(n, cfg)
         cap = scorer_max_batch(n, cfg, bound)
@@ -215,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         # Heavy-tailed token lengths (about 4 characters a token), each cut to the model's bound.
         lengths = [max(8, min(bound, c // 4)) for c in heavy_tailed_lengths(rng, args.completions, median=1200, cap=40_000)]
         batches = plan_batches(lengths, cost, activation, margin=cfg.safety_margin, max_batch=cap)
+        planned += len(batches)
         print(f"  {n}: {len(lengths)} inputs (longest {max(lengths)} tokens) in {len(batches)} batches", flush=True)
         if dry:
             continue
@@ -229,9 +362,11 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             torch.cuda.empty_cache()
     if not dry:  # pragma: no cover - CUDA-only path
-        check(ooms == 0, f"heavy-tailed workload: {ooms} OOMs")
+        check(ooms == 0, f"heavy-tailed workload: {ooms} OOMs in {planned} planned batches", "workload")
+    phase_done("3 workload", t, batches=planned, ooms=None if dry else ooms)
 
     # 4. the unbounded reference OpenAssistant call OOMs where the simulation says
+    t = time.time()
     left = int(card) - live
     n_oom = S.length_for_peak("rlhf_reward_model", left)
     print(f"reference OpenAssistant call: {left / GIB:.2f} GiB left on the card; simulated OOM from {n_oom} tokens "
@@ -248,8 +383,15 @@ def main(argv: list[str] | None = None) -> int:
                 oom = True
             gc.collect()
             torch.cuda.empty_cache()
-            check(oom == expect_oom, f"reference call at {length} tokens: {'OOM' if oom else 'no OOM'} (expected {'OOM' if expect_oom else 'none'})")
+            check(oom == expect_oom, f"reference call at {length} tokens: {'OOM' if oom else 'no OOM'} (expected {'OOM' if expect_oom else 'none'})", "reference")
+    phase_done("4 reference", t, n_oom=n_oom)
+
+    # 5. swaps that complete, 6. a real OOM recovered with nothing lost
+    swap_phase(names, mods, weights, dry)
+    if "rlhf_reward_model" in mods:
+        oom_recovery_phase(mods, cfg, card, live, dry)
     print(f"done in {time.time() - t0:.0f}s; {len(failures)} failures", flush=True)
+    record("done", seconds=round(time.time() - t0, 1), failures=failures)
     return 1 if failures else 0
 
 
