@@ -18,20 +18,39 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Iterable, Iterator, Sequence
 
 from rewardstack.errors import InputError, RewardStackError
 
 
 def _jsonable(x: Any) -> Any:
-    """Events as strict JSON: NaN and infinities (unscored values) become null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
+    """Events as strict JSON: NaN and infinities (unscored values) become null.
+
+    Iterative, not recursive: a step's free-form fields (`set_weights`) reach the event as given,
+    and a recursive walk of a deeply nested value would raise RecursionError on every rerun.
+    """
+    def convert(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            out: Any = {}
+        elif isinstance(v, (list, tuple)):
+            out = []
+        else:
+            return v
+        todo.append((v, out))
+        return out
+
+    todo: list[tuple[Any, Any]] = []
+    root = convert(x)
+    while todo:
+        src, dst = todo.pop()
+        if isinstance(src, dict):
+            for k, v in src.items():
+                dst[k] = convert(v)
+        else:
+            dst.extend(convert(v) for v in src)
+    return root
 
 
 def event_line(event: dict[str, Any]) -> str:
@@ -39,15 +58,21 @@ def event_line(event: dict[str, Any]) -> str:
     return json.dumps(_jsonable(event), ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def read_steps(lines: TextIO) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
-    """(line number, parsed object or the InputError that says what is wrong), skipping blanks."""
+def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
+    """(line number, parsed object or the InputError that says what is wrong), skipping blanks.
+
+    Lines may be bytes (a file opened in binary): each is decoded on its own, so a line that is
+    not UTF-8 is that line's error and the others are read (rewardstack.jsonio).
+    """
+    from rewardstack.jsonio import parse
+
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield number, InputError(f"not valid JSON ({e.msg} at column {e.colno})", line=number)
+            obj = parse(line, line=number)
+        except InputError as e:
+            yield number, e
             continue
         yield number, obj
 
