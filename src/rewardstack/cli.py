@@ -93,7 +93,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         return open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
 
     return run_score(args.config, args.input, args.output, save_every=args.save_every, setup=telemetry,
-                     device_memory=args.device_memory, recalibrate=args.recalibrate)
+                     device_memory=args.device_memory, recalibrate=args.recalibrate,
+                     max_chars=args.max_chars, max_completions=args.max_completions)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -213,6 +214,14 @@ def add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved cost models")
 
 
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    """`--max-chars` and `--max-completions`: the `[input]` limits, for commands that score steps."""
+    p.add_argument("--max-chars", type=_positive_int, help="read at most this many characters of each prompt and "
+                   "completion; a completion cut here gets status 'cut' (overrides [input] max_chars, default 65536)")
+    p.add_argument("--max-completions", type=_positive_int, help="refuse a step with more completions, as a bad "
+                   "line (overrides [input] max_completions, default 256)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `rewardstack` command."""
     p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0])
@@ -230,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-dir", help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
     add_memory_flags(s)
+    add_input_flags(s)
     s.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")

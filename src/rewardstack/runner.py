@@ -306,10 +306,11 @@ def score_file(
 
 def run_score(config_path: str, input_path: str, output: str, *, save_every: int = 1,
               setup: Callable[[RewardStack], Any] | None = None, device_memory: int | None = None,
-              recalibrate: bool = False) -> int:
+              recalibrate: bool = False, max_chars: int | None = None, max_completions: int | None = None) -> int:
     """`rewardstack score`: lock the state directory, build the stack, score, report. Returns the exit code.
 
-    `device_memory` overrides `[memory] device_memory`; `recalibrate` profiles every model again.
+    `device_memory` overrides `[memory] device_memory`; `recalibrate` profiles every model again;
+    `max_chars` and `max_completions` override the `[input]` limits.
     """
     from rewardstack.config import load_config
     from rewardstack.state import StateLock
@@ -317,6 +318,10 @@ def run_score(config_path: str, input_path: str, output: str, *, save_every: int
     cfg = load_config(config_path)
     if device_memory is not None:
         cfg.memory.device_memory = device_memory
+    if max_chars is not None:
+        cfg.input.max_chars = max_chars
+    if max_completions is not None:
+        cfg.input.max_completions = max_completions
     with StateLock(cfg.state_dir):
         stack = RewardStack(cfg, recalibrate=recalibrate)
         closer = setup(stack) if setup is not None else None
