@@ -249,7 +249,7 @@ def test_a_text_past_max_chars_is_cut_before_the_models_and_says_so(tmp_path: Pa
         {m: "cut" for m in result.model_statuses if m != "blacklist_filter"}
     # The model read exactly the first 1000 characters (the fakes score a hash of what they read).
     assert result.raw["rlhf_reward_model"][1] == text_score("rlhf_reward_model", long.strip()[:1000])
-    assert result.event["completions"][1] == long.strip()  # the event keeps what was sent
+    assert result.event["completions"][1] == long.strip()[:1000]  # the event echoes what was read, no more
     cut_prompt = stack.score_step({"name": "augment", "prompt": "q" * 1001, "completions": ["a b", "c d"]}, save=False)
     assert cut_prompt.statuses == ["cut", "cut"]
 

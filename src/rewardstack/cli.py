@@ -74,6 +74,7 @@ def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, An
         except InputError as e:
             yield number, e
             continue
+        del line  # a huge line is not kept alive (twice: raw and parsed) while its step is scored
         yield number, obj
 
 

@@ -556,7 +556,9 @@ class RewardStack:
         """
         parsed = [s if isinstance(s, Step) else Step.from_dict(s) for s in steps]
         # The models read each text up to `[input] max_chars` characters (bounded work per input);
-        # a completion whose text or prompt was cut gets status CUT. The event keeps the full step.
+        # a completion whose text or prompt was cut gets status CUT. The rest is never read: the
+        # blacklist, `best` and the event see the step as read, so a 50 MB completion is not
+        # copied into the event line, the state's journal or a stored service answer either.
         views = [ReadView.of(step, self.config.input.max_chars) for step in parsed]
         started = time.time()
         results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
@@ -580,7 +582,8 @@ class RewardStack:
                     res[name] = view.mark(self._run(name, request), mask=True)
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
-        return [ForwardResult(step, res, emb, started) for step, res, emb in zip(parsed, results, embeddings)]
+        # The step as read goes on (blacklist, best, event): nothing past max_chars is kept or echoed.
+        return [ForwardResult(view.step, res, emb, started) for view, res, emb in zip(views, results, embeddings)]
 
     def _run(self, name: str, request: ScoreRequest) -> ScoreResult:
         """One scorer on one request; a scorer that raises marks every live completion ERROR."""

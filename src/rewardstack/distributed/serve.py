@@ -90,18 +90,26 @@ class NamespaceState:
         e = sequence_gap(self.ns.name, got, self.ns.state.sequence + 1)
         return ("error", e.status, e.type, e.message, e.field)
 
-    def _repeat(self, sequence: int) -> tuple | None:
-        """The stored answer of a committed step, a 409 if it is too old, None if not committed."""
+    def _repeat(self, sequence: int, step: Step) -> tuple | None:
+        """The stored answer of a committed step (409 if it was another step, or is too old), None
+        if not committed."""
+        from rewardstack.service.protocol import same_step, sequence_conflict
+
         if sequence > self.ns.state.sequence:
             return None
         stored = self.ns.state.recent.get(sequence)
-        return ("ok", stored, sequence, False) if stored is not None else self._gap(sequence)
+        if stored is None:
+            return self._gap(sequence)
+        if not same_step(stored, step, self.ns.state.config.input.max_chars):
+            e = sequence_conflict(self.ns.name, sequence, self.ns.state.sequence + 1)
+            return ("error", e.status, e.type, e.message, e.field)
+        return ("ok", stored, sequence, False)
 
-    async def precheck(self, sequence: int | None) -> tuple:
+    async def precheck(self, sequence: int | None, step: Step) -> tuple:
         """Before the forward pass: a repeat's stored answer, a hopeless gap's 409, else `("go",)`."""
         if sequence is None:
             return ("go",)
-        repeat = self._repeat(sequence)
+        repeat = self._repeat(sequence, step)
         if repeat is not None:
             return repeat
         if sequence - (self.ns.state.sequence + 1) > RECENT_RESULTS:
@@ -122,7 +130,7 @@ class NamespaceState:
                         await asyncio.wait_for(self.turn.wait(), left)
                     except TimeoutError:
                         return self._gap(sequence)
-                repeat = self._repeat(sequence)
+                repeat = self._repeat(sequence, fwd.step)
                 if repeat is not None:
                     return repeat
             # From here to the end: no await, so nothing else touches the state.
@@ -285,7 +293,7 @@ def build_http_app(replica: ScoringReplica) -> Any:
         replica.in_flight += 1
         try:
             actor = replica._actor(namespace)
-            pre = await call_state(actor.precheck, sequence)
+            pre = await call_state(actor.precheck, sequence, step)
             if pre[0] != "go":
                 return answer(pre)
             deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))

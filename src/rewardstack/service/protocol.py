@@ -35,7 +35,7 @@ from rewardstack.jsonio import MAX_DEPTH, JSONInputError, parse
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack.settings import InputSettings, ServiceSettings
-from rewardstack.stack import RECENT_RESULTS, TASK_RE, Step
+from rewardstack.stack import RECENT_RESULTS, TASK_RE, ReadView, Step
 
 SCORE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -222,12 +222,17 @@ def _echo(step: Step) -> dict[str, Any]:
     }
 
 
-def same_step(stored: str, step: Step) -> bool:
-    """Whether a stored answer is for this step (a retry), not another step reusing its number."""
+def same_step(stored: str, step: Step, max_chars: int | None = None) -> bool:
+    """Whether a stored answer is for this step (a retry), not another step reusing its number.
+
+    `max_chars` (`[input] max_chars`): the stored event echoes each text as read, cut there.
+    """
     try:
         event = json.loads(stored)
     except ValueError:  # pragma: no cover - we wrote it
         return False
+    if max_chars is not None:
+        step = ReadView.of(step, max_chars).step
     want = json.loads(event_line(_echo(step)))  # through the event writer: NaN -> null, tuples -> lists
     return all(event.get(k) == v for k, v in want.items())
 

@@ -272,7 +272,7 @@ class Worker:
                 duplicates.append((job, in_batch[(job.namespace, seq)]))
             elif seq in ns.state.recent:
                 stored = ns.state.recent[seq]
-                job.answer(Outcome(stored, seq, scored=False) if same_step(stored, job.step)
+                job.answer(Outcome(stored, seq, scored=False) if same_step(stored, job.step, self.config.input.max_chars)
                            else sequence_conflict(job.namespace, seq, exp))
             else:
                 job.answer(sequence_gap(job.namespace, seq, exp))
@@ -286,7 +286,7 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
                 job.answer(e)
             else:
-                job.answer(Outcome(done.body, done.sequence, scored=False) if same_step(done.body, job.step)
+                job.answer(Outcome(done.body, done.sequence, scored=False) if same_step(done.body, job.step, self.config.input.max_chars)
                            else sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
 
     def _score(self, jobs: list[Job]) -> None:
