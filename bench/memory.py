@@ -6,7 +6,10 @@ model on the profile grid, then measures the peak of off-grid shapes with the te
 and prints predicted vs measured and the error (target: within 15%); then the same for every scorer
 of the stand-in stack, each with its own cost model and profile run. Then the whole stand-in stack scores
 `heavy_tailed_steps()` (9 steps x 50 completions, one of 40,000 characters) under a simulated budget
-and prints the tracker's peak against that budget. Every number is measured.
+and prints the tracker's peak against that budget. Last, hostile input: one 50 MB completion through
+`rewardstack score` (spaced words, and one 50 MB word) against the same steps without it: wall time,
+peak RSS of the `score` process and the completion's status (`--row huge-completion` runs only that
+row; target: under 1.5x the memory, in seconds, status `cut`). Every number is measured.
 """
 
 from __future__ import annotations
@@ -126,8 +129,83 @@ def full_stack(budget: int = 64 * 1024**2) -> None:
           f"({peak / budget:.0%}); OOMs {len(mm.oom_log)}; statuses {statuses}")
 
 
+HUGE_CHARS = 50_000_000
+
+
+def _score_rss(config: Path, steps: Path, out: Path) -> tuple[float, int, list[dict]]:
+    """Run `rewardstack score` in a child process: (wall seconds, peak RSS bytes, events)."""
+    import os
+    import subprocess
+    import sys
+
+    t = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "rewardstack.cli", "-q", "score", "--config", str(config),
+                             "--input", str(steps), "--output", str(out)], stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.time() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, f"score exited {proc.returncode}"
+    import json
+
+    events = [json.loads(x) for x in out.read_text(encoding="utf-8").split("\n")[:-1]]
+    return wall, usage.ru_maxrss * 1024, events
+
+
+def huge_completion_row(chars: int = HUGE_CHARS) -> None:
+    """One completion of `chars` characters through `score` against the same steps without it."""
+    import json
+
+    from rewardstack.standins import make_standins
+
+    print()
+    print(f"== hostile input: one {chars / 1e6:.0f} MB completion through `rewardstack score` (stand-in stack, "
+          "every model on; [input] max_chars 65536) ==")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        config = make_standins(root / "standins")
+        base = [{"name": "augment", "prompt": f"Write about reward models, part {k}.",
+                 "completions": [f"Reward model answer {k}.{j}: the model scores text." for j in range(8)]}
+                for k in range(3)]
+        rows: list = []
+        warm = config.parent / "stack-warm.toml"  # profiles every model once; each run then reads that cache
+        warm.write_text(config.read_text(encoding="utf-8").replace('state_dir = "state"', 'state_dir = "state-warm"'),
+                        encoding="utf-8")
+        (root / "warm.jsonl").write_text(json.dumps(base[0]) + "\n", encoding="utf-8")
+        _score_rss(warm, root / "warm.jsonl", root / "warm.out")
+        for label, huge in (("without", None), ("spaced words", "word " * (chars // 5)), ("one word", "x" * chars)):
+            steps = [dict(s, completions=list(s["completions"])) for s in base]
+            if huge is not None:
+                steps[1]["completions"][3] = huge.strip()
+            path = root / f"steps-{len(rows)}.jsonl"
+            path.write_text("".join(json.dumps(s) + "\n" for s in steps), encoding="utf-8")
+            del huge, steps
+            cfg = config.parent / f"stack-{len(rows)}.toml"  # own state and calibration: every run starts alike
+            text = config.read_text(encoding="utf-8").replace('state_dir = "state"', f'state_dir = "state-{len(rows)}"')
+            cfg.write_text(text, encoding="utf-8")
+            import shutil
+
+            shutil.copy(warm.with_name("stack-warm.calibration.json"), cfg.with_name(cfg.stem + ".calibration.json"))
+            wall, rss, events = _score_rss(cfg, path, root / f"ev-{len(rows)}.jsonl")
+            status = events[1]["statuses"][3]
+            rows.append((label, wall, rss, status))
+    base_rss = rows[0][2]
+    print(f"{'input':<14} {'wall s':>7} {'vs without':>10} {'peak RSS MiB':>13} {'vs without':>10}  status of the long completion")
+    for label, wall, rss, status in rows:
+        print(f"{label:<14} {wall:>7.1f} {wall - rows[0][1]:>+9.1f}s {rss / 1024**2:>13.0f} {rss / base_rss:>9.2f}x  {status}")
+    worst = max(r[2] for r in rows[1:]) / base_rss
+    print(f"peak RSS with the long completion / without: {worst:.2f}x (target < 1.5x): {'PASS' if worst < 1.5 else 'FAIL'}")
+
+
 def main() -> None:
-    """Print both tables."""
+    """Print the tables (`--row huge-completion`: only the hostile-input row)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--row", choices=("huge-completion",), help="run only this row")
+    args = ap.parse_args()
+    if args.row == "huge-completion":
+        huge_completion_row()
+        return
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # keep the table readable: no load bars or length warnings
@@ -138,6 +216,7 @@ def main() -> None:
     cost_model_table()
     scorer_table()
     full_stack()
+    huge_completion_row()
     print(f"\ntotal {time.time() - t:.0f}s")
 
 

@@ -18,20 +18,39 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Iterable, Iterator, Sequence
 
 from rewardstack.errors import InputError, RewardStackError
 
 
 def _jsonable(x: Any) -> Any:
-    """Events as strict JSON: NaN and infinities (unscored values) become null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
+    """Events as strict JSON: NaN and infinities (unscored values) become null.
+
+    Iterative, not recursive: a step's free-form fields (`set_weights`) reach the event as given,
+    and a recursive walk of a deeply nested value would raise RecursionError on every rerun.
+    """
+    def convert(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            out: Any = {}
+        elif isinstance(v, (list, tuple)):
+            out = []
+        else:
+            return v
+        todo.append((v, out))
+        return out
+
+    todo: list[tuple[Any, Any]] = []
+    root = convert(x)
+    while todo:
+        src, dst = todo.pop()
+        if isinstance(src, dict):
+            for k, v in src.items():
+                dst[k] = convert(v)
+        else:
+            dst.extend(convert(v) for v in src)
+    return root
 
 
 def event_line(event: dict[str, Any]) -> str:
@@ -39,16 +58,23 @@ def event_line(event: dict[str, Any]) -> str:
     return json.dumps(_jsonable(event), ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def read_steps(lines: TextIO) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
-    """(line number, parsed object or the InputError that says what is wrong), skipping blanks."""
+def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
+    """(line number, parsed object or the InputError that says what is wrong), skipping blanks.
+
+    Lines may be bytes (a file opened in binary): each is decoded on its own, so a line that is
+    not UTF-8 is that line's error and the others are read (rewardstack.jsonio).
+    """
+    from rewardstack.jsonio import parse
+
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield number, InputError(f"not valid JSON ({e.msg} at column {e.colno})", line=number)
+            obj = parse(line, line=number)
+        except InputError as e:
+            yield number, e
             continue
+        del line  # a huge line is not kept alive (twice: raw and parsed) while its step is scored
         yield number, obj
 
 
@@ -68,7 +94,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         return open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
 
     return run_score(args.config, args.input, args.output, save_every=args.save_every, setup=telemetry,
-                     device_memory=args.device_memory, recalibrate=args.recalibrate)
+                     device_memory=args.device_memory, recalibrate=args.recalibrate,
+                     max_chars=args.max_chars, max_completions=args.max_completions)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -188,6 +215,14 @@ def add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved cost models")
 
 
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    """`--max-chars` and `--max-completions`: the `[input]` limits, for commands that score steps."""
+    p.add_argument("--max-chars", type=_positive_int, help="read at most this many characters of each prompt and "
+                   "completion; a completion cut here gets status 'cut' (overrides [input] max_chars, default 65536)")
+    p.add_argument("--max-completions", type=_positive_int, help="refuse a step with more completions, as a bad "
+                   "line (overrides [input] max_completions, default 256)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `rewardstack` command."""
     p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0])
@@ -205,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-dir", help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
     add_memory_flags(s)
+    add_input_flags(s)
     s.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")

@@ -29,7 +29,7 @@ from typing import Any
 
 from rewardstack.errors import ConfigError
 from rewardstack.modeloptions import option_keys, parse_options
-from rewardstack.settings import TABLES, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
+from rewardstack.settings import TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
 
 REWARD_MODELS = (
     "dpo_reward_model",
@@ -129,6 +129,8 @@ class StackConfig:
     """The `[telemetry]` table."""
     service: ServiceSettings = field(default_factory=ServiceSettings)
     """The `[service]` table."""
+    input: InputSettings = field(default_factory=InputSettings)
+    """The `[input]` table: characters per text and completions per step the stack reads."""
     source: Path | None = None
     """The file the config was read from (None if built in code)."""
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from rewardstack.errors import InputError, RewardStackError, StateError
-from rewardstack.stack import RewardStack, Step, StepResult
+from rewardstack.stack import RewardStack, Step, StepResult, check_completions
 
 log = logging.getLogger("rewardstack.runner")
 
@@ -72,16 +72,22 @@ class ScoreReport:
         return 0 if not self.errors else 2
 
 
-def iter_steps(lines: Iterable[str]) -> Iterator[tuple[int, Step | InputError]]:
-    """(line number, Step or the InputError saying what is wrong) for each non-blank line."""
+def iter_steps(lines: Iterable[str | bytes], limits: Any = None) -> Iterator[tuple[int, Step | InputError]]:
+    """(line number, Step or the InputError saying what is wrong) for each non-blank line.
+
+    `limits` (an `InputSettings`) refuses a step with more completions than it allows.
+    """
     from rewardstack.cli import read_steps
 
-    for number, obj in read_steps(lines):  # type: ignore[arg-type]
+    for number, obj in read_steps(lines):
         if isinstance(obj, InputError):
             yield number, obj
             continue
         try:
-            yield number, Step.from_dict(obj, line=number)
+            step = Step.from_dict(obj, line=number)
+            if limits is not None:
+                check_completions(step, limits.max_completions, line=number)
+            yield number, step
         except InputError as e:
             yield number, e
 
@@ -164,6 +170,42 @@ def reconcile_output(path: Path, journal: dict[str, Any] | None, report: ScoreRe
     return [_hash_of(line, f"{path}: line {i + 1}") for i, line in enumerate(lines)]
 
 
+def settle_journal(journal: dict[str, Any] | None, out_path: Path | None, report: ScoreReport | None = None) -> None:
+    """Before any other input is scored: deliver the last commit's lines to the output it names.
+
+    The state's journal names the output of its last commit. When that is another file than
+    `out_path` (None: stdout) and the file lacks the commit (a kill between the state save and
+    the line), the lines are written there now, exactly as a resume of that output would; without
+    this, a later resume of that output would score its step again into a state that already
+    counts it. When the commit cannot be delivered (the file is gone or disagrees), this raises
+    OutputMismatchError naming the output that must be resumed first.
+    """
+    if not journal or not journal.get("output"):
+        return
+    named = Path(str(journal["output"]))
+    if out_path is not None and str(out_path.resolve()) == str(named):
+        return  # our own output: reconcile_output handles it
+    committed = int(journal.get("committed", 0))
+    pending = list(journal.get("pending", []))
+    lines, _, _ = _read_lines(named)
+    if len(lines) >= committed:
+        return  # the commit reached its output (a torn tail there is that output's own resume's business)
+    first = committed - len(pending)
+    if not named.exists() and first > 0:
+        raise OutputMismatchError(
+            f"the state's last commit ({len(pending)} event(s)) belongs to {named}, which no longer exists; "
+            f"restore {named} and resume it (rewardstack score with --output {named}) before scoring another input"
+        )
+    try:
+        reconcile_output(named, journal, report)
+    except OutputMismatchError as e:
+        raise OutputMismatchError(
+            f"the state's last commit belongs to {named} and is not in it: resume that output first "
+            f"(rewardstack score with --output {named}); {e}"
+        ) from None
+    log.warning("%s: wrote the state's last commit to it before scoring %s", named, out_path or "stdout")
+
+
 # -- the loop -------------------------------------------------------------------------------------
 
 def _journal_of(stack: RewardStack) -> dict[str, Any] | None:
@@ -204,15 +246,18 @@ def score_file(
     to_stdout = str(output) == "-"
     out_path = Path(output)
     done: list[str] = []
+    journal = _journal_of(stack)
+    settle_journal(journal, None if to_stdout else out_path, report)
     if not to_stdout:
-        done = reconcile_output(out_path, _journal_of(stack), report)
-    with in_path.open(encoding="utf-8") as f:
+        done = reconcile_output(out_path, journal, report)
+    # Binary: each line is decoded on its own, so bytes that are not UTF-8 are that line's error.
+    with in_path.open("rb") as f:
         total = sum(1 for line in f if line.strip())
     position = 0  # index of the next good step
     committed = len(done)
     pending: list[str] = []
-    with in_path.open(encoding="utf-8") as f, _progress(total if progress else 0, "scoring") as bar:
-        for number, step in iter_steps(f):
+    with in_path.open("rb") as f, _progress(total if progress else 0, "scoring") as bar:
+        for number, step in iter_steps(f, stack.config.input):
             bar.update(1)
             if isinstance(step, InputError):
                 report.errors.append(str(step))
@@ -261,10 +306,11 @@ def score_file(
 
 def run_score(config_path: str, input_path: str, output: str, *, save_every: int = 1,
               setup: Callable[[RewardStack], Any] | None = None, device_memory: int | None = None,
-              recalibrate: bool = False) -> int:
+              recalibrate: bool = False, max_chars: int | None = None, max_completions: int | None = None) -> int:
     """`rewardstack score`: lock the state directory, build the stack, score, report. Returns the exit code.
 
-    `device_memory` overrides `[memory] device_memory`; `recalibrate` profiles every model again.
+    `device_memory` overrides `[memory] device_memory`; `recalibrate` profiles every model again;
+    `max_chars` and `max_completions` override the `[input]` limits.
     """
     from rewardstack.config import load_config
     from rewardstack.state import StateLock
@@ -272,6 +318,10 @@ def run_score(config_path: str, input_path: str, output: str, *, save_every: int
     cfg = load_config(config_path)
     if device_memory is not None:
         cfg.memory.device_memory = device_memory
+    if max_chars is not None:
+        cfg.input.max_chars = max_chars
+    if max_completions is not None:
+        cfg.input.max_completions = max_completions
     with StateLock(cfg.state_dir):
         stack = RewardStack(cfg, recalibrate=recalibrate)
         closer = setup(stack) if setup is not None else None
@@ -289,5 +339,6 @@ def run_score(config_path: str, input_path: str, output: str, *, save_every: int
     return report.exit_code
 
 
-__all__ = ["OutputMismatchError", "ScoreReport", "commit", "reconcile_output", "run_score", "score_file", "step_hash",
+__all__ = ["OutputMismatchError", "ScoreReport", "commit", "reconcile_output", "run_score", "score_file", "settle_journal",
+           "step_hash",
            "StateError"]

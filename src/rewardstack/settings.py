@@ -1,4 +1,4 @@
-"""Settings tables of the config file that features add: `[memory]`, `[telemetry]`, `[service]`.
+"""Settings tables of the config file that features add: `[memory]`, `[telemetry]`, `[service]`, `[input]`.
 
 Each table is a dataclass; its fields' docstrings (the string literal under each field) are the
 help that `rewardstack config --explain` prints. `parse_table` validates a TOML table against one:
@@ -212,4 +212,15 @@ class ServiceSettings:
     """TOML table of token SHA-256 hex digest -> namespace the token may use (relative to the config file). $REWARDSTACK_TOKEN is a token for every namespace."""
 
 
-TABLES: dict[str, type] = {"memory": MemorySettings, "telemetry": TelemetrySettings, "service": ServiceSettings}
+@dataclass
+class InputSettings:
+    """`[input]`: the most work one step may ask of the stack (library, `score`, `replay`)."""
+
+    max_chars: int = field(default=65536, metadata={"check": _positive})
+    """Most characters of a prompt, base prompt or completion the models read; past it the text is cut before tokenizing and the completion's status is `cut` (docs/SEMANTICS.md). --max-chars overrides."""
+    max_completions: int = field(default=256, metadata={"check": _positive})
+    """Most completions in one step; a step with more is refused as bad input naming `completions`. --max-completions overrides."""
+
+
+TABLES: dict[str, type] = {"memory": MemorySettings, "telemetry": TelemetrySettings, "service": ServiceSettings,
+                           "input": InputSettings}

@@ -18,8 +18,10 @@ keeps one second part per client; the Ray scale-out runs them in different proce
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -79,6 +81,8 @@ class Step:
         for key in ("name", "prompt"):
             if not isinstance(d[key], str):
                 raise InputError(f"must be a string, got {type(d[key]).__name__}", line=line, field=key)
+        if not TASK_RE.fullmatch(d["name"]):
+            raise InputError(f"must be augment, followupN or answerN, got {d['name'][:40]!r}", line=line, field="name")
         comps = d["completions"]
         if not isinstance(comps, list) or not all(c is None or isinstance(c, str) for c in comps):
             raise InputError("must be a list of strings (null marks a failed response)", line=line, field="completions")
@@ -105,6 +109,15 @@ class Step:
         nfp = d.get("new_forward_pass")
         if nfp is not None and not isinstance(nfp, bool):
             raise InputError("must be true or false", line=line, field="new_forward_pass")
+        block = d.get("block")
+        if block is not None and (not isinstance(block, int) or isinstance(block, bool) or block < 0):
+            raise InputError("must be a non-negative integer", line=line, field="block")
+        gating_loss = d.get("gating_loss")
+        if gating_loss is not None and (not isinstance(gating_loss, (int, float)) or isinstance(gating_loss, bool)):
+            raise InputError("must be a number", line=line, field="gating_loss")
+        set_weights = d.get("set_weights")
+        if not _valid_weights(set_weights):
+            raise InputError("must be a number, a boolean, or a list (of lists) of numbers", line=line, field="set_weights")
         logged_best = d.get("logged_best")
         if logged_best is not None and not isinstance(logged_best, str):
             raise InputError("must be a string", line=line, field="logged_best")
@@ -117,9 +130,69 @@ class Step:
             name=d["name"], prompt=d["prompt"], completions=comps, base_prompt=base,
             uids=list(uids) if uids is not None else None,
             completion_times=[float(t) for t in times] if times is not None else None,
-            block=d.get("block"), gating_loss=d.get("gating_loss"), set_weights=d.get("set_weights"),
+            block=block, gating_loss=gating_loss, set_weights=set_weights,
             new_forward_pass=nfp, logged_best=logged_best.strip() if logged_best is not None else None,
         )
+
+
+TASK_RE = re.compile(r"augment|followup[0-9]*|answer[0-9]*")
+"""The task names a step may have (spec: `augment`, `followupN`, `answerN`; replay's v1.0 rows: no N)."""
+
+
+def _valid_weights(value: Any, depth: int = 0) -> bool:
+    """`set_weights` as the validator logs it: null, a number or boolean, or lists of those (2 levels)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, list) and depth < 2:
+        return all(_valid_weights(v, depth + 1) for v in value)
+    return False
+
+
+def check_completions(step: Step, limit: int, *, line: int | None = None) -> None:
+    """InputError naming `completions` when `step` has more than `limit` (`[input] max_completions`)."""
+    if len(step.completions) > limit:
+        raise InputError(f"{len(step.completions)} completions, more than {limit} ([input] max_completions)",
+                         line=line, field="completions")
+
+
+@dataclass
+class ReadView:
+    """What the models read of a step: every text cut to `[input] max_chars`, and what was cut."""
+
+    step: Step
+    prompt_cut: bool
+    base_cut: bool
+    cut: list[bool]
+    """Per completion: whether its text was cut."""
+
+    @classmethod
+    def of(cls, step: Step, max_chars: int) -> "ReadView":
+        def cut(text: str | None) -> tuple[str | None, bool]:
+            if text is None or len(text) <= max_chars:
+                return text, False
+            return text[:max_chars], True
+
+        prompt, p_cut = cut(step.prompt)
+        base, b_cut = cut(step.base_prompt)
+        comps = [cut(c) for c in step.completions]
+        if not (p_cut or b_cut or any(c for _, c in comps)):
+            return cls(step, False, False, [False] * len(comps))
+        view = dataclasses.replace(step, prompt=prompt, base_prompt=base, completions=[t for t, _ in comps])
+        return cls(view, p_cut, b_cut if step.base_prompt is not None else p_cut, [c for _, c in comps])
+
+    def mark(self, res: ScoreResult, *, mask: bool) -> ScoreResult:
+        """`res` with every scored completion whose input (text or prompt) was cut marked CUT."""
+        whole = self.base_cut if mask else self.prompt_cut
+        for i, c in enumerate(self.cut):
+            if (c or whole) and res.statuses[i] in Status.SCORED:
+                res.statuses[i] = Status.CUT
+        return res
+
+    def mark_embeddings(self, embs: list[Embedding]) -> list[Embedding]:
+        """Diversity's (vector, status) per live completion, CUT where that completion was cut."""
+        live = [i for i, c in enumerate(self.step.completions) if c is not None]
+        return [(v, Status.CUT if (self.cut[i] or self.base_cut) and st in Status.SCORED else st)
+                for i, (v, st) in zip(live, embs)]
 
 
 def _is_valid_unicode(text: str) -> bool:
@@ -454,6 +527,8 @@ class RewardStack:
         """Score one validator step and return rewards, per-model scores, statuses and the event."""
         from rewardstack.oplog import StepLine  # the step's INFO line: time, statuses, memory peak
 
+        if isinstance(step, Step):
+            check_completions(step, self.config.input.max_completions)
         with StepLine(self, step.name if isinstance(step, Step) else str(step.get("name", "?"))) as line:
             result = self.state.apply(self.forward(step))
         line.done(result, self.steps_scored)
@@ -480,27 +555,35 @@ class RewardStack:
         it alone; the order only saves swapping weights in and out between steps.
         """
         parsed = [s if isinstance(s, Step) else Step.from_dict(s) for s in steps]
+        # The models read each text up to `[input] max_chars` characters (bounded work per input);
+        # a completion whose text or prompt was cut gets status CUT. The rest is never read: the
+        # blacklist, `best` and the event see the step as read, so a 50 MB completion is not
+        # copied into the event line, the state's journal or a stored service answer either.
+        views = [ReadView.of(step, self.config.input.max_chars) for step in parsed]
         started = time.time()
         results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
         embeddings: list[dict[str, list[Embedding]]] = [{} for _ in parsed]
         for name in REWARD_MODELS:
             if name in self.scorers:
-                for step, res in zip(parsed, results):
-                    res[name] = self._run(name, ScoreRequest(step.prompt, step.completions, step.name))
+                for view, res in zip(views, results):
+                    step = view.step
+                    res[name] = view.mark(self._run(name, ScoreRequest(step.prompt, step.completions, step.name)), mask=False)
         for name in MASKS:
             scorer = self.scorers.get(name)
             if scorer is None or isinstance(scorer, Blacklist):
                 continue
-            for step, res, emb in zip(parsed, results, embeddings):
+            for view, res, emb in zip(views, results, embeddings):
+                step = view.step
                 base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
                 request = ScoreRequest(base_prompt, step.completions, step.name)
                 if isinstance(scorer, DiversityMask):
-                    emb[name] = self._embed(scorer, request)
+                    emb[name] = view.mark_embeddings(self._embed(scorer, request))
                 else:
-                    res[name] = self._run(name, request)
+                    res[name] = view.mark(self._run(name, request), mask=True)
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
-        return [ForwardResult(step, res, emb, started) for step, res, emb in zip(parsed, results, embeddings)]
+        # The step as read goes on (blacklist, best, event): nothing past max_chars is kept or echoed.
+        return [ForwardResult(view.step, res, emb, started) for view, res, emb in zip(views, results, embeddings)]
 
     def _run(self, name: str, request: ScoreRequest) -> ScoreResult:
         """One scorer on one request; a scorer that raises marks every live completion ERROR."""

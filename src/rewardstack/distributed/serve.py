@@ -27,7 +27,6 @@ as in `rewardstack serve`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -71,7 +70,7 @@ class NamespaceState:
         from rewardstack.state import StateLock, StateStore
 
         folder = Path(state_dir) / "namespaces" / name
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # reserved by the replica first (protocol: namespace limit)
         lock = StateLock(folder).acquire()  # one writer: not also a `rewardstack serve`
         store = StateStore(folder)
         state = RewardState(config)
@@ -86,23 +85,31 @@ class NamespaceState:
         return self.ns.state.sequence
 
     def _gap(self, got: int) -> tuple:
-        from rewardstack.service.worker import Worker
+        from rewardstack.service.protocol import sequence_gap
 
-        e = Worker._gap(self.ns.name, got, self.ns.state.sequence + 1)
+        e = sequence_gap(self.ns.name, got, self.ns.state.sequence + 1)
         return ("error", e.status, e.type, e.message, e.field)
 
-    def _repeat(self, sequence: int) -> tuple | None:
-        """The stored answer of a committed step, a 409 if it is too old, None if not committed."""
+    def _repeat(self, sequence: int, step: Step) -> tuple | None:
+        """The stored answer of a committed step (409 if it was another step, or is too old), None
+        if not committed."""
+        from rewardstack.service.protocol import same_step, sequence_conflict
+
         if sequence > self.ns.state.sequence:
             return None
         stored = self.ns.state.recent.get(sequence)
-        return ("ok", stored, sequence, False) if stored is not None else self._gap(sequence)
+        if stored is None:
+            return self._gap(sequence)
+        if not same_step(stored, step, self.ns.state.config.input.max_chars):
+            e = sequence_conflict(self.ns.name, sequence, self.ns.state.sequence + 1)
+            return ("error", e.status, e.type, e.message, e.field)
+        return ("ok", stored, sequence, False)
 
-    async def precheck(self, sequence: int | None) -> tuple:
+    async def precheck(self, sequence: int | None, step: Step) -> tuple:
         """Before the forward pass: a repeat's stored answer, a hopeless gap's 409, else `("go",)`."""
         if sequence is None:
             return ("go",)
-        repeat = self._repeat(sequence)
+        repeat = self._repeat(sequence, step)
         if repeat is not None:
             return repeat
         if sequence - (self.ns.state.sequence + 1) > RECENT_RESULTS:
@@ -123,11 +130,11 @@ class NamespaceState:
                         await asyncio.wait_for(self.turn.wait(), left)
                     except TimeoutError:
                         return self._gap(sequence)
-                repeat = self._repeat(sequence)
+                repeat = self._repeat(sequence, fwd.step)
                 if repeat is not None:
                     return repeat
             # From here to the end: no await, so nothing else touches the state.
-            from rewardstack.service.worker import response_body
+            from rewardstack.service.protocol import response_body
 
             state = self.ns.state
             try:
@@ -225,18 +232,13 @@ class ScoringReplica:
         return build_http_app(self)
 
 
-def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    from rewardstack.service.app import ERROR_SCHEMA
-
-    return {c: {"description": "error", "content": {"application/json": {"schema": ERROR_SCHEMA}}} for c in codes}
-
-
 def build_http_app(replica: ScoringReplica) -> Any:
     """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
-    from rewardstack.service.app import SCORE_SCHEMA, BodyLimit, _client_deadline, check_limits
     from rewardstack.service.errors import ServiceError
-    from rewardstack.service.guard import authorizer, install_error_handlers, namespace_for
-    from rewardstack.service.namespaces import valid_name
+    from rewardstack.service.guard import authorizer, install_error_handlers
+    from rewardstack.service.namespaces import NamespaceLimitError, reserve
+    from rewardstack.service.protocol import (SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
+                                              error_responses, namespace_for, namespace_limit, parse_score)
 
     settings = replica.settings
     access = replica.access
@@ -251,12 +253,11 @@ def build_http_app(replica: ScoringReplica) -> Any:
     root = Path(replica.state_dir) / "namespaces"
 
     def check_namespace_count(name: str) -> None:
-        if (root / name).is_dir():
-            return
-        existing = [p for p in root.iterdir() if p.is_dir() and valid_name(p.name)] if root.is_dir() else []
-        if len(existing) >= settings.max_namespaces:
-            raise ServiceError(403, "namespace_limit", f"the service holds {settings.max_namespaces} namespaces "
-                               "(service.max_namespaces); no new one can be made", field="namespace")
+        # Count and create under one file lock on the shared folder: replicas cannot overshoot.
+        try:
+            reserve(root, name, settings.max_namespaces)
+        except NamespaceLimitError as e:
+            raise namespace_limit(e.limit) from None
 
     def answer(reply: tuple) -> Response:
         if reply[0] == "error":
@@ -280,22 +281,11 @@ def build_http_app(replica: ScoringReplica) -> Any:
     @app.post("/v1/score", summary="Score one step",
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
               responses={200: {"description": "the event line `rewardstack score` writes, plus `sequence`"},
-                         **_error_responses(400, 401, 403, 409, 413, 422, 429, 503, 504)})
+                         **error_responses(*SCORE_CODES)})
     async def score(request: Request, scope: str | None = Depends(authorize)) -> Response:
         arrived = time.monotonic()
-        body = await request.body()
-        try:
-            obj = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
-        if not isinstance(obj, dict):
-            raise ServiceError(422, "invalid_step", "a step must be a JSON object", field="body")
-        namespace = namespace_for(obj.pop("namespace", None), scope)
-        sequence = obj.pop("sequence", None)
-        if sequence is not None and (not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 1):
-            raise ServiceError(422, "invalid_step", "field 'sequence': must be an integer >= 1", field="sequence")
-        step = Step.from_dict(obj)
-        check_limits(step, settings)
+        call = parse_score(await request.body(), scope, settings, replica.config.input)  # the service's rules
+        namespace, sequence, step = call.namespace, call.sequence, call.step
         check_namespace_count(namespace)
         if replica.in_flight >= settings.queue_size:
             raise ServiceError(429, "queue_full", f"the replica has {replica.in_flight} steps in flight; the step "
@@ -303,10 +293,10 @@ def build_http_app(replica: ScoringReplica) -> Any:
         replica.in_flight += 1
         try:
             actor = replica._actor(namespace)
-            pre = await call_state(actor.precheck, sequence)
+            pre = await call_state(actor.precheck, sequence, step)
             if pre[0] != "go":
                 return answer(pre)
-            deadline = arrived + min(settings.deadline_s, _client_deadline(request))
+            deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
             fwd = await replica._forward(_Forward(step, deadline))
             if fwd is None:
                 raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
@@ -318,17 +308,14 @@ def build_http_app(replica: ScoringReplica) -> Any:
             replica.in_flight -= 1
 
     @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number",
-             responses=_error_responses(401, 403, 422))
+             responses=error_responses(401, 403, 422))
     async def namespace_info(name: str, scope: str | None = Depends(authorize)) -> dict:
         name = namespace_for(name, scope)
         try:
             actor = ray.get_actor(actor_name(name), namespace=RAY_NAMESPACE)
             sequence = await call_state(actor.sequence)
         except ValueError:  # no actor: read the committed file
-            from rewardstack.state import StateStore
-
-            sections = await asyncio.to_thread(StateStore(root / name).load)
-            sequence = int(sections.get("stack", {}).get("steps_scored", 0))
+            sequence = await asyncio.to_thread(committed_sequence, root / name)
         return {"namespace": name, "sequence": sequence, "next": sequence + 1}
 
     @app.get("/healthz", summary="Liveness of this replica")
@@ -340,7 +327,7 @@ def build_http_app(replica: ScoringReplica) -> Any:
     async def readyz() -> dict:
         return {"status": "ready"}  # Serve routes to a replica only after its constructor returned
 
-    @app.get("/v1/stack", summary="Models, device and limits of this replica", responses=_error_responses(401))
+    @app.get("/v1/stack", summary="Models, device and limits of this replica", responses=error_responses(401))
     async def stack_info(scope: str | None = Depends(authorize)) -> dict:
         return {
             "device": str(replica.stack.device),

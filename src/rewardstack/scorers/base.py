@@ -21,20 +21,21 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Status:
-    """Per-completion statuses. `OK` and `TRUNCATED` carry a score; the others carry NaN."""
+    """Per-completion statuses. `OK`, `TRUNCATED` and `CUT` carry a score; the others carry NaN."""
 
     OK = "ok"
     TRUNCATED = "truncated"  # scored, but the input was cut to the model's length bound or the budget
+    CUT = "cut"  # scored on the first `[input] max_chars` characters only: the rest was never read
     FAILED = "failed"  # the miner's response failed (timeout, transport error): not scored
     OOM = "oom"  # every retry (split batches, CPU) ran out of memory: not scored
     ERROR = "error"  # the model raised something other than OOM: not scored
 
-    SCORED = frozenset({OK, TRUNCATED})
+    SCORED = frozenset({OK, TRUNCATED, CUT})
 
     @staticmethod
     def worst(statuses: Sequence[str]) -> str:
         """The most severe of several statuses (used to summarize one completion over scorers)."""
-        order = [Status.FAILED, Status.OOM, Status.ERROR, Status.TRUNCATED, Status.OK]
+        order = [Status.FAILED, Status.OOM, Status.ERROR, Status.CUT, Status.TRUNCATED, Status.OK]
         for s in order:
             if s in statuses:
                 return s

@@ -24,6 +24,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.scorers import encoding as enc
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.charbound import head_for_tokens
 
 OA_TRAINED_LENGTH = 512
 NSFW_WINDOW = 512
@@ -82,6 +83,9 @@ class OpenAssistantScorer(_Classifier):
     def encode(self, prompt: str, texts: list[str], bound: int) -> tuple[list[list[int]], list[list[int]] | None, list[bool]]:
         """Pair ids (and token types) per text, cut to `bound`; and whether each was cut."""
         tok = self.tokenizer
+        # Only the first `bound` ids of the pair are kept: read each completion up to a head that
+        # provably gives those ids (scorers/charbound.py), not the whole text.
+        texts = [head_for_tokens(t, tok, bound) for t in texts]
         full = tok([prompt] * len(texts), texts)
         ids, types = list(full["input_ids"]), full.get("token_type_ids")
         types = list(types) if types is not None else None

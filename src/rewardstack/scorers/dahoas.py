@@ -30,6 +30,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, profile_runner, save_standin_tokenizer, split_prefix
@@ -140,9 +141,13 @@ class DahoasScorer(Scorer):
         if not live:
             return res
         comps = [request.completions[i] for i in live]
-        texts = [wrap(request.prompt + c) for c in comps] + [wrap(c) for c in comps]  # type: ignore[operator]
-        enc = self.tokenizer(texts).input_ids
         cap = min(self.max_len, self.runtime.memory.length_cap(self.name, self.max_len))
+        # Only the first `cap` ids count: read a head that provably gives them (charbound.py).
+        def head(t: str) -> str:
+            return head_for_tokens(t, self.tokenizer, cap)
+
+        texts = [wrap(head(request.prompt + c)) for c in comps] + [wrap(head(c)) for c in comps]  # type: ignore[operator]
+        enc = self.tokenizer(texts).input_ids
         ids: list[list[int]] = []
         cut = [False] * len(texts)
         for k, x in enumerate(enc):

@@ -36,6 +36,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.prefix import (
     dummy_ids,
@@ -385,7 +386,9 @@ class DpoScorer(Scorer):
             for i in todo:
                 res.scores[i] = LOW
             return res
-        enc = self.tokenizer([request.prompt + request.completions[i] for i in todo]).input_ids
+        # Only the first max_len ids are kept: read a head that provably gives them (charbound.py).
+        enc = self.tokenizer([head_for_tokens(request.prompt + request.completions[i], self.tokenizer, self.max_len)  # type: ignore[operator]
+                              for i in todo]).input_ids
         cap = self._fit_chunk(min(self.max_len, max(len(x) for x in enc)))
         ids: list[list[int]] = []
         keep: list[int] = []

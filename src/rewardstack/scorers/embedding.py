@@ -31,6 +31,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.scorers import encoding as enc
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.charbound import head_for_tokens
 
 log = logging.getLogger("rewardstack.embedding")
 
@@ -136,8 +137,9 @@ class Embedder:
                 # Overflow windows of `length` (length - 2 content tokens each), no stride.
                 encd = self.tokenizer(texts, truncation=True, max_length=length, return_overflowing_tokens=True)
                 owner = list(encd["overflow_to_sample_mapping"])
-            else:
-                encd = self.tokenizer(texts, truncation=True, max_length=length)
+            else:  # the first `length` ids only: read a head that provably gives them (charbound.py)
+                encd = self.tokenizer([head_for_tokens(t, self.tokenizer, length) for t in texts], truncation=True,
+                                      max_length=length)
                 owner = list(range(len(texts)))
         except Exception as e:  # noqa: BLE001 - a tokenizer failure fails the texts, not the step
             log.error("%s: tokenizer failed: %s", self.name, e)

@@ -21,6 +21,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.kvcache import choose_path
+from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.dpo import sane_max_length
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, profile_runner, run_in_groups, save_standin_tokenizer, split_prefix
 
@@ -50,6 +51,7 @@ def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[li
     tokenizer emits reach the model (GPT-J adds their embedding). GPT-J's own tokenizer emits none.
     """
     want_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+    texts = [head_for_tokens(t, tokenizer, max_len) for t in texts]  # same first ids, bounded work
     enc = tokenizer(texts, truncation=True, max_length=max_len, return_overflowing_tokens=True,
                     return_token_type_ids=want_types)
     owner = enc.get("overflow_to_sample_mapping")

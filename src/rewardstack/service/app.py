@@ -5,18 +5,18 @@
 Routes: `POST /v1/score` (one step in, its event out), `GET /v1/namespaces/{name}`,
 `GET /v1/stack`, `GET /healthz`, `GET /readyz`, `GET /metrics`, and FastAPI's `/openapi.json` and
 `/docs`. Every refusal is a `ServiceError`, turned into `{"error": {"message", "type", "field"}}` by
-the exception handlers below (the one place errors become responses). Bodies are parsed with the
-standard `json` module and validated by `Step.from_dict`, exactly as `rewardstack score` validates
-a line: no pickle and no code from a request, anywhere. See docs/SERVICE.md.
+the exception handlers of service/guard.py (the one place errors become responses). The request
+contract (schemas, limits, body parsing, deadlines, sequence rules) is service/protocol.py, shared
+with the Ray Serve replicas: bodies are strict JSON of bounded nesting, validated by
+`Step.from_dict` exactly as `rewardstack score` validates a line; no pickle and no code from a
+request, anywhere. See docs/SERVICE.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import math
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
@@ -26,89 +26,14 @@ from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack.service.errors import ServiceError
-from rewardstack.service.guard import authorizer, install_error_handlers, namespace_for
-from rewardstack.service.namespaces import DEFAULT_NAMESPACE, NAME_RE, Access
+from rewardstack.service.guard import authorizer, install_error_handlers
+from rewardstack.service.namespaces import Access
+from rewardstack.service.protocol import (SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
+                                          error_responses, namespace_for, parse_score)
 from rewardstack.service.worker import Job, Worker
 from rewardstack.settings import ServiceSettings
-from rewardstack.stack import Step
 
 log = logging.getLogger("rewardstack.service")
-
-SCORE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "prompt", "completions"],
-    "properties": {
-        "name": {"type": "string", "description": "augment, followupN or answerN"},
-        "prompt": {"type": "string"},
-        "completions": {"type": "array", "items": {"type": ["string", "null"]},
-                        "description": "null marks a failed response (not scored)"},
-        "base_prompt": {"type": "string", "description": "what the masks compare against (default: prompt)"},
-        "uids": {"type": "array", "items": {"type": "integer"}},
-        "completion_times": {"type": "array", "items": {"type": "number"}},
-        "failed": {"type": "array", "items": {"type": "boolean"}},
-        "block": {"type": "integer"},
-        "gating_loss": {"type": "number"},
-        "set_weights": {},
-        "new_forward_pass": {"type": "boolean"},
-        "namespace": {"type": "string", "pattern": f"^{NAME_RE.pattern}$", "default": DEFAULT_NAMESPACE},
-        "sequence": {"type": "integer", "minimum": 1,
-                     "description": "the namespace's step number; a repeat returns the stored result"},
-    },
-}
-ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "message": {"type": "string"}, "type": {"type": "string"}, "field": {"type": ["string", "null"]}}}}}
-
-
-def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {c: {"description": "error", "content": {"application/json": {"schema": ERROR_SCHEMA}}} for c in codes}
-
-
-# -- request size, counted as the bytes arrive ------------------------------------------------
-
-class BodyLimit:
-    """Pure ASGI middleware: a body past `limit` bytes raises ServiceError(413) from `receive`.
-
-    The count is of bytes received, so a chunked body or a lying Content-Length cannot get past
-    it; a declared Content-Length over the limit fails at the first read without waiting for the
-    bytes. Raising from `receive` puts the error inside the route, where the app's exception
-    handlers answer it like every other error.
-    """
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = None
-        for key, value in scope.get("headers", []):
-            if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
-        received = 0
-        limit = self.limit
-
-        def too_large() -> ServiceError:
-            return ServiceError(413, "body_too_large", f"the request body is larger than {limit} bytes "
-                                "(service.max_body_bytes)", field="body")
-
-        async def limited_receive() -> dict:
-            nonlocal received
-            if declared is not None and declared > limit:
-                raise too_large()
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise too_large()
-            return message
-
-        await self.app(scope, limited_receive, send)
-
 
 # -- the app ----------------------------------------------------------------------------------
 
@@ -175,7 +100,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
     @app.post("/v1/score", summary="Score one step",
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
               responses={200: {"description": "the event line `rewardstack score` writes, plus `sequence`"},
-                         **_error_responses(400, 401, 403, 409, 413, 422, 429, 503, 504)})
+                         **error_responses(*SCORE_CODES)})
     async def score(request: Request, scope: str | None = Depends(authorize)) -> Response:
         arrived = time.monotonic()
         code = 500
@@ -192,24 +117,11 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
             metrics.queue.set(worker.queue_length())
 
     async def _score(request: Request, scope: str | None, arrived: float) -> Response:
-        body = await request.body()
-        try:
-            obj = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
-        if not isinstance(obj, dict):
-            raise ServiceError(422, "invalid_step", "a step must be a JSON object", field="body")
-        namespace = namespace_for(obj.pop("namespace", None), scope)
-        sequence = obj.pop("sequence", None)
-        if sequence is not None and (not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 1):
-            raise ServiceError(422, "invalid_step", "field 'sequence': must be an integer >= 1", field="sequence")
-        step = Step.from_dict(obj)  # the JSONL's validation: errors name the field
-        check_limits(step, settings)
-        if not worker.namespaces.known(namespace) and worker.namespaces.count() >= settings.max_namespaces:
-            raise ServiceError(403, "namespace_limit", f"the service holds {settings.max_namespaces} namespaces "
-                               "(service.max_namespaces); no new one can be made", field="namespace")
-        deadline = arrived + min(settings.deadline_s, _client_deadline(request))
-        job = Job(namespace, step, sequence, deadline=deadline)
+        call = parse_score(await request.body(), scope, settings, config.input)  # 400/413/422 naming the field
+        # A new namespace past service.max_namespaces is refused by the worker, which creates
+        # namespaces one at a time (checking here would race with concurrent first requests).
+        deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
+        job = Job(call.namespace, call.step, call.sequence, deadline=deadline)
         worker.submit(job)  # 429 when full, 503 when not ready or draining
         outcome = await _wait(request, job, deadline)
         return Response(outcome.body, media_type="application/json",
@@ -234,10 +146,10 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
             gone.cancel()
 
     @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number",
-             responses=_error_responses(401, 403, 422))
+             responses=error_responses(401, 403, 422))
     async def namespace_info(name: str, scope: str | None = Depends(authorize)) -> dict:
         name = namespace_for(name, scope)
-        sequence = await asyncio.to_thread(_sequence_of, worker, name)
+        sequence = await asyncio.to_thread(sequence_of, worker, name)
         return {"namespace": name, "sequence": sequence, "next": sequence + 1}
 
     @app.get("/healthz", summary="Liveness: the worker's heartbeat, answered at once")
@@ -262,11 +174,11 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         reason = ("failed: " + worker.error) if worker.error else ("draining" if worker.draining or worker.closed else "starting")
         return JSONResponse({"status": reason}, status_code=503, headers={"Retry-After": "5"})
 
-    @app.get("/v1/stack", summary="Models, placement, budget, cost models, queue", responses=_error_responses(401, 503))
+    @app.get("/v1/stack", summary="Models, placement, budget, cost models, queue", responses=error_responses(401, 503))
     async def stack_info(scope: str | None = Depends(authorize)) -> dict:
         return describe(worker, config, settings)
 
-    @app.get("/metrics", summary="Prometheus metrics", responses=_error_responses(401))
+    @app.get("/metrics", summary="Prometheus metrics", responses=error_responses(401))
     async def metrics_route(scope: str | None = Depends(authorize)) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -274,24 +186,6 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         return Response(generate_latest(metrics_registry()), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-DEADLINE_HEADER = "x-rewardstack-deadline-s"
-
-
-def _client_deadline(request: Request) -> float:
-    """A client's own, shorter deadline in seconds (header `X-Rewardstack-Deadline-S`), else infinity."""
-    value = request.headers.get(DEADLINE_HEADER)
-    if value is None:
-        return math.inf
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ServiceError(422, "invalid_request", f"header '{DEADLINE_HEADER}': must be a positive number of seconds",
-                           field=DEADLINE_HEADER)
-    return seconds
 
 
 async def _disconnected(request: Request) -> None:
@@ -302,28 +196,12 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def check_limits(step: Step, settings: ServiceSettings) -> None:
-    """413 naming the field when the step is past a size limit (checked before any tokenization)."""
-    if len(step.completions) > settings.max_completions:
-        raise ServiceError(413, "too_many_completions", f"field 'completions': {len(step.completions)} completions, "
-                           f"more than {settings.max_completions} (service.max_completions)", field="completions")
-    fields = [("prompt", step.prompt), ("base_prompt", step.base_prompt)]
-    fields += [(f"completions[{i}]", c) for i, c in enumerate(step.completions)]
-    for name, text in fields:
-        if text is not None and len(text) > settings.max_chars:
-            raise ServiceError(413, "text_too_long", f"field '{name}': {len(text)} characters, more than "
-                               f"{settings.max_chars} (service.max_chars)", field=name)
-
-
-def _sequence_of(worker: Worker, name: str) -> int:
+def sequence_of(worker: Worker, name: str) -> int:
     """A namespace's committed sequence: from memory when loaded, else from its state file."""
     for ns in worker.namespaces.loaded():
         if ns.name == name:
             return ns.state.sequence
-    from rewardstack.state import StateStore
-
-    sections = StateStore(worker.namespaces.root / name).load()
-    return int(sections.get("stack", {}).get("steps_scored", 0))
+    return committed_sequence(worker.namespaces.root / name)
 
 
 def describe(worker: Worker, config: StackConfig, settings: ServiceSettings) -> dict:

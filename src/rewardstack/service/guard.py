@@ -1,5 +1,5 @@
-"""What every rewardstack HTTP app puts in front of its routes: the one error chokepoint, bearer
-access and the namespace a request may use.
+"""What every rewardstack HTTP app puts in front of its routes: the one error chokepoint and bearer
+access (the namespace rule, `namespace_for`, is the protocol's: service/protocol.py).
 
 `rewardstack serve` (service/app.py) and the Ray Serve replicas (distributed/serve.py) answer the
 same contract; both install these, so a refusal reads the same from either.
@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse
 
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack.service.errors import ServiceError
-from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, Access, valid_name
+from rewardstack.service.namespaces import Access
+from rewardstack.service.protocol import namespace_for  # noqa: F401 - the namespace rule, re-exported
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +73,3 @@ def authorizer(access: Access) -> Callable[[Request], str | None]:
         return scope
 
     return authorize
-
-
-def namespace_for(requested: Any, scope: str | None) -> str:
-    """The namespace a request asked for (its token's, or `default`, when it names none); 422 for a
-    malformed name, 403 for one its token is not bound to."""
-    if requested is None:
-        requested = scope if scope not in (None, ALL_NAMESPACES) else DEFAULT_NAMESPACE
-    if not valid_name(requested):
-        raise ServiceError(422, "invalid_step", f"field 'namespace': must match {NAME_RE.pattern}", field="namespace")
-    if scope not in (None, ALL_NAMESPACES) and requested != scope:
-        raise ServiceError(403, "forbidden", f"this token may only use namespace '{scope}'", field="namespace")
-    return requested

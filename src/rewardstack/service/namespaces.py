@@ -16,6 +16,7 @@ with no early exit, so the time taken says nothing about which hash came close.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import logging
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rewardstack.config import StackConfig
-from rewardstack.errors import ConfigError, StateError
+from rewardstack.errors import ConfigError, RewardStackError, StateError
 from rewardstack.stack import RewardState
 from rewardstack.state import StateLock, StateStore
 
@@ -41,6 +42,44 @@ ALL_NAMESPACES = "*"
 def valid_name(name: object) -> bool:
     """Whether `name` may be a namespace (and so a directory name)."""
     return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
+
+
+class NamespaceLimitError(RewardStackError):
+    """A new namespace would pass `service.max_namespaces`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the service holds {limit} namespaces (service.max_namespaces)")
+        self.limit = limit
+
+
+CREATE_LOCK = ".create.lock"
+
+
+def reserve(root: Path, name: str, limit: int) -> None:
+    """Create the folder of namespace `name` under `root` unless `limit` namespaces exist already.
+
+    Counting and creating happen under an exclusive `flock` on `<root>/.create.lock`, so
+    concurrent first requests (threads, processes, Ray replicas on one shared folder) cannot
+    together create more than `limit`. An existing namespace always passes. Raises
+    NamespaceLimitError.
+    """
+    if not valid_name(name):  # callers check first; this keeps a bad name off the filesystem
+        raise ValueError(f"invalid namespace name {name!r}")
+    folder = root / name
+    if folder.is_dir():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / CREATE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if folder.is_dir():
+            return
+        existing = sum(1 for p in root.iterdir() if p.is_dir() and valid_name(p.name))
+        if existing >= limit:
+            raise NamespaceLimitError(limit)
+        folder.mkdir()
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def token_hash(token: str) -> str:
@@ -93,12 +132,14 @@ class Namespaces:
         return len(set(self._loaded) | set(self.on_disk()))
 
     def get(self, name: str) -> Namespace:
-        """The namespace, restored from its state file on first use. Raises StateError if unreadable."""
+        """The namespace, restored from its state file on first use (created if new).
+
+        Raises StateError if unreadable, NamespaceLimitError for a new one past `max_namespaces`.
+        """
         ns = self._loaded.get(name)
         if ns is not None:
             return ns
-        if not valid_name(name):  # callers check first; this keeps a bad name off the filesystem
-            raise ValueError(f"invalid namespace name {name!r}")
+        reserve(self.root, name, self.max_namespaces)  # NamespaceLimitError past the limit
         store = StateStore(self.root / name)
         lock = StateLock(self.root / name).acquire()  # StateLockedError if another process has it
         state = RewardState(self.config)

@@ -21,7 +21,6 @@ worker and read without waiting by `/healthz`.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import math
 import queue
@@ -30,11 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rewardstack.cli import event_line
 from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
 from rewardstack.service.errors import ServiceError
-from rewardstack.service.namespaces import Namespace, Namespaces
+from rewardstack.service.namespaces import Namespace, NamespaceLimitError, Namespaces
+from rewardstack.service.protocol import namespace_limit, response_body, same_step, sequence_conflict, sequence_gap
 from rewardstack.stack import ForwardResult, RewardStack, Step
 
 log = logging.getLogger("rewardstack.service")
@@ -92,23 +91,6 @@ class Job:
             self.future.set_exception(outcome)
         else:
             self.future.set_result(outcome)
-
-
-def response_body(event: dict[str, Any], sequence: int) -> str:
-    """Exactly the event line `rewardstack score` writes, plus the sequence it was applied as."""
-    line = event_line(event).rstrip("\n")
-    assert line.endswith("}")
-    return f'{line[:-1]}, "sequence": {sequence}}}'
-
-
-def _same_step(stored: str, step: Step) -> bool:
-    """Whether a stored answer is for this step (a retry), not another step reusing its number."""
-    try:
-        event = json.loads(stored)
-    except ValueError:  # pragma: no cover - we wrote it
-        return False
-    return (event.get("name"), event.get("prompt"), event.get("completions")) == (
-        step.name, step.prompt, [c if c is not None else "" for c in step.completions])
 
 
 class Worker:
@@ -273,6 +255,9 @@ class Worker:
         for job in started:
             try:
                 ns = self.namespaces.get(job.namespace)
+            except NamespaceLimitError as e:
+                job.answer(namespace_limit(e.limit))
+                continue
             except (StateError, OSError) as e:
                 job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
                 continue
@@ -287,10 +272,10 @@ class Worker:
                 duplicates.append((job, in_batch[(job.namespace, seq)]))
             elif seq in ns.state.recent:
                 stored = ns.state.recent[seq]
-                job.answer(Outcome(stored, seq, scored=False) if _same_step(stored, job.step)
-                           else self._conflict(job.namespace, seq, exp))
+                job.answer(Outcome(stored, seq, scored=False) if same_step(stored, job.step, self.config.input.max_chars)
+                           else sequence_conflict(job.namespace, seq, exp))
             else:
-                job.answer(self._gap(job.namespace, seq, exp))
+                job.answer(sequence_gap(job.namespace, seq, exp))
         if to_score:
             self._score(to_score)
         for job, original in duplicates:  # answered like a repeat of a committed step
@@ -301,22 +286,8 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
                 job.answer(e)
             else:
-                job.answer(Outcome(done.body, done.sequence, scored=False) if _same_step(done.body, job.step)
-                           else self._conflict(job.namespace, done.sequence, expected[job.namespace]))
-
-    @staticmethod
-    def _conflict(namespace: str, got: int, expected: int) -> ServiceError:
-        return ServiceError(409, "sequence_conflict", f"sequence {got} of namespace '{namespace}' was committed with "
-                            f"a different step; the next sequence is {expected}", field="sequence")
-
-    @staticmethod
-    def _gap(namespace: str, got: int, expected: int) -> ServiceError:
-        if got < expected:
-            msg = (f"sequence {got} of namespace '{namespace}' was committed but its result is no longer kept "
-                   f"(only the last 64 are); the next sequence is {expected}")
-        else:
-            msg = f"sequence {got} skips ahead: namespace '{namespace}' expects sequence {expected} next"
-        return ServiceError(409, "sequence_gap", msg, field="sequence")
+                job.answer(Outcome(done.body, done.sequence, scored=False) if same_step(done.body, job.step, self.config.input.max_chars)
+                           else sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
 
     def _score(self, jobs: list[Job]) -> None:
         assert self.stack is not None
@@ -343,7 +314,7 @@ class Worker:
                 job.answer(ServiceError(500, "internal", "an earlier step of this namespace failed; not scored"))
                 continue
             if job.applied_as != ns.state.sequence + 1:  # an earlier job of the batch did not apply
-                job.answer(self._gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
+                job.answer(sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
                 continue
             try:
                 result = ns.state.apply(fwd)  # type: ignore[arg-type]

@@ -1,0 +1,81 @@
+"""Reading untrusted JSON lines and bodies: bytes are decoded per line, nesting is bounded.
+
+Every reader of input a user or a client controls (`rewardstack score`'s step file, replay's run
+logs, the HTTP service's request bodies) parses through `parse`, so a bad line is an `InputError`
+that names it, never a traceback that stops the run:
+
+- bytes that are not UTF-8 name the offending byte and its column (the other lines still read);
+- text that is not JSON names the parser's message and column;
+- nesting deeper than `MAX_DEPTH` levels (objects and arrays) is refused. Python's `json` recurses
+  on nesting and raises `RecursionError` near 1,000 levels; worse, a document just under that
+  parses and then breaks every recursive consumer after it (the event writer, `json.dumps`). No
+  step needs more than a few levels, so 64 is far from any real input and far from the limit.
+
+`strict=True` also refuses the bare `NaN` / `Infinity` constants Python's `json` accepts (they are
+not JSON); the step file keeps accepting them because the validator's own logs hold them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rewardstack.errors import InputError
+
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays a step (or request body) may have."""
+
+
+class JSONInputError(InputError):
+    """Input that is not a JSON document this package reads; `reason` is utf8, syntax or depth."""
+
+    def __init__(self, message: str, reason: str, *, line: int | None = None, field: str | None = None) -> None:
+        super().__init__(message, line=line, field=field)
+        self.reason = reason
+
+
+def exceeds_depth(obj: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `obj` nests objects/arrays deeper than `limit` levels (iterative: any depth is safe)."""
+    todo: list[tuple[Any, int]] = [(obj, 1)]
+    while todo:
+        x, depth = todo.pop()
+        if isinstance(x, dict):
+            children: Any = x.values()
+        elif isinstance(x, (list, tuple)):
+            children = x
+        else:
+            continue
+        if depth > limit:
+            return True
+        todo.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, tuple)))
+    return False
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, max_depth: int = MAX_DEPTH) -> Any:
+    """One JSON document from `data` (bytes are decoded as UTF-8), or a JSONInputError naming why not."""
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise JSONInputError(f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})", "utf8",
+                                 line=line) from None
+    else:
+        text = data
+    try:
+        obj = json.loads(text, parse_constant=_refuse_constant if strict else None)
+    except json.JSONDecodeError as e:
+        raise JSONInputError(f"not valid JSON ({e.msg} at column {e.colno})", "syntax", line=line) from None
+    except ValueError as e:  # a refused constant (strict)
+        raise JSONInputError(f"not valid JSON ({e})", "syntax", line=line) from None
+    except RecursionError:
+        raise JSONInputError(f"nested deeper than {max_depth} levels", "depth", line=line) from None
+    if exceeds_depth(obj, max_depth):
+        raise JSONInputError(f"nested deeper than {max_depth} levels", "depth", line=line)
+    return obj
+
+
+__all__ = ["JSONInputError", "MAX_DEPTH", "exceeds_depth", "parse"]

@@ -1,0 +1,266 @@
+"""The scoring service's protocol: what `rewardstack serve` and the Ray Serve replicas both speak.
+
+One module for the request and response contract of `POST /v1/score`, so the two servers cannot
+drift (service/app.py on one worker, distributed/serve.py over state actors):
+
+- the schemas (`SCORE_SCHEMA`, `ERROR_SCHEMA`, `error_responses`) for the OpenAPI document;
+- the body limit (`BodyLimit`, bytes counted as they arrive) and the size limits of a step
+  (`check_limits`: completions and characters, before any tokenization);
+- body parsing (`parse_score`): strict JSON through `rewardstack.jsonio` (bad UTF-8, bad syntax,
+  `NaN`, nesting past 64 levels are all 400 `invalid_json`, never a 500), then the namespace, the
+  sequence number and the step's own validation (422 naming the field);
+- deadlines (`client_deadline`: the `X-Rewardstack-Deadline-S` header);
+- the sequence rules: `response_body` (the stored answer), `same_step` (is a repeat a retry of the
+  committed step: same name, prompt, completions, uids and every other echoed field?),
+  `sequence_conflict` and `sequence_gap` (409s), `committed_sequence` (read from a state file);
+- the namespace rules: `namespace_for` (which namespace a request may use: 422 for a malformed
+  name, 403 for one its token is not bound to) and `namespace_limit` (403 past
+  `service.max_namespaces`).
+
+Every refusal is a `ServiceError`; the apps' handlers (service/guard.py) turn it into the body
+`{"error": {"message", "type", "field"}}`. Nothing here imports FastAPI or Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from rewardstack.cli import event_line
+from rewardstack.errors import InputError
+from rewardstack.jsonio import MAX_DEPTH, JSONInputError, parse
+from rewardstack.service.errors import ServiceError
+from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
+from rewardstack.settings import InputSettings, ServiceSettings
+from rewardstack.stack import RECENT_RESULTS, TASK_RE, ReadView, Step
+
+SCORE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "prompt", "completions"],
+    "properties": {
+        "name": {"type": "string", "pattern": f"^({TASK_RE.pattern})$", "description": "augment, followupN or answerN"},
+        "prompt": {"type": "string"},
+        "completions": {"type": "array", "items": {"type": ["string", "null"]},
+                        "description": "null marks a failed response (not scored)"},
+        "base_prompt": {"type": "string", "description": "what the masks compare against (default: prompt)"},
+        "uids": {"type": "array", "items": {"type": "integer"}},
+        "completion_times": {"type": "array", "items": {"type": "number"}},
+        "failed": {"type": "array", "items": {"type": "boolean"}},
+        "block": {"type": "integer", "minimum": 0},
+        "gating_loss": {"type": "number"},
+        "set_weights": {"description": "a number, a boolean, or a list (of lists) of numbers"},
+        "new_forward_pass": {"type": "boolean"},
+        "namespace": {"type": "string", "pattern": f"^{NAME_RE.pattern}$", "default": DEFAULT_NAMESPACE},
+        "sequence": {"type": "integer", "minimum": 1,
+                     "description": "the namespace's step number; a repeat returns the stored result"},
+    },
+}
+ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
+    "message": {"type": "string"}, "type": {"type": "string"}, "field": {"type": ["string", "null"]}}}}}
+SCORE_CODES = (400, 401, 403, 409, 413, 422, 429, 503, 504)
+"""The error statuses `POST /v1/score` may answer."""
+DEADLINE_HEADER = "x-rewardstack-deadline-s"
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for error statuses, each with the error body's schema."""
+    return {c: {"description": "error", "content": {"application/json": {"schema": ERROR_SCHEMA}}} for c in codes}
+
+
+# -- request size, counted as the bytes arrive ------------------------------------------------
+
+class BodyLimit:
+    """Pure ASGI middleware: a body past `limit` bytes raises ServiceError(413) from `receive`.
+
+    The count is of bytes received, so a chunked body or a lying Content-Length cannot get past
+    it; a declared Content-Length over the limit fails at the first read without waiting for the
+    bytes. Raising from `receive` puts the error inside the route, where the app's exception
+    handlers answer it like every other error.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = None
+        for key, value in scope.get("headers", []):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+        received = 0
+        limit = self.limit
+
+        def too_large() -> ServiceError:
+            return ServiceError(413, "body_too_large", f"the request body is larger than {limit} bytes "
+                                "(service.max_body_bytes)", field="body")
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            if declared is not None and declared > limit:
+                raise too_large()
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise too_large()
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def namespace_for(requested: Any, scope: str | None) -> str:
+    """The namespace a request asked for (its token's, or `default`, when it names none); 422 for a
+    malformed name, 403 for one its token is not bound to."""
+    if requested is None:
+        requested = scope if scope not in (None, ALL_NAMESPACES) else DEFAULT_NAMESPACE
+    if not valid_name(requested):
+        raise ServiceError(422, "invalid_step", f"field 'namespace': must match {NAME_RE.pattern}", field="namespace")
+    if scope not in (None, ALL_NAMESPACES) and requested != scope:
+        raise ServiceError(403, "forbidden", f"this token may only use namespace '{scope}'", field="namespace")
+    return requested
+
+
+# -- a score request ---------------------------------------------------------------------------
+
+@dataclass
+class ScoreCall:
+    """A parsed, admitted `POST /v1/score`: the namespace, its optional sequence number, the step."""
+
+    namespace: str
+    sequence: int | None
+    step: Step
+
+
+def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
+                limits: InputSettings | None = None) -> ScoreCall:
+    """The request body as a ScoreCall, or the ServiceError that refuses it (never anything else)."""
+    try:
+        obj = parse(body, strict=True)
+    except JSONInputError as e:
+        what = f"nested deeper than {MAX_DEPTH} levels" if e.reason == "depth" else str(e)
+        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {what}; the step was not scored",
+                           field="body") from None
+    if not isinstance(obj, dict):
+        raise ServiceError(422, "invalid_step", "a step must be a JSON object", field="body")
+    namespace = namespace_for(obj.pop("namespace", None), scope)
+    sequence = obj.pop("sequence", None)
+    if sequence is not None and (not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 1):
+        raise ServiceError(422, "invalid_step", "field 'sequence': must be an integer >= 1", field="sequence")
+    try:
+        step = Step.from_dict(obj)  # the JSONL's validation: errors name the field
+    except InputError as e:
+        raise ServiceError(422, "invalid_step", str(e), field=e.field) from None
+    check_limits(step, settings, limits)
+    return ScoreCall(namespace, sequence, step)
+
+
+def check_limits(step: Step, settings: ServiceSettings, limits: InputSettings | None = None) -> None:
+    """413 naming the field when the step is past a size limit (checked before any tokenization).
+
+    The service refuses what the library would cut: `service.max_chars` and the smaller of
+    `service.max_completions` and `[input] max_completions`.
+    """
+    most = settings.max_completions if limits is None else min(settings.max_completions, limits.max_completions)
+    if len(step.completions) > most:
+        raise ServiceError(413, "too_many_completions", f"field 'completions': {len(step.completions)} completions, "
+                           f"more than {most} (service.max_completions)", field="completions")
+    fields = [("prompt", step.prompt), ("base_prompt", step.base_prompt)]
+    fields += [(f"completions[{i}]", c) for i, c in enumerate(step.completions)]
+    for name, text in fields:
+        if text is not None and len(text) > settings.max_chars:
+            raise ServiceError(413, "text_too_long", f"field '{name}': {len(text)} characters, more than "
+                               f"{settings.max_chars} (service.max_chars)", field=name)
+
+
+def client_deadline(headers: Mapping[str, str]) -> float:
+    """A client's own, shorter deadline in seconds (header `X-Rewardstack-Deadline-S`), else infinity."""
+    value = headers.get(DEADLINE_HEADER)
+    if value is None:
+        return math.inf
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ServiceError(422, "invalid_request", f"header '{DEADLINE_HEADER}': must be a positive number of seconds",
+                           field=DEADLINE_HEADER)
+    return seconds
+
+
+def namespace_limit(limit: int) -> ServiceError:
+    """403: a new namespace past `service.max_namespaces`."""
+    return ServiceError(403, "namespace_limit", f"the service holds {limit} namespaces (service.max_namespaces); "
+                        "no new one can be made; the step was not scored", field="namespace")
+
+
+# -- sequence rules ----------------------------------------------------------------------------
+
+def response_body(event: dict[str, Any], sequence: int) -> str:
+    """Exactly the event line `rewardstack score` writes, plus the sequence it was applied as."""
+    line = event_line(event).rstrip("\n")
+    assert line.endswith("}")
+    return f'{line[:-1]}, "sequence": {sequence}}}'
+
+
+def _echo(step: Step) -> dict[str, Any]:
+    """The step's fields as its event echoes them (what a retry must repeat exactly)."""
+    n = len(step.completions)
+    return {
+        "name": step.name, "prompt": step.prompt, "completions": [c if c is not None else "" for c in step.completions],
+        "uids": step.uids if step.uids is not None else list(range(n)),
+        "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
+        "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,
+    }
+
+
+def same_step(stored: str, step: Step, max_chars: int | None = None) -> bool:
+    """Whether a stored answer is for this step (a retry), not another step reusing its number.
+
+    `max_chars` (`[input] max_chars`): the stored event echoes each text as read, cut there.
+    """
+    try:
+        event = json.loads(stored)
+    except ValueError:  # pragma: no cover - we wrote it
+        return False
+    if max_chars is not None:
+        step = ReadView.of(step, max_chars).step
+    want = json.loads(event_line(_echo(step)))  # through the event writer: NaN -> null, tuples -> lists
+    return all(event.get(k) == v for k, v in want.items())
+
+
+def sequence_conflict(namespace: str, got: int, expected: int) -> ServiceError:
+    """409: `got` was committed with a different step."""
+    return ServiceError(409, "sequence_conflict", f"sequence {got} of namespace '{namespace}' was committed with "
+                        f"a different step; the next sequence is {expected}", field="sequence")
+
+
+def sequence_gap(namespace: str, got: int, expected: int) -> ServiceError:
+    """409: `got` is too old to have its result kept, or skips ahead of `expected`."""
+    if got < expected:
+        msg = (f"sequence {got} of namespace '{namespace}' was committed but its result is no longer kept "
+               f"(only the last {RECENT_RESULTS} are); the next sequence is {expected}")
+    else:
+        msg = f"sequence {got} skips ahead: namespace '{namespace}' expects sequence {expected} next"
+    return ServiceError(409, "sequence_gap", msg, field="sequence")
+
+
+def committed_sequence(folder: Path) -> int:
+    """A namespace's committed sequence number, read from its state file (0 when it has none)."""
+    from rewardstack.state import StateStore
+
+    sections = StateStore(folder).load()
+    return int(sections.get("stack", {}).get("steps_scored", 0))
+
+
+__all__ = ["BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreCall", "check_limits",
+           "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit", "parse_score",
+           "response_body", "same_step", "sequence_conflict", "sequence_gap"]
