@@ -41,6 +41,7 @@ class HogScorer(Scorer):
         self.runtime = runtime
         self.calls = 0
         self.kept: list[torch.Tensor] = []
+        self.passes: list[tuple[list[int], int]] = []  # (indices, padded length) of every pass it ran
         runtime.memory.calibrate(name, lambda b, n: self._pass(b, n), max_length=64,
                                  shapes=[(1, 8), (1, 32), (2, 16), (4, 32), (1, 64), (2, 64)])
 
@@ -56,6 +57,7 @@ class HogScorer(Scorer):
 
         def forward(idx: list[int]) -> list[float]:
             self.calls += 1
+            self.passes.append((list(idx), max(lengths[i] for i in idx)))
             hog = None
             if self.calls == self.extra_on_call:  # held through the pass: the peak rises by exactly this
                 hog = torch.empty(EXTRA_BYTES, dtype=torch.uint8)

@@ -40,6 +40,9 @@ def adversarial() -> dict[str, str]:
         "alternating_900": " yes no" * 450,
         "six_chars": "abcdef",
         "tiny": "ok",
+        # Blacklisted: the stock phrase and the base prompt itself (the mask must give them 0).
+        "stock_phrase": "That is an excellent question.",
+        "base_prompt": BASE,
     }
 
 
@@ -152,8 +155,9 @@ def test_rule_masks(scored) -> None:  # noqa: ANN001
     for c, v in zip(comps, res.raw["task_validator_filter"]):  # an augment (summary) step
         bad = any(k.lower() in c.lower() for k in answer_kw + question_kw)
         assert v == (0.0 if bad else 1.0)
-    for c, v in zip(comps, res.raw["blacklist_filter"]):
-        assert v == (0.0 if c in ("That is an excellent question.", BASE) else 1.0)
+    blacklist = dict(zip(labels, res.raw["blacklist_filter"]))
+    assert blacklist["stock_phrase"] == 0.0 and blacklist["base_prompt"] == 0.0
+    assert all(v == 1.0 for label, v in blacklist.items() if label not in ("stock_phrase", "base_prompt"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -11,6 +11,7 @@ import pytest
 from rewardstack.cli import main
 from rewardstack.config import load_config
 from rewardstack.memory import simulate as S
+from rewardstack.memory.budget import ACTIVATION_SHARE
 from rewardstack.plan import VERDICTS, plan_stack
 
 GIB = 1024**3
@@ -62,13 +63,19 @@ def test_verdicts_follow_the_card(tmp_path: Path) -> None:
     assert by["diversity_reward_model"].weights_bytes == 0 and by["relevance_filter[1]"].weights_bytes > 0
     assert big.weights_bytes == sum(S.stack_weights(cfg).values())
     # A card whose weight budget cannot hold every model: swapping, with its traffic per step.
+    # The card whose weight share (usable x (1 - ACTIVATION_SHARE)) is 90% of the weights: every
+    # model still fits the weight budget alone, so some swap in and out each step.
     w = big.weights_bytes
-    small_card = int((w * 0.8 / 0.8 + 512 * 1024**2) / 0.9)  # usable x 0.8 just under the weights
+    share = 1 - ACTIVATION_SHARE
+    usable = int(0.9 * w / share)
+    small_card = int((usable + cfg.headroom_bytes) / cfg.gpu_utilization) + 1
+    cfg.memory_budget = 1 * GIB  # activations as they would be on a real card: the weights decide
     tight = plan_stack(cfg, small_card)
-    assert tight.weights_budget is not None and tight.weights_budget < w
-    assert tight.verdict in VERDICTS and tight.verdict != "fits"
-    if tight.verdict == "fits with swapping":
-        assert tight.swap_bytes_per_step > 0
+    assert tight.usable_bytes == int(small_card * cfg.gpu_utilization) - cfg.headroom_bytes
+    assert tight.weights_budget == int(tight.usable_bytes * share) and tight.weights_budget < w
+    assert tight.verdict == "fits with swapping", [(p.name, p.where, p.input_fits) for p in tight.models]
+    swapped = [p for p in tight.models if p.where != "resident"]
+    assert swapped and tight.swap_bytes_per_step >= min(p.weights_bytes for p in swapped if p.weights_bytes)
 
 
 def test_cannot_fit_when_the_longest_input_needs_more_than_the_budget(tmp_path: Path) -> None:

@@ -80,22 +80,31 @@ def test_rescore_equals_each_run_scored_alone(setup) -> None:  # noqa: ANN001
 
 def test_rerun_does_nothing_and_a_changed_run_is_scored_again(setup) -> None:  # noqa: ANN001
     root, config, runs, pool, alone = setup
-    tables = {r.id: out.output_path(root / "out", r.id) for r in runs}
+    # Its own copy of the runs and its own output (it changes a run): it passes alone and in any order.
+    import shutil
+
+    shutil.copytree(root / "runs", root / "rerun-runs")
+    copies = discover_runs([root / "rerun-runs"])
+    original = {Path(r.path).name: r.id for r in runs}
+    expected = {c.id: alone[original[Path(c.path).name]] for c in copies}
+    first = rescore(copies, config, root / "rerun-out", pool=pool, stream=None)
+    assert first.ok and first.complete == 3
+    tables = {r.id: out.output_path(root / "rerun-out", r.id) for r in copies}
     before = {k: p.stat().st_mtime_ns for k, p in tables.items()}
-    manifest_lines = (root / "out" / out.MANIFEST).read_text().count("\n")
-    report = rescore(runs, config, root / "out", stream=None)  # no pool: none is started
+    manifest_lines = (root / "rerun-out" / out.MANIFEST).read_text().count("\n")
+    report = rescore(copies, config, root / "rerun-out", stream=None)  # no pool: none is started
     assert report.ok and report.skipped == 3 and report.complete == 0
     assert {k: p.stat().st_mtime_ns for k, p in tables.items()} == before
-    assert (root / "out" / out.MANIFEST).read_text().count("\n") == manifest_lines
+    assert (root / "rerun-out" / out.MANIFEST).read_text().count("\n") == manifest_lines
     # A torn manifest line (a killed driver) does not hide what the tables say.
-    with open(root / "out" / out.MANIFEST, "a") as f:
+    with open(root / "rerun-out" / out.MANIFEST, "a") as f:
         f.write('{"run": "torn')
     # Run 2's file now holds run 0's steps: it is scored again, and only it.
-    Path(runs[2].path).write_text(Path(runs[0].path).read_text())
-    report = rescore(runs, config, root / "out", pool=pool, stream=None)
-    assert report.skipped == 2 and report.complete == 1 and runs[2].id in report.entries
-    assert tables[runs[0].id].stat().st_mtime_ns == before[runs[0].id]
-    assert_equal_tables(tables[runs[2].id], alone[runs[0].id])
+    Path(copies[2].path).write_text(Path(copies[0].path).read_text())
+    report = rescore(copies, config, root / "rerun-out", pool=pool, stream=None)
+    assert report.skipped == 2 and report.complete == 1 and copies[2].id in report.entries
+    assert tables[copies[0].id].stat().st_mtime_ns == before[copies[0].id]
+    assert_equal_tables(tables[copies[2].id], expected[copies[0].id])
 
 
 def test_a_worker_killed_mid_run_is_replaced_and_the_run_restarted(setup) -> None:  # noqa: ANN001

@@ -114,7 +114,7 @@ def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
     from rewardstack.standins import make_standins
 
-    path = make_standins(args.dir, force=args.force, dpo=args.dpo)
+    path = make_standins(args.dir, force=args.force, dpo=args.dpo, tiny=args.tiny)
     print(f"stand-in stack written; config: {path}")
     return 0
 
@@ -252,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--force", action="store_true", help="rebuild even if the folder holds a stack")
     m.add_argument("--dpo", choices=("gpt2", "btlm"), default="gpt2",
                    help="DPO stand-in: a native GPT-2 (default) or the BTLM-like model that loads through its own remote code")
+    m.add_argument("--tiny", action="store_true",
+                   help="tiny models (one layer, width 16, small vocabulary) on every family's real code path: the soak stack")
     m.set_defaults(func=cmd_make_standins)
 
     c = sub.add_parser("config", help="list every config key (--explain) or validate a config file")

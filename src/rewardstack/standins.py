@@ -30,8 +30,28 @@ def offline_config_text() -> str:
 DPO_FAMILIES = ("gpt2", "btlm")
 
 
-def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2") -> Path:
+TINY_PASS_TOKENS = 8192
+"""Tokens per encoder pass in the tiny stack: 16 windows of 512, the accelerator default
+(`rewardstack.scorers.encoding.default_pass_tokens`), so passes are few and the memory budget, not
+the CPU tuning of one window, bounds them; a tiny model's pass costs its fixed op overhead."""
+_PASS_TOKEN_MODELS = ("rlhf_reward_model", "relevance_filter", "diversity_reward_model", "nsfw_filter")
+
+
+def tiny_config_text(text: str) -> str:
+    """The offline config for the tiny stack: encoder passes of `TINY_PASS_TOKENS` tokens. The
+    weights stay the validator's (Dahoas and the judge at 0: built, not run, as in production)."""
+    for name in _PASS_TOKEN_MODELS:
+        head = f"[models.{name}]\n"
+        assert head in text, f"offline.toml's {name} entry moved"
+        text = text.replace(head, head + f"max_batch_tokens = {TINY_PASS_TOKENS}\n")
+    return text
+
+
+def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2", tiny: bool = False) -> Path:
     """Write every stand-in model under `root` and `root/stack.toml`; returns the config path.
+
+    `tiny=True` then rewrites every checkpoint at a tiny shape over a small WordPiece vocabulary
+    (`rewardstack.standins_tiny`): the same classes, scorers and config, for soaking the machinery.
 
     `dpo="btlm"` builds the DPO stand-in as the BTLM-like checkpoint that loads through its own
     remote code (`rewardstack.standin_btlm`) and opts that model into `trust_remote_code`.
@@ -63,6 +83,10 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
         for key in ("path", "paths"):
             if key in entry and entry[key] != expected[name].get(key):
                 raise RuntimeError(f"stand-in {name}: {key} {entry[key]!r} disagrees with offline.toml")
+    if tiny:
+        from rewardstack.standins_tiny import shrink_standins
+
+        shrink_standins(root, seed=seed)
     # Written last, so an interrupted build is rebuilt next time.
     tmp = root / (CONFIG_NAME + ".tmp")
     text = offline_config_text()
@@ -70,6 +94,10 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
         head = '[models.dpo_reward_model]\npath = "dpo_reward_model"\n'
         assert head in text, "offline.toml's DPO entry moved"
         text = text.replace(head, head + "trust_remote_code = true  # the BTLM-like stand-in runs its own code\n")
+    if tiny:
+        text = tiny_config_text(text)
+        text = ("# TINY stand-ins (make-standins --tiny): every family's code path at one layer, width 16 and a\n"
+                "# small vocabulary; for soaking the machinery, not for any score's meaning.\n") + text
     tmp.write_text(text, encoding="utf-8")
     load_config(tmp)  # every path must resolve
     tmp.replace(config_path)

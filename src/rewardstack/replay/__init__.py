@@ -4,8 +4,10 @@
   files (both layouts), rewardstack's own step and event JSONL; detected from content.
 - `replay`: `rewardstack replay`: what drove each model's peak, the reference's need, fit, agreement;
   `--init-state` warm-starts a stack's state from a validator's log.
-- `soak`: `rewardstack soak`: generated traffic, injected OOMs, kills and restarts, compared with a
-  clean run; a verdict in `summary.json`.
+- `soak`: `rewardstack soak`, wiring its parts: `workload` (generated steps), `supervisor` (the
+  scoring process, injected OOMs, kills and restarts), `comparison` (faulted against clean, memory
+  at rest), `verdict`; `service_soak` soaks `rewardstack serve` the same way.
+- `summary`: each command's report under its key in a run directory's `summary.json`.
 - `pathological`: the inputs that break naive scorers, mixed into generated steps.
 
 Exactly-once scoring itself is `rewardstack.runner`. Guide: docs/REPLAY.md.

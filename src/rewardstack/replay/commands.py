@@ -35,14 +35,7 @@ def add_parsers(sub: Any) -> None:
     r.set_defaults(func=_replay)
 
     s = sub.add_parser("soak", help="generated traffic with injected OOMs, kills and restarts, compared with a clean run")
-    s.add_argument("--config", required=True, help="stack config (TOML)")
-    s.add_argument("--steps", type=int, required=True, help="steps to run")
-    s.add_argument("--completions", type=int, default=50, help="completions per step (default 50)")
-    s.add_argument("--budget", help="memory budget: bytes or a size such as 24GiB (CPU: simulated device)")
-    s.add_argument("--faults", type=float, default=0.0, help="share of forward passes that get an injected OOM (0.1 = 10%%)")
-    s.add_argument("--kills", type=int, default=0, help="times the supervisor SIGKILLs the scoring process and restarts it")
-    s.add_argument("--run-dir", help="folder for the soak's files and summary.json (default: a new folder under ./soak-runs)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the workload, the faults and the kill moments")
-    s.add_argument("--pathological", action="store_true", help="mix pathological inputs into the steps (rewardstack.replay.pathological)")
-    s.add_argument("--max-slope", type=float, default=1024.0, help="memory-at-rest growth, bytes per step, above which the soak fails")
+    from rewardstack.replay.soak import add_arguments
+
+    add_arguments(s)
     s.set_defaults(func=_soak)

@@ -448,12 +448,6 @@ def cmd_init_state(args: argparse.Namespace, cfg: StackConfig, run: Run, steps: 
     return 0
 
 
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    from rewardstack.state import atomic_write_bytes
-
-    atomic_write_bytes(path, json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False).encode("utf-8"))
-
-
 def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only path
     dev = torch.device(device)
     total = torch.cuda.get_device_properties(dev).total_memory
@@ -463,6 +457,7 @@ def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only
 def cmd_replay(args: argparse.Namespace) -> int:
     """The `replay` command."""
     from rewardstack.cli import _jsonable, event_line
+    from rewardstack.replay.summary import merge_summary
     from rewardstack.settings import parse_bytes
     from rewardstack.stack import RewardStack
 
@@ -503,16 +498,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             telemetry.close()
         report.read_errors = list(run.errors)
         if run_dir is not None:
-            summary_path = run_dir / "summary.json"
-            doc: dict[str, Any] = {}
-            if summary_path.exists():
-                try:
-                    doc = json.loads(summary_path.read_text(encoding="utf-8"))
-                except ValueError:
-                    doc = {}
-            doc["replay"] = _jsonable({**report.to_dict(), "logs": [str(p) for p, _ in run.files],
-                                       "selected": [selected.start, selected.stop], "time": time.time()})
-            _write_json(summary_path, doc)
+            merge_summary(run_dir, "replay", _jsonable({**report.to_dict(), "logs": [str(p) for p, _ in run.files],
+                                                        "selected": [selected.start, selected.stop], "time": time.time()}))
     print(format_report(report))
     return 0 if report.fits else 3
 

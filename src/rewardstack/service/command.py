@@ -34,6 +34,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-namespaces", type=int, help=docs.get("max_namespaces"))
     s.add_argument("--tokens-file", help=docs.get("tokens_file"))
     s.add_argument("--run-dir", help="telemetry run directory: timeline, events, incidents, summary (default [telemetry].run_dir)")
+    s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir)")
     s.set_defaults(func=cmd_serve)
 
 
@@ -60,6 +61,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"rewardstack: error: the service needs its extra: pip install 'rewardstack[service]' ({e})", file=sys.stderr)
         return 2
     config = load_config(args.config)
+    if getattr(args, "state_dir", None):
+        config.state_dir = args.state_dir
     settings = effective_settings(config, args)
     for key in _INT_FLAGS:
         if getattr(settings, key) < 1:

@@ -1,0 +1,106 @@
+"""The soak's verdict: what failed, the figures behind it, and its text for a person.
+
+`judge` turns the comparison (`rewardstack.replay.comparison`), the supervisors' counts and the
+memory fit into a verdict dict (`passed`, `failures` and the figures; written to `summary.json`
+under `soak`); `format_verdict` prints it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable
+
+from rewardstack.replay.comparison import REBATCH_TOL, TOL
+
+MIN_MEMORY_POINTS = 10
+"""Points after warm-up a soak of 100 steps or more must have for its memory fit to count."""
+
+def ooms_of(events: Iterable[dict[str, Any]]) -> tuple[dict[str, int], Counter[str]]:
+    """(OOM counts from the committed `soak_ooms` records, completions by status) of a faulted run."""
+    statuses: Counter[str] = Counter()
+    ooms = {"injected": 0, "recovered": 0, "gave_up": 0, "real": 0, "split": 0, "cpu_fallback": 0}
+    for e in events:
+        statuses.update(e["statuses"])
+        for r in e.get("soak_ooms", []):
+            ooms["injected"] += int(r["injected"])
+            ooms["real"] += int(not r["injected"])
+            ooms["recovered"] += int(r["action"] in ("split", "cpu_fallback"))
+            ooms["gave_up"] += int(r["action"] == "gave_up")
+            if r["action"] in ("split", "cpu_fallback"):
+                ooms[r["action"]] += 1
+    ooms["reported"] = statuses.get("oom", 0)
+    return ooms, statuses
+
+
+def judge(*, cmp: dict[str, Any], sup: dict[str, Any], clean_sup: dict[str, Any], clean_events: int,
+          memory: dict[str, Any], ooms: dict[str, int], statuses: Counter[str], kills_wanted: int, faults: float,
+          max_slope: float, max_rss_slope: float, **figures: Any) -> dict[str, Any]:
+    """The verdict dict: every check that fails adds a line to `failures`."""
+    failures = []
+    if cmp["missing"] or cmp["duplicates"] or not cmp["in_order"] or cmp["events"] != cmp["expected"]:
+        failures.append(f"events: {cmp['events']} of {cmp['expected']}, {cmp['missing']} missing, "
+                        f"{cmp['duplicates']} duplicated, in order {cmp['in_order']}")
+    if clean_events != cmp["expected"]:
+        failures.append(f"the clean run wrote {clean_events} of {cmp['expected']} events")
+    if cmp["mismatched_values"]:
+        failures.append(f"{cmp['mismatched_values']} values differ from the clean run")
+    if cmp["unexplained_exclusions"] or cmp["oom_in_statistics"]:
+        failures.append(f"{cmp['unexplained_exclusions']} completions left out of the statistics without 'oom', "
+                        f"{cmp['oom_in_statistics']} 'oom' completions counted")
+    if cmp["oom_gave_up"] != cmp["oom_statuses"]:
+        failures.append(f"{cmp['oom_gave_up']} OOMs given up on but {cmp['oom_statuses']} 'oom' model statuses")
+    if not cmp["normalizers_equal"]:
+        failures.append(f"normalizer statistics differ from the clean run's (largest difference {cmp['max_normalizer_diff']:.3g})")
+    if cmp["steps_in_state"] != cmp["expected"]:
+        failures.append(f"the state counts {cmp['steps_in_state']} steps for {cmp['expected']}")
+    if sup["crashes"] or clean_sup["crashes"]:
+        failures.append(f"{sup['crashes'] + clean_sup['crashes']} scoring process(es) crashed (see worker-*.log)")
+    if sup["kills"] < kills_wanted:
+        failures.append(f"only {sup['kills']} of {kills_wanted} kills landed (the run ended first)")
+    if faults > 0 and ooms["injected"] == 0:
+        failures.append("faults were asked for and none was injected")
+    if memory["points"] < MIN_MEMORY_POINTS and cmp["expected"] >= 10 * MIN_MEMORY_POINTS:
+        failures.append(f"memory at rest was not judged: {memory['points']} points after warm-up")
+    if memory["slope_bytes_per_step"] > max_slope:
+        failures.append(f"tracked memory at rest grows {memory['slope_bytes_per_step']:.1f} bytes/step (limit {max_slope:g})")
+    rss = memory.get("rss_slope_bytes_per_step")
+    if rss is not None and rss > max_rss_slope:
+        failures.append(f"resident set grows {rss:.0f} bytes/step (limit {max_rss_slope:g})")
+    return {
+        "passed": not failures, "failures": failures, "completions": dict(statuses), "ooms": ooms,
+        "kills": sup["kills"], "restarts": sup["restarts"], "crashes": sup["crashes"] + clean_sup["crashes"],
+        "kill_points": sup["kill_points"], "memory": {**memory, "max_slope": max_slope, "max_rss_slope": max_rss_slope},
+        "comparison": cmp, "faults": faults, **figures,
+    }
+
+
+def format_verdict(v: dict[str, Any]) -> str:
+    """The verdict for a person."""
+    c, o, m = v["comparison"], v["ooms"], v["memory"]
+    rss = m.get("rss_slope_bytes_per_step")
+    rows = [
+        f"soak verdict: {'PASS' if v['passed'] else 'FAIL'}",
+        f"  steps {v['steps']} x {v['completions_per_step']} completions; input errors {v['input_errors']} (lines refused)",
+        "  completions by status: " + ", ".join(f"{k} {n}" for k, n in sorted(v["completions"].items())),
+        f"  OOMs injected {o['injected']} (real {o['real']}) / recovered {o['recovered']} (split {o['split']}, host fallback "
+        f"{o['cpu_fallback']}) / gave up {o['gave_up']} -> model statuses 'oom' {c['oom_statuses']}, completions "
+        f"reported 'oom' {o['reported']}",
+        f"  kills {v['kills']}, restarts {v['restarts']}, crashes {v['crashes']}",
+        f"  memory at rest ({m['basis']}; {m['points']} points, {m.get('processes', '?')} processes): tracked slope "
+        f"{m['slope_bytes_per_step']:.2f} bytes/step (limit {m['max_slope']:g}), range {m['rest_bytes_min']}..{m['rest_bytes_max']}; "
+        + (f"RSS slope {rss:.0f} bytes/step (limit {m['max_rss_slope']:g}), range {m['rss_bytes_min'] / 2**20:.0f}.."
+           f"{m['rss_bytes_max'] / 2**20:.0f} MiB" if rss is not None else "RSS not measured"),
+        f"  comparison with the clean run: events {c['events']}/{c['expected']}, missing {c['missing']}, duplicated "
+        f"{c['duplicates']}, in order {c['in_order']}; values differing {c['mismatched_values']} (beyond {TOL:g}); "
+        f"float32 batching noise after a split {c['rebatched_values']} {c['rebatched_by_model']} (largest "
+        f"{c['rebatched_max_diff']:.2g}, bound {REBATCH_TOL:g}); unexplained exclusions {c['unexplained_exclusions']}; "
+        f"normalizers equal {c['normalizers_equal']} (max diff {c['max_normalizer_diff']:.3g})",
+        f"  {v['seconds']} s ({v.get('steps_per_second', 0):.1f} steps/s per run, faulted and clean side by side)",
+    ]
+    for r in c.get("rebatched", [])[:5]:
+        rows.append(f"    batching noise: step {r['step']}, completion {r['index']}, {r['model']}: {r['diff']:.2g}")
+    for mm in c["mismatches"][:5]:
+        rows.append(f"    differs: step {mm['step']}, completion {mm['index']}, {mm['model']}: faulted {mm['faulted']!r}, "
+                    f"clean {mm['clean']!r}")
+    rows += [f"  FAILED: {f}" for f in v["failures"]]
+    return "\n".join(rows)
