@@ -9,7 +9,10 @@ stand-in weights:
 3. start-up: process start to first score, cold (profiling every model), warm (saved cost models)
    and the floor's (imports, plain `from_pretrained` of the same models, one pass each);
 4. memory against input length (measured on the stand-ins; the real models at full size simulated);
-5. memory at rest against uptime, and step time against completions per step.
+5. memory at rest against uptime, and step time against completions per step;
+6. rows on the real checkpoints, when scripts/fetch-real-models.sh has fetched them (`bench.real`:
+   relevance and diversity on the real all-mpnet-base-v2, DPO on SmolLM2-135M, each against its
+   floor, and memory against length); `--real-only` runs just these and rewrites just their section.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results.
@@ -87,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="folder for RESULTS.md and the plots (default: bench/ for a full run, a temp folder for --quick)")
     ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu", help="device for the stack")
     ap.add_argument("--uptime-steps", type=int, default=400, help="short steps for the memory-at-rest curve")
+    ap.add_argument("--real-only", action="store_true",
+                    help="only the rows on the real checkpoints (bench.real), written into their section of RESULTS.md")
     args = ap.parse_args(argv)
+    if args.real_only:
+        return _real_only(Path(args.out) if args.out else HERE)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -189,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     per = [t / n for n, t in scaling]
     say("step time against completions per step: " + ", ".join(f"{n}: {t:.2f} s" for n, t in scaling)
         + f"; per completion {per[0] * 1000:.1f} -> {per[-1] * 1000:.1f} ms ({'linear or better' if per[-1] <= per[0] * 1.1 else 'worse than linear'})")
+    stage("rows on the real checkpoints")
+    real_lines = _real_lines(1 if q else 2)
+    say()
+    for line in real_lines:
+        say(line)
     wall = time.perf_counter() - t_all
     say(f"bench wall time {wall / 60:.1f} min")
 
@@ -198,6 +210,55 @@ def main(argv: list[str] | None = None) -> int:
     _write_markdown(out_dir / "RESULTS.md", lines, q)
     print(f"\nwrote {out_dir / 'RESULTS.md'} and {plots}/*.png")
     return 0
+
+
+def _real_lines(repeats: int) -> list[str]:
+    """bench.real's rows, or one line saying why they did not run (the checkpoints are not fetched)."""
+    from bench import real
+    from rewardstack.realmodels import RealModelsError
+
+    try:
+        return real.measure(repeats)
+    except RealModelsError as e:
+        return [f"real checkpoints: not run ({e})"]
+
+
+REAL_BEGIN, REAL_END = "<!-- real -->", "<!-- /real -->"
+
+
+def _real_only(out_dir: Path) -> int:
+    """`--real-only`: print bench.real's rows and put them in RESULTS.md's real section."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.disable(logging.WARNING)
+    t = time.perf_counter()
+    lines = [f"rewardstack benchmark, real checkpoints, {dt.date.today().isoformat()}; {results.machine()}",
+             *_real_lines(2)]
+    lines.append(f"wall time {(time.perf_counter() - t) / 60:.1f} min")
+    for line in lines:
+        print(line, flush=True)
+    path = out_dir / "RESULTS.md"
+    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
+    section = _real_section(lines)
+    if REAL_BEGIN in old and REAL_END in old:
+        head, rest = old.split(REAL_BEGIN, 1)
+        new = head + section + rest.split(REAL_END, 1)[1]
+    elif "<!-- reading -->" in old:
+        head, rest = old.split("<!-- reading -->", 1)
+        new = head + section + "\n\n<!-- reading -->" + rest
+    else:
+        new = old.rstrip() + "\n\n" + section + "\n"
+    path.write_text(new, encoding="utf-8")
+    print(f"\nwrote the real rows into {path}")
+    return 0
+
+
+def _real_section(lines: list[str]) -> str:
+    return "\n".join([REAL_BEGIN, "## Real checkpoints", "",
+                      "From `python -m bench --real-only` (or the full run); the table as printed:", "",
+                      "```", *lines, "```", REAL_END])
 
 
 def _write_markdown(path: Path, lines: list[str], quick: bool) -> None:

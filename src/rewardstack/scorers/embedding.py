@@ -168,6 +168,11 @@ class Embedder:
         return result
 
 
+def relevance_similarity(prompt_vec: torch.Tensor, vec: torch.Tensor) -> float:
+    """Relevance model 2's score: |cosine(base prompt embedding, completion embedding)|."""
+    return abs(float(F.cosine_similarity(prompt_vec, vec, dim=0)))
+
+
 def _merge(*statuses: str) -> str:
     return enc.worst_status(list(statuses))
 
@@ -215,7 +220,7 @@ class RelevanceMask(Scorer):
             if p2 is None or v is None:
                 result.statuses[i] = ps2 if p2 is None else st
                 continue
-            s2 = abs(float(F.cosine_similarity(p2, v, dim=0)))
+            s2 = relevance_similarity(p2, v)
             result.scores[i] = 0.0 if s2 < self.bounds[1] else 1.0
             result.statuses[i] = _merge(result.statuses[i], ps2, st)
         return result

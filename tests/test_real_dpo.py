@@ -1,0 +1,101 @@
+"""DPO on a real trained decoder: SmolLM2-135M-Instruct (dequantized from its Q4_1 gguf) vs the reference.
+
+The first test of DPO's repetition penalty on a trained model's logits rather than a random one's:
+a trained LM puts large positive logits on likely tokens and large negative ones elsewhere, so the
+penalty's two branches (divide a positive logit, multiply a negative one) both matter. The scorer,
+in float32 and float16, with the shared-prefix KV cache on (LLaMA takes transformers' cache
+objects) and off, must equal a literal transcription of openvalidators 1.2.0's `reward_single`
+(tests/real_reference.py), run on its own copy of the model in the same dtype, within 1e-4
+relative (float16: the reference's value or its float16 neighbour, see `close`), on the 100 real-text completions of `rewardstack.realtexts` in 10 steps (the one-, two-
+and four-character ones score -11; six run past the bound and are cut).
+
+The length bound is 256 tokens here, not SmolLM2's 8,192: the scorer takes it from `max_length`
+and the reference from its tokenizer's `model_max_length` (the one value the reference reads), so
+the cut is the same code path at a length the literal reference's full [L, 49,152] logits and
+per-position loop can afford on CI's two cores. The scorer's memory profile is kept short
+(`calibration_length`): with no budget set it only shapes batches, never the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from causal_fixtures import make_runtime
+from real_fixtures import real_models
+from real_reference import DirectPreferenceRewardModel
+from rewardstack import realtexts
+from rewardstack.config import ModelConfig
+from rewardstack.scorers import dpo
+from rewardstack.scorers.base import ScoreRequest, Status
+
+pytestmark = pytest.mark.real
+
+BOUND = 256
+TOL = 1e-4
+_REFERENCE: dict[str, dict[str, float]] = {}
+
+
+def close(a: float, b: float, dtype: str) -> bool:
+    """Equal within 1e-4 relative (absolute below 1); in float16 also within one float16 step of `b`.
+
+    The reference's float16 reward is a float16 number: its resolution is 2^-10 relative (a step of
+    0.002 at -3.9), ten times coarser than 1e-4, so "within 1e-4" there can only mean "the same
+    float16 value or its neighbour". The scorer's log-sum-exp is taken in float32 (docs/SEMANTICS.md,
+    departure 3) and, with the prefix cache, its body's float16 matmuls run on other shapes, so a
+    sum that falls near a rounding boundary can land one step away (seen on this set, prefix cache:
+    -3.94140625 against -3.943359375; full sequences: -5.671875 against -5.66796875).
+    """
+    tol = TOL * max(1.0, abs(a), abs(b))
+    if dtype == "float16" and b != 0.0:
+        tol = max(tol, 2.0 ** (math.floor(math.log2(abs(b))) - 10))  # one float16 step at |b|
+    return abs(a - b) <= tol
+
+
+def reference_scores(dtype: str) -> dict[str, float]:
+    """label -> the literal reference's reward, on its own model in `dtype` (computed once)."""
+    if dtype not in _REFERENCE:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        folder = str(real_models().smollm2)
+        tok = AutoTokenizer.from_pretrained(folder)
+        tok.model_max_length = BOUND
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+        ref = DirectPreferenceRewardModel(model, tok)
+        _REFERENCE[dtype] = {label: float(ref.reward_single(prompt, c, "augment"))
+                             for prompt, step in realtexts.steps() for label, c in step}
+    return _REFERENCE[dtype]
+
+
+def build(dtype: str, shared_prefix: bool) -> dpo.DpoScorer:
+    cfg = ModelConfig(name="dpo_reward_model", path=str(real_models().smollm2), weight=1.0, dtype=dtype,
+                      max_length=BOUND, options={"shared_prefix": shared_prefix, "tune_logits_chunk": False,
+                                                 "logits_chunk": 256, "calibration_length": 64})
+    return dpo.build(cfg, make_runtime())  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shared_prefix", [True, False], ids=["prefix_cache", "full_sequences"])
+def test_dpo_equals_literal_reference(dtype: str, shared_prefix: bool) -> None:
+    sc = build(dtype, shared_prefix)
+    assert sc.model.dtype == getattr(torch, dtype) and sc.max_len == BOUND
+    assert sc.use_prefix == shared_prefix  # LLaMA passes the cache probe: the cache path really runs
+    want = reference_scores(dtype)
+    got: dict[str, tuple[float, str, int]] = {}
+    for prompt, step in realtexts.steps():
+        res = sc.score(ScoreRequest(prompt, [c for _, c in step]))
+        for (label, c), v, st in zip(step, res.scores, res.statuses):
+            got[label] = (v, st, len(sc.tokenizer(prompt + c).input_ids))
+    assert len(got) == 100
+    for label, (v, st, n) in got.items():
+        assert st == (Status.TRUNCATED if n > BOUND else Status.OK), (label, st, n)
+        assert math.isfinite(v) and close(v, want[label], dtype), (dtype, label, v, want[label])
+    # The regimes the set reaches: -11 for the tiny ones (and only where the reference gives it),
+    # texts cut at the bound, and repetition that the penalty drives far below natural text.
+    low = {k for k, (v, _, _) in got.items() if v == -11.0}
+    assert low == {k for k, r in want.items() if r == -11.0} and {"one_char", "ok", "empty"} <= low
+    assert sum(n > BOUND for _, _, n in got.values()) >= 6
+    assert got["repeat_the_600"][0] < got["passage0"][0] - 3
