@@ -93,6 +93,8 @@ class LazyAlibi(torch.nn.Module):
     def __init__(self, original: torch.nn.Module) -> None:
         super().__init__()
         _adopt(self, original)
+        if "slopes" not in dict(self.named_parameters(recurse=False)) and "slopes" not in dict(self.named_buffers(recurse=False)):
+            self.register_buffer("slopes", original.slopes, persistent=False)  # a plain attribute there
 
     def forward(self, seq_length: int, key_length: int, cached_qk_len: int | None = None) -> AlibiBias:
         # The stand-in's signature is (q, past + q); the hub code's is (q, q, past).
