@@ -327,6 +327,14 @@ def install(name: str, body: torch.nn.Module, *, rows: int = ATTENTION_BLOCK, ve
     return choice
 
 
+def block_rows_of(model: torch.nn.Module) -> BlockRows | None:
+    """The rows setting shared by a model's blocked layers (None: it runs its own attention)."""
+    for m in model.modules():
+        if isinstance(m, BlockedAttention):
+            return m.block
+    return None
+
+
 def attention_of(model: torch.nn.Module) -> str:
     """A short name of the attention a (meta or loaded) model runs: blocked, sdpa, eager or own."""
     for m in model.modules():
