@@ -1,6 +1,6 @@
 """The GPU check of the memory simulation: full-size models, random weights, a card of 40 GiB.
 
-Run by scripts/gpu-check.sh when a GPU is lent (under 10 minutes on one card). The card may be far
+Run by scripts/gpu-check.sh when a GPU is lent (under 8 minutes on one card). The card may be far
 larger than 40 GiB: `torch.cuda.set_per_process_memory_fraction` caps this process at
 `--device-memory` (the `[memory] device_memory` setting's cap), so every figure is a 40 GiB card's.
 
@@ -21,6 +21,10 @@ larger than 40 GiB: `torch.cuda.set_per_process_memory_fraction` caps this proce
 6. Recovery from a real CUDA OOM: a batch of DeBERTa reference inputs that the simulation says
    cannot fit together runs through the OOM guard; it must OOM for real, split, and give every
    input the value it has when run alone (nothing lost). [FAIL] otherwise.
+7. DPO on the full-size BTLM (blocked attention, installed after its probe on the card) at
+   8,192 tokens: no OOM, measured peak within 10% of the simulated one.
+8. The swap time of the largest model swapped on a 24 GiB card: pageable `.to()`, pinned copies on
+   a side stream (`memory.swapcopy`), and that copy overlapped with a DPO pass.
 
 Each phase prints its figures as it ends; with $OUT set they are also appended, one JSON object
 a line, to $OUT/gpu-check.jsonl (flushed and synced), so a timeout keeps what was measured.
@@ -59,7 +63,8 @@ failures: list[str] = []
 LAZY_MODULES = [
     "rewardstack.scorers.classifier", "rewardstack.scorers.embedding", "rewardstack.scorers.encoding",
     "rewardstack.scorers.dpo", "rewardstack.scorers.prefix", "rewardstack.memory.guard",
-    "rewardstack.memory.placement", "transformers",
+    "rewardstack.memory.placement", "rewardstack.memory.budget", "rewardstack.memory.swapcopy",
+    "rewardstack.scorers.attention", "transformers",
 ]
 
 
@@ -113,6 +118,17 @@ def build_on_gpu(model: str, arch: S.Arch, dtype: str) -> tuple[torch.nn.Module,
     mods = tuple(m.to(dt) for m in mods)
     for m in mods:
         m.eval().requires_grad_(False)
+    return planned_attention(model, arch, mods)
+
+
+def planned_attention(model: str, arch: S.Arch, mods: tuple) -> tuple:
+    """The DPO scorer's load-time attention on a remote-code model: blocked when its probe agrees
+    (the probe runs here, on the card), as `DpoScorer` installs it and the simulation plans it."""
+    if arch.remote_code and S.SCORERS[model][0] == "dpo":
+        from rewardstack.scorers import attention
+
+        choice = attention.install(model, mods[0].base_model)
+        print(f"  {model}: {choice.describe()} ({choice.reason})", flush=True)
     return mods
 
 
@@ -274,6 +290,112 @@ def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, d
     phase_done("6 oom recovery", t, length=length, ooms=len(real), values_ok=values_ok)
 
 
+BTLM_TOLERANCE = 0.10  # issue 19: DPO on full-size BTLM at 8,192 tokens, measured within 10% of simulated
+
+
+def check_btlm_at_bound(names: list[str], mods: dict[str, tuple], cfg: Any, dry: bool) -> None:
+    """7. DPO on the full-size BTLM (random weights from its architecture, blocked attention) at its
+    8,192-token bound, batch 1, under the card's cap: no OOM, peak within 10% of the simulation."""
+    n = "dpo_reward_model"
+    if n not in names:
+        return
+    bound = S.scorer_bound(n, cfg)
+    sim = S.simulate_peak(n, 1, bound, padded=False, exact=False)
+    print(f"DPO on full-size BTLM at {bound} tokens ({sim.attention}): simulated {sim.peak_bytes / GIB:.3f} GiB, "
+          f"largest {sim.largest_alloc_bytes / GIB:.3f} GiB {sim.largest_alloc_op}", flush=True)
+    if dry:
+        print("  (would measure)")
+        return
+    try:  # pragma: no cover - CUDA-only path
+        real = measured_peak(lambda: scorer_pass(n, mods[n], 1, bound, 0, "cuda"))
+    except torch.OutOfMemoryError:  # pragma: no cover
+        check(False, f"{n} at {bound} tokens: OOM (simulated {sim.peak_bytes / GIB:.3f} GiB)", "btlm at bound")
+        return
+    err = (real - sim.peak_bytes) / max(sim.peak_bytes, 1)  # pragma: no cover
+    check(abs(err) <= BTLM_TOLERANCE, f"{n} at {bound} tokens: measured {real / GIB:.3f} GiB, simulated "
+          f"{sim.peak_bytes / GIB:.3f} GiB ({err:+.1%}, tolerance {BTLM_TOLERANCE:.0%}), no OOM", "btlm at bound")
+
+
+def largest_swapped(cfg: Any, card: int) -> tuple[str, int] | None:
+    """The largest model `rewardstack plan` swaps on a card of `card` bytes (None: nothing swapped)."""
+    from rewardstack.memory.budget import split_card
+    from rewardstack.memory.placement import Placement
+
+    names = S.active_models(cfg)
+    owners: dict[str, list] = {}
+    for n in names:
+        arch, dt = S.load_arch(S.model_path(n, cfg)), S.model_dtype(n, cfg)
+        owners.setdefault(n.split("[", 1)[0], []).extend(S.meta_modules(n, dt, arch))
+    weights = sum(S.stack_weights(cfg).values())
+    wb, _ = split_card(int(card * cfg.gpu_utilization) - cfg.headroom_bytes, weights, cfg.memory_budget)
+    placement = Placement("cuda", wb, move=False)
+    for owner, ms in owners.items():
+        placement.register(owner, list({id(m): m for m in ms}.values()), cpu_ok=owner in ("relevance_filter", "diversity_reward_model", "nsfw_filter"))
+    swapped = [(name, d.bytes) for name, d in placement.plan().items() if d.where == "swap"]
+    return max(swapped, key=lambda x: x[1]) if swapped else None
+
+
+def check_swap_time(cfg: Any, mods: dict[str, tuple], dry: bool, card: int = 24 * GIB) -> None:
+    """8. Swap time of the largest model swapped on a 24 GiB card: plain `.to()` from pageable host
+    memory, then from pinned copies on the copy stream (`memory.swapcopy`) alone and overlapped
+    with a DPO pass (wall time of both against the pass alone)."""
+    found = largest_swapped(cfg, card)
+    if found is None:
+        print("swap time: nothing is swapped on a 24 GiB card")
+        return
+    name, size = found
+    print(f"swap time of {name} ({size / GIB:.2f} GiB, the largest swapped on a {card / GIB:.0f} GiB card):", flush=True)
+    if dry or name not in {n.split('[', 1)[0] for n in mods}:
+        print("  (would measure: pageable .to(), pinned copy on a side stream, and that copy overlapped with a DPO pass)")
+        return
+    from rewardstack.memory.swapcopy import PinnedSwapper  # pragma: no cover - CUDA-only path
+
+    ms = next(v for k, v in mods.items() if k.split("[", 1)[0] == name)  # pragma: no cover
+    sw = PinnedSwapper(torch.device("cuda"))  # pragma: no cover
+
+    def timed_cuda(fn: Any) -> float:  # pragma: no cover
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    for m in ms:  # pragma: no cover
+        m.to("cpu")
+    gc.collect()
+    torch.cuda.empty_cache()
+    plain = timed_cuda(lambda: [m.to("cuda") for m in ms])  # pragma: no cover
+    for m in ms:  # pragma: no cover
+        m.to("cpu")
+        sw.pin(m)
+    torch.cuda.empty_cache()
+    pinned = timed_cuda(lambda: [sw.to_device(m) for m in ms])  # pragma: no cover
+    for m in ms:  # pragma: no cover
+        sw.to_host(m)
+    torch.cuda.empty_cache()
+    dpo = "dpo_reward_model"
+    if dpo in mods:  # pragma: no cover
+        def compute() -> None:
+            with torch.inference_mode():
+                scorer_pass(dpo, mods[dpo], 1, 4096, 0, "cuda")
+        alone = timed_cuda(compute)
+
+        def both() -> None:
+            for m in ms:
+                sw.to_device(m, wait=False)
+            compute()
+            for m in ms:
+                sw.ready(m)
+        overlapped = timed_cuda(both)
+        print(f"  DPO pass (1 x 4096) alone {alone:.3f} s; with the copy overlapped {overlapped:.3f} s "
+              f"(sequential would be {alone + pinned:.3f} s)")
+    for m in ms:  # pragma: no cover
+        sw.ready(m)
+    print(f"  pageable .to(): {plain:.3f} s ({size / plain / 1e9:.1f} GB/s); pinned, side stream: {pinned:.3f} s "
+          f"({size / pinned / 1e9:.1f} GB/s)", flush=True)
+    check(pinned <= plain, f"{name}: pinned swap-in {pinned:.3f} s <= pageable {plain:.3f} s", "swap time")  # pragma: no cover
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device-memory", default="40GiB")
@@ -390,6 +512,13 @@ def main(argv: list[str] | None = None) -> int:
     swap_phase(names, mods, weights, dry)
     if "rlhf_reward_model" in mods:
         oom_recovery_phase(mods, cfg, card, live, dry)
+    # 7. and 8.: DPO on full-size BTLM at its bound; the swap time with and without overlap
+    t = time.time()
+    check_btlm_at_bound(names, mods, cfg, dry)
+    phase_done("7 btlm at bound", t)
+    t = time.time()
+    check_swap_time(cfg, mods, dry)
+    phase_done("8 swap time", t)
     print(f"done in {time.time() - t0:.0f}s; {len(failures)} failures", flush=True)
     record("done", seconds=round(time.time() - t0, 1), failures=failures)
     return 1 if failures else 0

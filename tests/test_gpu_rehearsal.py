@@ -61,7 +61,8 @@ def test_dry_run_with_the_image_alone_runs_every_phase(tmp_path: Path) -> None:
     assert "Traceback" not in out
     records = [json.loads(x) for x in (tmp_path / "out" / "gpu-check.jsonl").read_text().splitlines()]
     phases = [r["phase"] for r in records if r.get("done")]
-    assert phases == ["1 weights", "2 peaks", "3 workload", "4 reference", "5 swaps", "6 oom recovery"]
+    assert phases == ["1 weights", "2 peaks", "3 workload", "4 reference", "5 swaps", "6 oom recovery",
+                      "7 btlm at bound", "8 swap time"]
     assert records[-1]["phase"] == "done" and records[-1]["failures"] == []
     swaps = next(r for r in records if r["phase"] == "5 swaps")
     assert swaps["swapped"], "the swap phase's budget must force at least one swap"

@@ -138,8 +138,10 @@ def test_default_stack_on_the_reports_card() -> None:
     assert plan.verdict == "fits" and all(p.where == "resident" for p in plan.models)
     by = {p.name: p for p in plan.models}
     assert by["rlhf_reward_model"].bound == 512 and by["dpo_reward_model"].bound == 8192
-    # BTLM's eager ALiBi attention at 8,192 tokens: [32, 8192, 8192] float32 softmax, 8 GiB at once.
-    assert by["dpo_reward_model"].largest_alloc_bytes == 32 * 8192 * 8192 * 4
+    # BTLM's ALiBi attention at 8,192 tokens in 512-row blocks: the largest allocation is one
+    # block's [32, 512, 8192] float32 softmax (the model's own would hold [32, 8192, 8192], 8 GiB).
+    assert by["dpo_reward_model"].attention == "blocked(512)"
+    assert by["dpo_reward_model"].largest_alloc_bytes == 32 * 512 * 8192 * 4
 
 
 def test_gpu_check_dry_run_plans_every_check(capsys: pytest.CaptureFixture[str]) -> None:

@@ -122,6 +122,9 @@ def _real(model: str, arch: S.Arch) -> tuple[torch.nn.Module, ...]:
     torch.manual_seed(0)
     if arch.remote_code:
         m = arch.remote_class("AutoModelForCausalLM")(arch.config()).float().eval().requires_grad_(False)
+        from rewardstack.scorers import attention
+
+        attention.install(arch.name, m.base_model)  # as the DPO scorer loads it (the probe agrees)
     else:
         m = getattr(transformers, S.SCORERS[model][1]).from_config(arch.config(), dtype=torch.float32)
         m.eval().requires_grad_(False)

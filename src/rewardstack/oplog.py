@@ -1,11 +1,11 @@
 """The lines an operator reads at INFO: what each model loaded, and one line per scored step.
 
 At startup (`log_models`), one line per model: its checkpoint, the revision it was loaded at, its
-dtype, the bytes of its weights and where they are. The budget, placement decisions and each cost
-model's fit are logged by the memory layer as they are made (`rewardstack.memory`). Per step
-(`StepLine`), one line: the step's name, its completions, the time it took, the count of each
-status and the memory peak above what was live when it began (the tracker's on CPU, the
-allocator's on CUDA; on CUDA the telemetry's per-call windows reset that counter, and the peak is
+dtype, the bytes of its weights, where they are, and which attention it runs (where the scorer
+chose one). The budget, placement decisions and each cost model's fit are logged by the memory
+layer as they are made (`rewardstack.memory`). Per step (`StepLine`), one line: the step's name,
+its completions, the time it took, the count of each status and the memory peak above what was
+live when it began (the tracker's on CPU, the allocator's on CUDA; on CUDA the telemetry's per-call windows reset that counter, and the peak is
 then the one since the last call began).
 """
 
@@ -67,9 +67,10 @@ def log_models(stack: "RewardStack") -> None:
         dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
         where = sorted({str(p.device) for p in params})
         path = cfg.path if cfg.path else ", ".join(cfg.paths)
-        log.info("model %s: %s at %s, %s, %s of weights on %s", name, path,
+        attention = scorer.attention_info()
+        log.info("model %s: %s at %s, %s, %s of weights on %s%s", name, path,
                  revision_of(cfg.path, cfg.revision, modules), "/".join(dtypes),
-                 _mib(weights_bytes(modules)), "+".join(where))
+                 _mib(weights_bytes(modules)), "+".join(where), f"; {attention}" if attention else "")
 
 
 class StepLine:

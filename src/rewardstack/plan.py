@@ -61,6 +61,7 @@ class ModelPlan:
     cost: dict = field(default_factory=dict)  # fitted cost model (bytes = a + b*B*L + c*B*L^2 ...)
     cost_fit_error: float = 0.0
     stand_in: str = ""
+    attention: str = ""  # the attention the plan simulates: blocked(rows), sdpa, eager or own
 
 
 @dataclass
@@ -167,6 +168,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
         p.bound = S.scorer_bound(name, cfg, archs[name])
         cost, top, samples = _fit(name, cfg, p.dtype, archs[name], p.bound)
         p.peak_at_bound, p.largest_alloc_bytes, p.largest_alloc_op = top.peak_bytes, top.largest_alloc_bytes, top.largest_alloc_op
+        p.attention = top.attention
         on_card = p.where != "cpu"
         limit = activation * margin
         p.input_fits = (not on_card) or top.peak_bytes <= limit
@@ -259,7 +261,7 @@ def format_plan(plan: StackPlan) -> str:
         f"activation budget {_g(plan.activation_budget)} GiB x margin {plan.margin:g}",
         "",
         f"{'model':26s} {'dtype':8s} {'weights':>8s} {'where':9s} {'bound':>6s} {'peak@bound':>10s} "
-        f"{'largest':>8s} {'fits':>5s} {'batch@bound':>11s} {'tokens':>7s}  cost model (B=batch, L=length)",
+        f"{'largest':>8s} {'fits':>5s} {'batch@bound':>11s} {'tokens':>7s} {'attention':12s} cost model (B=batch, L=length)",
     ]
     for p in plan.models:
         c = p.cost
@@ -270,12 +272,14 @@ def format_plan(plan: StackPlan) -> str:
         lines.append(
             f"{p.name:26s} {p.dtype:8s} {_g(p.weights_bytes):>8s} {p.where:9s} {p.bound:>6d} {_g(p.peak_at_bound):>10s} "
             f"{_g(p.largest_alloc_bytes):>8s} {'yes' if p.input_fits else str(p.longest_fitting):>5s} {p.max_batch_at_bound:>11d} "
-            f"{p.max_batch_tokens:>7d}  {cm}")
+            f"{p.max_batch_tokens:>7d} {p.attention or '-':12s} {cm}")
     lines.append("")
     lines.append("sizes in GiB; peak@bound: one input of the model's longest admitted length; largest: its largest "
                  "single allocation; batch@bound: inputs of that length per pass within the budget, at most "
                  "the scorer's own cap (batch_size, or 16); fits: whether the longest input fits the activation "
-                 "budget, else the longest that does (longer inputs are cut)")
+                 "budget, else the longest that does (longer inputs are cut); attention: blocked(R) is exact "
+                 "attention in blocks of R query rows (no L x L scores), own the model's code (L x L scores), "
+                 "sdpa torch's fused kernel")
     stand = [p for p in plan.models if p.stand_in]
     for p in stand:
         lines.append(f"note: {p.name} ({p.arch}): {p.stand_in.split(' (')[0]}")

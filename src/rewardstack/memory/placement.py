@@ -14,6 +14,10 @@ not, `plan()` decides per model, and logs each decision with its reason:
 Modules shared by several models (one embedding model for relevance and diversity) are counted and
 moved once, and never evicted while another model on the device still uses them.
 
+On CUDA with `pinned=True` (CUDA-only, isolated in `swapcopy.py`), swapped models move from pinned
+host copies on a separate stream, swap out without a copy back, and `prefetch(name)` starts the
+next model's copy while the current one computes (`ensure` waits for it).
+
 On a machine whose device is the host (CPU), placement is simulated: residency and swaps are
 accounted exactly the same way but modules are not moved (`move=False`), so the logic is testable
 without a GPU.
@@ -79,6 +83,7 @@ class Placement:
         host: torch.device | str = "cpu",
         move: bool | None = None,
         small_bytes: int | None = None,
+        pinned: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.host = torch.device(host)
@@ -95,6 +100,13 @@ class Placement:
         self.swaps = 0  # totals: the log below keeps only the last SWAP_LOG_SIZE events
         self.evictions = 0
         self.swap_log: deque[SwapEvent] = deque(maxlen=SWAP_LOG_SIZE)
+        # CUDA-only, isolated (memory/swapcopy.py): swapped models move from pinned host copies on
+        # a side stream, and swap out without a copy back. Everywhere else: `.to()` as before.
+        self._swapper = None
+        if pinned and self.move and self.device.type == "cuda":  # pragma: no cover - CUDA-only
+            from rewardstack.memory.swapcopy import PinnedSwapper
+
+            self._swapper = PinnedSwapper(self.device)
 
     # -- registration -----------------------------------------------------------------------
     def register(
@@ -185,10 +197,15 @@ class Placement:
             self._set(i, i in keep)
         self._lru.clear()
 
-    def _set(self, mid: int, on_device: bool) -> None:
+    def _set(self, mid: int, on_device: bool, *, swap: bool = False, wait: bool = True) -> None:
         if (mid in self._on_device) == on_device:
             return
-        if self.move:
+        if self.move and swap and self._swapper is not None:  # pragma: no cover - CUDA-only
+            if on_device:
+                self._swapper.to_device(self._mods[mid], wait=wait)
+            else:
+                self._swapper.to_host(self._mods[mid])
+        elif self.move:
             self._mods[mid].to(self.device if on_device else self.host)  # CUDA-only in practice
         if on_device:
             self._on_device.add(mid)
@@ -215,6 +232,9 @@ class Placement:
             return d
         need = self._ids(name)
         if need <= self._on_device:
+            if self._swapper is not None:  # pragma: no cover - CUDA-only: a prefetch may be in flight
+                for mid in need:
+                    self._swapper.ready(self._mods[mid])
             self._lru[name] = None
             self._lru.move_to_end(name)  # most recently used
             return d
@@ -227,17 +247,39 @@ class Placement:
             still = set().union(*(self._ids(n) for n in self._lru), *(
                 self._ids(n) for n, dd in self.decisions.items() if dd.where == "resident"), need)
             for mid in self._ids(victim) - still:
-                self._set(mid, False)
+                self._set(mid, False, swap=True)
             event.evicted.append(victim)
             self.evictions += 1
         for mid in need:
-            self._set(mid, True)
+            self._set(mid, True, swap=True)
         self._lru[name] = None
         self.swaps += 1
         self.swap_log.append(event)
         log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
                  f", evicted {event.evicted}" if event.evicted else "", self.swaps)
         return d
+
+    def prefetch(self, name: str) -> bool:  # pragma: no cover - CUDA-only
+        """Start moving swapped model `name` onto the device on the side stream, if it fits beside
+        what is there without evicting anything; `ensure(name)` later waits for the copy.
+
+        Returns whether a copy started. Only with `pinned=True` on CUDA (otherwise False: no
+        overlap is possible, `ensure` moves the model when it is needed).
+        """
+        if self._swapper is None or name not in self._models:
+            return False
+        d = self.decisions.get(name)
+        need = self._ids(name)
+        budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
+        if d is None or d.where != "swap" or need <= self._on_device or self._bytes_of(self._on_device | need) > budget:
+            return False
+        for mid in need:
+            self._set(mid, True, swap=True, wait=False)
+        self._lru[name] = None
+        self.swaps += 1
+        self.swap_log.append(SwapEvent(name))
+        log.info("placement: prefetching %s (%s) on the copy stream", name, _mib(self._models[name].size))
+        return True
 
     @contextmanager
     def lent_to_host(self, name: str) -> Iterator[int]:

@@ -251,6 +251,10 @@ def _meta_model(arch_key: str, auto: str, dtype_name: str, layers: int | None = 
     for m in mods:
         m.eval()
         m.requires_grad_(False)
+    if arch.remote_code:  # the scorer's load-time replacement, planned as installed (no probe on meta)
+        from rewardstack.scorers import attention
+
+        attention.install(arch.name, mods[0].base_model, verify=False)
     return mods
 
 
@@ -298,6 +302,7 @@ class SimResult:
     arch: str = ""
     modelled: tuple[str, ...] = ()
     seconds: float = 0.0
+    attention: str = ""  # which attention the pass ran (`scorers.attention.attention_of`)
 
     def describe(self) -> str:
         """One line for logs and reports."""
@@ -564,10 +569,15 @@ def _penalty_pass(hidden_at: Callable, head: Any, b: int, lengths: list[int], pl
     (sums.to(dtype).float() / counts.float()).to(dtype).double()
 
 
-def _dpo_pass(mods: tuple, rows: list[list[int]], prefix: int, prompt: int, chunk: int) -> Callable[[], Any]:
+def _dpo_pass(mods: tuple, rows: list[list[int]], prefix: int, prompt: int, chunk: int,
+              block: int | None = None) -> Callable[[], Any]:
+    from rewardstack.scorers.attention import ATTENTION_BLOCK, block_rows_of
     from rewardstack.scorers.dpo import logits_scale
 
     model = mods[0]
+    shared = block_rows_of(model)
+    if shared is not None:  # blocked attention: the scorer's query rows per block
+        shared.rows = int(block or ATTENTION_BLOCK)
     body, lm_head = model.base_model, model.get_output_embeddings()
     head = _meta_logit_head(lm_head, logits_scale(model))
     lengths = [len(r) for r in rows]
@@ -636,10 +646,10 @@ def _code_version() -> str:
     import transformers
 
     from rewardstack import standin_btlm
-    from rewardstack.scorers import classifier, dpo, embedding, encoding, prefix
+    from rewardstack.scorers import attention, classifier, dpo, dpo_numerics, embedding, encoding, prefix
 
     h = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
-    for mod in (__import__(__name__, fromlist=["_"]), classifier, dpo, embedding, encoding, prefix):
+    for mod in (__import__(__name__, fromlist=["_"]), attention, classifier, dpo, dpo_numerics, embedding, encoding, prefix):
         h.update(Path(mod.__file__).read_bytes())
     for f in sorted(Path(standin_btlm.__file__).parent.glob("*.py")):
         h.update(f.read_bytes())
@@ -705,6 +715,7 @@ def simulate_peak(
     config: Any | None = None,
     arch: Arch | None = None,
     exact: bool = True,
+    block: int | None = None,
 ) -> SimResult:
     """Simulated peak activation bytes of one scorer pass over `batch` inputs of `length` tokens.
 
@@ -718,7 +729,8 @@ def simulate_peak(
     is the same for each (from the second layer on: the first has no earlier layer's output to
     keep), and the pass is ~5x faster (`rewardstack plan` uses it;
     tests/test_simulate.py checks it against the full-depth run for every default model).
-    Results are cached per arguments.
+    `block`: query rows per block of a model running blocked attention (None: the scorer's
+    default, `attention.ATTENTION_BLOCK`). Results are cached per arguments.
     """
     if model not in SCORERS:
         raise SimulationError(f"unknown model {model!r}; expected one of: {', '.join(SCORERS)}")
@@ -732,7 +744,7 @@ def simulate_peak(
     # Scorers that run the same architecture the same way share results (relevance [1], diversity).
     same = "pooled" if kind == "encoder" else model
     key = (same, arch.key(), dtype, batch, length, prefix if kind in ("reciprocate", "dahoas", "dpo") else 0,
-           prompt if kind == "dpo" else 0, padded, chunk if kind == "dpo" else 0, exact)
+           prompt if kind == "dpo" else 0, padded, chunk if kind == "dpo" else 0, exact) + ((block,) if block else ())
     if key not in _CACHE:
         found = _disk_get(arch, dtype, key)
         if found is not None:
@@ -742,11 +754,11 @@ def simulate_peak(
         return hit if hit.model == model else dataclasses.replace(hit, model=model)
     t0 = time.perf_counter()
     if exact or depth(arch) <= 3:
-        res = _simulate(model, kind, meta_modules(model, dtype, arch), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache)
+        res = _simulate(model, kind, meta_modules(model, dtype, arch), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache, block)
     else:
         n = depth(arch)
-        two = _simulate(model, kind, meta_modules(model, dtype, arch, min(2, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache)
-        res = _simulate(model, kind, meta_modules(model, dtype, arch, min(3, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache)
+        two = _simulate(model, kind, meta_modules(model, dtype, arch, min(2, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache, block)
+        res = _simulate(model, kind, meta_modules(model, dtype, arch, min(3, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache, block)
         if n > 3:
             res.peak_bytes = res.peak_bytes + (n - 3) * (res.peak_bytes - two.peak_bytes)
     res.weights_bytes = weights_bytes_of(meta_modules(model, dtype, arch))
@@ -758,7 +770,9 @@ def simulate_peak(
 
 
 def _simulate(model: str, kind: str, mods: tuple, batch: int, length: int, dtype: str, prefix: int,
-              prompt: int, padded: bool, chunk: int, legacy: bool = False) -> SimResult:
+              prompt: int, padded: bool, chunk: int, legacy: bool = False, block: int | None = None) -> SimResult:
+    from rewardstack.scorers.attention import attention_of
+
     rows = _rows(batch, length, padded)
     if kind in ("classifier", "encoder"):
         run = _encoder_pass(model, mods, rows, pair=model == "rlhf_reward_model")
@@ -767,13 +781,13 @@ def _simulate(model: str, kind: str, mods: tuple, batch: int, length: int, dtype
     elif kind == "dahoas":
         run = _dahoas_pass(mods, rows, prefix)
     elif kind == "dpo":
-        run = _dpo_pass(mods, rows, 0 if legacy else prefix, max(prompt, prefix), chunk)
+        run = _dpo_pass(mods, rows, 0 if legacy else prefix, max(prompt, prefix), chunk, block)
     else:
         run = _judge_pass(mods, rows)
     full = not (padded and batch > 1 and length > 1)
     peak, (lbytes, lop, lshape, lmod) = measure_meta(run, mods, full=full)
     return SimResult(model, batch, length, dtype, prefix, int(peak), lbytes, lop, tuple(lshape), lmod,
-                     modelled=MODELLED.get(model, ()))
+                     modelled=MODELLED.get(model, ()), attention=attention_of(mods[0]))
 
 
 def reference_need(model: str, n_tokens: int, *, config: Any | None = None, dtype: str | None = None,

@@ -113,3 +113,7 @@ class Scorer(ABC):
     def modules(self) -> list[torch.nn.Module]:
         """The torch modules this scorer runs (for placement and weight accounting)."""
         return []
+
+    def attention_info(self) -> str:
+        """Which attention the model runs when the scorer chose one (the operator log prints it)."""
+        return ""

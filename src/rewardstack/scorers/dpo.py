@@ -20,23 +20,40 @@ logit and each row's log-probability are rounded to the logits' dtype and the pe
 accumulates in float32 and is rounded to that dtype, so a long, repetitive completion overflows to
 -inf and scores -11 exactly where the reference's does. Only the log-sum-exp is taken in float32
 (the reference's float16 `log_softmax` also reduces in float32 internally; docs/SEMANTICS.md).
+
+The parts: `dpo_numerics.py` (the head, the penalty, the log-sum-exp: the number), `dpo_chunks.py`
+(the logits chunk and attention block a pass runs with, from the budget), `attention.py` (BTLM's
+attention in blocks of query rows, verified at load), `common.py` (the input bound); this module
+scores requests.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.memory.costmodel import CostModel
+from rewardstack.scorers.attention import ATTENTION_BLOCK, AttentionChoice
+from rewardstack.scorers.attention import install as install_attention
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.charbound import head_for_tokens
+from rewardstack.scorers.common import sane_max_length
+from rewardstack.scorers.dpo_chunks import ChunkPolicy, tune_chunk
+from rewardstack.scorers.dpo_numerics import (  # noqa: F401 - re-exported: the scorer's numerics
+    LOW,
+    PENALTY,
+    SAFE_EXP,
+    LogitHead,
+    chunked_logprobs,
+    logits_scale,
+    lse_inplace,
+)
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.prefix import (
     dummy_ids,
@@ -48,177 +65,7 @@ from rewardstack.scorers.prefix import (
     split_prefix,
 )
 
-LOW = -11.0  # exp(-11) is below 1/vocab: the spec's "worst" score
-PENALTY = 1.2  # the CTRL paper's repetition penalty, as in the reference
-
 log = logging.getLogger(__name__)
-
-
-def sane_max_length(tokenizer: Any, config: Any, override: int | None) -> int:
-    """cfg.max_length, else the tokenizer's model_max_length if sane (<= 1e6), else the config's."""
-    if override:
-        return int(override)
-    m = getattr(tokenizer, "model_max_length", None)
-    if m is not None and m <= 1_000_000:
-        return int(m)
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        v = getattr(config, key, None)
-        if v:
-            return int(v)
-    return 2048
-
-
-def logits_scale(model: torch.nn.Module) -> float:
-    """BTLM (muP) multiplies its head's logits by a constant outside the head; keep it."""
-    return float(getattr(model, "output_logits_scale", 1.0) or 1.0)
-
-
-SAFE_EXP = 60.0  # |logit| <= 60: exp() neither overflows (even summed over 2^30 columns) nor underflows
-
-
-class LogitHead:
-    """Writes the head's (scaled) float32 logits for hidden rows into a reused buffer.
-
-    float32 weights: one matrix product straight into the buffer (no fresh [r, V] tensor per
-    chunk: on CPU a fresh tensor of tens of MB is a new mapping and its page faults). Other dtypes:
-    the head and the scale in its own dtype (as the model computes them), then widened into the
-    buffer, so every unpenalized value is exactly one of the model's own logits.
-
-    `bound(h)` is a proven upper bound of max |logit| per row (Cauchy-Schwarz:
-    |scale| * (||h|| * max_v ||W_v|| + max |b|)); when it is at most SAFE_EXP the log-sum-exp
-    needs no max-shift, which saves two of its four passes over the chunk.
-    """
-
-    def __init__(self, lm_head: torch.nn.Module, scale: float) -> None:
-        self.weight = lm_head.weight
-        self.bias = getattr(lm_head, "bias", None)
-        self.scale = float(scale)
-        self.vocab = int(self.weight.shape[0])
-        self.dtype = self.weight.dtype  # the logits' dtype: the penalty and the sum round to it
-        w = self.weight.detach().float()
-        self._wmax = float(w.norm(dim=1).max())
-        self._bmax = float(self.bias.detach().float().abs().max()) if self.bias is not None else 0.0
-        del w
-
-    def __call__(self, h: torch.Tensor, out: torch.Tensor) -> None:
-        w = self.weight
-        if w.dtype == torch.float32 and h.dtype == torch.float32:
-            if self.bias is None:
-                torch.mm(h, w.t(), out=out)
-            else:
-                torch.addmm(self.bias, h, w.t(), out=out)
-            if self.scale != 1.0:
-                out.mul_(self.scale)
-        else:  # the head and its scale in the head's dtype, as the model's forward computes them
-            y = torch.nn.functional.linear(h.to(w.dtype), w, self.bias)
-            out.copy_(y * self.scale if self.scale != 1.0 else y)
-
-    def bound(self, h: torch.Tensor) -> float:
-        """An upper bound of |logit| over the rows `h` (before any penalty, which only lowers it)."""
-        return abs(self.scale) * (float(h.float().norm(dim=1).max()) * self._wmax + self._bmax)
-
-
-def lse_inplace(logits: torch.Tensor, bounded: bool) -> torch.Tensor:
-    """Row log-sum-exp of `logits` [r, V] float32, overwriting it. `bounded`: |x| <= SAFE_EXP known.
-
-    Unbounded: max, subtract, exp, sum (the usual shift). Bounded: exp and sum only; the shift
-    only guards against overflow, which the bound rules out (and every unpenalized column is at
-    least -SAFE_EXP, so the sum cannot underflow to 0), so both give the same number up to float32
-    rounding. NaN hidden states make the bound NaN, hence unbounded: NaN flows through to -11.
-    """
-    if bounded:
-        return logits.exp_().sum(1).log_()
-    m = logits.amax(1, keepdim=True)
-    logits.sub_(m).exp_()
-    return logits.sum(1).log_().add_(m.squeeze(1))
-
-
-def chunked_logprobs(
-    hidden_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    head: LogitHead,
-    ids: torch.Tensor,
-    prompt_lens: torch.Tensor,
-    lengths: torch.Tensor,
-    chunk: int,
-) -> torch.Tensor:
-    """Mean penalized log-probability of rows P-1 .. n-2 of each sequence ([B], float64 values).
-
-    Numbers as the reference computes them in the logits' dtype (`head.dtype`): the penalized
-    logit is formed in float32 and rounded to that dtype (in float16 a logit past 65,504 becomes
-    -inf, as the reference's `.to(logit.dtype)` makes it); each row's log-probability is rounded
-    to that dtype (the reference's `log_softmax` output); the sum over a sequence accumulates in
-    float32 and is rounded to that dtype before the division (the reference's `.sum(-1)`), so it
-    overflows to -inf exactly where the reference's does. The log-sum-exp itself runs in float32.
-    A NaN or infinite mean is returned as is: the caller maps it to -11.
-
-    `ids` [B, N] padded token ids, `prompt_lens` P [B], `lengths` n [B] (every n > P).
-    `hidden_at(seq, pos)` gives the body's last hidden states at those rows; `head(h, out)` writes
-    their (scaled) float32 logits over the vocabulary into `out`.
-
-    Per chunk of at most `chunk` rows, one [rows, V] buffer (reused across chunks) is written by
-    the head and then walked in place by the log-sum-exp (exp and sum; max and subtract too when
-    the logits are not provably bounded, see `LogitHead.bound`); the penalty only
-    gathers and scatters the columns of tokens that the chunk's sequences have seen.
-    """
-    device = ids.device
-    b = ids.shape[0]
-    vocab = head.vocab
-    counts = lengths - prompt_lens  # rows per sequence: P-1 .. n-2
-    seq = torch.repeat_interleave(torch.arange(b, device=device), counts)
-    starts = torch.cumsum(counts, 0) - counts  # first flat row of each sequence
-    pos = prompt_lens[seq] - 1 + (torch.arange(seq.numel(), device=device) - starts[seq])
-    target = ids[seq, pos + 1]
-    # Row i adds source token ids[i-1] to the seen counts once i-1 >= P (so ids[P:i] is counted).
-    src = torch.where(pos - 1 >= prompt_lens[seq], ids[seq, (pos - 1).clamp(min=0)], -1)
-    # Seen counts of every sequence before the current chunk (dense: B x V int32, small next to
-    # one chunk of logits for B <= chunk).
-    seen = torch.zeros(b, vocab, dtype=torch.int32, device=device)
-    penalty = torch.tensor(PENALTY, dtype=torch.float32, device=device)
-    dtype = head.dtype
-    narrow = dtype != torch.float32  # round to the logits' dtype where the reference holds values in it
-    sums = torch.zeros(b, dtype=torch.float32, device=device)  # the reference's float32 accumulator
-    total = seq.numel()
-    buf = torch.empty(min(chunk, total), vocab, dtype=torch.float32, device=device)
-    for c0 in range(0, total, chunk):  # loop over row chunks, not positions
-        c1 = min(total, c0 + chunk)
-        r = c1 - c0
-        s_seq, s_src = seq[c0:c1], src[c0:c1]
-        logits = buf[:r]
-        h = hidden_at(s_seq, pos[c0:c1])
-        head(h, logits)
-        valid = s_src >= 0
-        in_chunk = torch.unique_consecutive(s_seq)  # rows are grouped by sequence
-        mark = (seen[in_chunk] > 0).any(0)
-        mark[s_src[valid]] = True
-        cols = mark.nonzero().squeeze(1)
-        # Shift-free log-sum-exp only when |logit| <= SAFE_EXP is proven and some column is left
-        # unpenalized in every row (so each row keeps a term >= exp(-SAFE_EXP)).
-        bounded = cols.numel() < vocab and head.bound(h) <= SAFE_EXP
-        if cols.numel():
-            onehot = (s_src.unsqueeze(1) == cols.unsqueeze(0)).to(torch.int32)
-            csum = torch.cat([onehot.new_zeros(1, cols.numel()), onehot.cumsum(0)])
-            # Segmented cumsum: subtract what the chunk counted before each row's sequence began.
-            seg0 = (starts[s_seq] - c0).clamp(min=0)
-            cnt = csum[1:] - csum[seg0] + seen[s_seq.unsqueeze(1), cols.unsqueeze(0)]
-            idx = cols.unsqueeze(0).expand(r, -1)
-            x = logits.gather(1, idx)
-            f = torch.pow(penalty, cnt.float())
-            pen = torch.where(cnt > 0, torch.where(x < 0, x * f, x / f), x)
-            if narrow:  # float16: |x| * 1.2^c past 65,504 saturates to -inf, as in the reference
-                pen = pen.to(dtype).float()
-            logits.scatter_(1, idx, pen)
-            if valid.any():
-                seen.index_put_((s_seq[valid], s_src[valid]), torch.ones_like(s_src[valid], dtype=torch.int32),
-                                accumulate=True)
-        tgt = logits.gather(1, target[c0:c1].unsqueeze(1)).squeeze(1)
-        lse = lse_inplace(logits, bounded)  # in place: the buffer is not needed after this chunk
-        lp = tgt - lse
-        if narrow:
-            lp = lp.to(dtype).float()
-        sums.index_add_(0, s_seq, lp)
-    # The reference's `sum(-1) / loss_mask.sum(-1)`: the sum in the logits' dtype (float16
-    # overflows past 65,504), divided in that dtype.
-    return (sums.to(dtype).float() / counts.float()).to(dtype).double()
 
 
 class DpoScorer(Scorer):
@@ -239,27 +86,67 @@ class DpoScorer(Scorer):
         self.max_len = sane_max_length(self.tokenizer, self.model.config, cfg.max_length)
         # logits_chunk bounds the [rows, V] buffer (memory); within it the fastest row count is
         # measured at load (on CPU a cache-sized chunk is ~4x faster than 512 rows).
-        self.max_chunk = max(1, int(cfg.options.get("logits_chunk", 512)))
+        max_chunk = max(1, int(cfg.options.get("logits_chunk", 512)))
         self.vocab = int(self.lm_head.weight.shape[0])
         self.logit_head = LogitHead(self.lm_head, self.scale)
         tune = bool(cfg.options.get("tune_logits_chunk", True))
-        self.chunk_timings: dict[int, float] = {}
-        # `tune` runs with the calibration (on the device the model runs on), or the calibration
-        # cache gives the chunk it found before; a tight budget may lower `chunk` per call.
-        self.chunk = self.tuned_chunk = self.max_chunk
         # The shared prefix needs cache objects: a legacy-cache model runs full sequences.
         self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=bool(cfg.options.get("shared_prefix", True)))
+        # Models whose own attention builds [heads, L, L] scores (BTLM's ALiBi) run it in blocks of
+        # query rows when the load probe agrees (`attention.install`); `attention = "own"` opts out.
+        if str(cfg.options.get("attention", "blocked")) == "own":
+            self.attention = AttentionChoice("own", "attention = \"own\" in the config")
+            log.info("%s: %s", self.name, self.attention.describe())
+        else:
+            rows = int(cfg.options.get("attention_block", ATTENTION_BLOCK))
+            self.attention = install_attention(self.name, self.body, rows=rows, vocab=self.vocab)
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         self.calib_len = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
-        self.chunk_costs: dict[int, CostModel] = {}  # logits chunk -> cost model measured at that chunk
-        runtime.memory.calibrate(self.name, self._dummy, max_length=self.calib_len, max_batch=16, chunk=self.chunk, chunk_rows=True,
-                                 tune=(lambda: {"chunk": self._tune_chunk()}) if tune else None, apply=self._use_chunk)
+        # `tune` runs with the calibration (on the device the model runs on), or the calibration
+        # cache gives the chunk it found before; a tight budget may lower both knobs per call.
+        self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=max_chunk, max_len=self.max_len,
+                                  calib_len=self.calib_len, attention=self.attention)
+        device_of = lambda: model_device(self.model)  # noqa: E731 - placement may have moved it
+        runtime.memory.calibrate(
+            self.name, self._dummy, max_length=self.calib_len, max_batch=16, chunk=self.chunks.chunk, chunk_rows=True,
+            tune=(lambda: {"chunk": tune_chunk(self.logit_head, device_of(), max_chunk, self.chunks.timings)}) if tune else None,
+            apply=self.chunks.apply)
 
-    def _use_chunk(self, settings: dict) -> None:
-        """The tuned logits chunk, measured now or read from the calibration cache."""
-        self.chunk = self.tuned_chunk = int(settings.get("chunk", self.max_chunk))
+    # The chunk policy's figures, as the scorer's (tests and benchmarks read them here).
+    @property
+    def chunk(self) -> int:
+        """The logits chunk (rows) the next pass runs with."""
+        return self.chunks.chunk
+
+    @property
+    def tuned_chunk(self) -> int:
+        """The logits chunk chosen at load (the fastest up to `max_chunk`)."""
+        return self.chunks.tuned_chunk
+
+    @tuned_chunk.setter
+    def tuned_chunk(self, value: int) -> None:
+        self.chunks.tuned_chunk = int(value)
+
+    @property
+    def max_chunk(self) -> int:
+        """The `logits_chunk` cap."""
+        return self.chunks.max_chunk
+
+    @property
+    def chunk_timings(self) -> dict[int, float]:
+        """Seconds per candidate logits chunk, measured at load."""
+        return self.chunks.timings
+
+    @property
+    def chunk_costs(self) -> dict[int, CostModel]:
+        """Cost model per logits chunk measured at the current attention block."""
+        rows = self.attention.rows
+        return {c: m for (c, r), m in self.chunks.costs.items() if r == rows}
+
+    def attention_info(self) -> str:
+        return self.attention.describe()
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
@@ -268,84 +155,9 @@ class DpoScorer(Scorer):
         logits = self.lm_head(h)
         return logits * self.scale if self.scale != 1.0 else logits
 
-    def _tune_chunk(self) -> int:
-        """The fastest logits chunk (rows) up to `max_chunk`, measured on this machine at load.
-
-        Each candidate (powers of two from 16, and `max_chunk`) runs `chunked_logprobs` itself
-        (head, penalty bookkeeping, log-sum-exp) on a synthetic batch: 4 sequences of random ids,
-        random hidden rows in place of the body's, 2 x `max_chunk` scored rows in all; the best of
-        two runs counts. The choice changes speed only: every chunk size gives the same numbers
-        up to float32 rounding, and memory stays bounded by the cap.
-        """
-        cands = sorted({c for c in (16, 32, 64, 128, 256, 512, 1024, 2048) if c < self.max_chunk} | {self.max_chunk})
-        if len(cands) == 1:
-            return cands[0]
-        device = model_device(self.model)
-        w = self.lm_head.weight
-        g = torch.Generator().manual_seed(0)
-        b, n = 4, max(2 * cands[-1], 512) // 4 + 1
-        ids = torch.randint(0, self.vocab, (b, n), generator=g).to(device)
-        hidden = torch.randn(b, n, w.shape[1], generator=g).to(device=device, dtype=w.dtype)
-        plens = torch.ones(b, dtype=torch.long, device=device)
-        lengths = torch.full((b,), n, dtype=torch.long, device=device)
-        hidden_at = lambda s, p: hidden[s, p]  # noqa: E731
-        with torch.inference_mode():
-            for c in cands:
-                best = math.inf
-                for _ in range(2):
-                    if device.type == "cuda":  # pragma: no cover - GPU only
-                        torch.cuda.synchronize(device)
-                    t = time.perf_counter()
-                    chunked_logprobs(hidden_at, self.logit_head, ids, plens, lengths, c)
-                    if device.type == "cuda":  # pragma: no cover
-                        torch.cuda.synchronize(device)
-                    best = min(best, time.perf_counter() - t)
-                self.chunk_timings[c] = best
-        return min(cands, key=lambda c: self.chunk_timings[c])
-
     def _fit_chunk(self, longest: int) -> int:
-        """Shrink the logits chunk, not the input, while the budget cannot hold `longest` tokens.
-
-        The chunk only trades speed for memory (every chunk gives the same numbers), so under a
-        tight budget it halves first, down to 16 rows; only then are inputs cut. Returns the
-        length cap that remains. A chunk is only used with a cost model measured at that chunk:
-        the fit at the tuned chunk, extrapolated, predicted too little at 5,000+ tokens (its
-        planned batches ran out of memory), so each smaller chunk is profiled the first time it
-        would be chosen (and cached with the calibration). The extrapolation still decides which
-        chunks to skip: when it says a chunk cannot hold the input, the next one is tried.
-        """
-        memory = self.runtime.memory
-        if memory.budget_bytes is None:  # nothing to fit: the tuned chunk, inputs cut at max_len only
-            self.chunk = self.tuned_chunk
-            return self.max_len
-        self._use_chunk_cost(self.tuned_chunk)
-        cap = min(self.max_len, memory.length_cap(self.name, self.max_len))
-        chunk = self.tuned_chunk
-        while cap < longest and chunk > 16:
-            chunk //= 2
-            # The tuned fit with this chunk's terms: a cheap first guess.
-            memory.cost_models[self.name] = CostModel.from_dict({**self.chunk_costs[self.tuned_chunk].to_dict(), "chunk": chunk})
-            rough = min(self.max_len, memory.length_cap(self.name, self.max_len))
-            if rough < longest and chunk > 16:
-                continue  # even the guess says no: try the next chunk without profiling this one
-            self._use_chunk_cost(chunk)
-            cap = min(self.max_len, memory.length_cap(self.name, self.max_len))
-        self._use_chunk_cost(chunk)
-        return cap
-
-    def _use_chunk_cost(self, chunk: int) -> None:
-        """Run with `chunk` rows and the cost model measured at it (profiling it the first time)."""
-        memory = self.runtime.memory
-        if self.tuned_chunk not in self.chunk_costs:  # the calibration's fit, however it was made
-            self.chunk_costs[self.tuned_chunk] = memory.cost_model(self.name)
-        if chunk not in self.chunk_costs:
-            self.chunk = chunk
-            log.info("%s: profiling the %d-row logits chunk the budget needs", self.name, chunk)
-            self.chunk_costs[chunk] = memory.calibrate(
-                f"{self.name}[chunk={chunk}]", self._dummy, max_length=self.calib_len, max_batch=16,
-                chunk=chunk, chunk_rows=True)
-        self.chunk = chunk
-        memory.cost_models[self.name] = self.chunk_costs[chunk]
+        """The length cap the budget leaves after shrinking the chunk and block (`ChunkPolicy.fit`)."""
+        return self.chunks.fit(longest)
 
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens, all but the first row scored."""

@@ -24,7 +24,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
-from rewardstack.scorers.dpo import sane_max_length
+from rewardstack.scorers.common import sane_max_length
 from rewardstack.scorers.kvcache import choose_path, greedy_tokens
 from rewardstack.scorers.prefix import dummy_ids, model_device, save_standin_tokenizer
 

@@ -22,7 +22,7 @@ from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.charbound import head_for_tokens
-from rewardstack.scorers.dpo import sane_max_length
+from rewardstack.scorers.common import sane_max_length
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, profile_runner, run_in_groups, save_standin_tokenizer, split_prefix
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"

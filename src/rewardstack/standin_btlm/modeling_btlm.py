@@ -39,17 +39,24 @@ def _alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 class AlibiPositionEmbeddingLayer(nn.Module):
-    """Per-head linear biases -slope * (query position - key position)."""
+    """Per-head linear biases -slope * |query position - key position|.
+
+    As in the hub code, the slopes are a frozen parameter `[heads, 1]` saved with the weights (so
+    they take the model's dtype, and the bias is formed in it). A non-persistent buffer would not
+    survive transformers 5's loading, which builds models on the meta device and fills only what
+    the checkpoint holds.
+    """
 
     def __init__(self, num_heads):
         super().__init__()
-        self.register_buffer("slopes", _alibi_slopes(num_heads).unsqueeze(-1).unsqueeze(-1), persistent=False)
+        self.num_heads = num_heads
+        self.slopes = nn.parameter.Parameter(_alibi_slopes(num_heads).unsqueeze(-1), requires_grad=False)
 
     def forward(self, seq_length, key_length):
         context_position = torch.arange(key_length - seq_length, key_length, device=self.slopes.device)[:, None]
         memory_position = torch.arange(key_length, device=self.slopes.device)[None, :]
-        relative_position = torch.abs(memory_position - context_position)
-        return self.slopes * -1.0 * relative_position.unsqueeze(0)  # [heads, q, k]
+        relative_position = torch.abs(memory_position - context_position).unsqueeze(0).expand(self.num_heads, -1, -1)
+        return (self.slopes * -1.0).unsqueeze(1) * relative_position  # [heads, q, k]
 
 
 class SwiGLUActivation(nn.Module):
