@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TextIO
 
-from rewardstack.errors import InputError, RewardStackError
+from rewardstack.errors import InputError, json_error_message
 
 
 def _jsonable(x: Any) -> Any:
@@ -47,7 +47,7 @@ def read_steps(lines: TextIO) -> Iterator[tuple[int, dict[str, Any] | InputError
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            yield number, InputError(f"not valid JSON ({e.msg} at column {e.colno})", line=number)
+            yield number, InputError(json_error_message(e), line=number)
             continue
         yield number, obj
 
@@ -60,8 +60,12 @@ def _progress(total: int | None, desc: str):  # noqa: ANN202
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Score a JSONL file of validator steps into a JSONL file of events, exactly once (rewardstack.runner)."""
+    from rewardstack.cli_errors import check_folder, check_input_file, check_output_file
     from rewardstack.runner import run_score
 
+    check_input_file(args.input)  # ordinary mistakes found before any model loads
+    check_output_file(args.output)
+    check_folder(args.run_dir, "--run-dir")
     def telemetry(stack):  # noqa: ANN001, ANN202
         from rewardstack.telemetry import open_telemetry
 
@@ -73,8 +77,10 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Plots and a one-page summary of a run directory (rewardstack.telemetry.report)."""
+    from rewardstack.cli_errors import check_run_folder
     from rewardstack.telemetry.report import cmd_report as run
 
+    check_run_folder(args.run_dir)
     return run(args)
 
 
@@ -267,11 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-model "Loading weights" bars drown the output
-    try:
-        return int(args.func(args) or 0)
-    except RewardStackError as e:
-        print(f"rewardstack: error: {e}", file=sys.stderr)
-        return 1
+    from rewardstack.cli_errors import run_command  # one line for an ordinary mistake; -v adds the traceback
+
+    return run_command(args.func, args, verbose=args.verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from rewardstack.config import ALL_MODELS, REWARD_MODELS
-from rewardstack.errors import InputError, RewardStackError
+from rewardstack.errors import InputError, RewardStackError, json_error_message
 from rewardstack.stack import Step
 
 log = logging.getLogger("rewardstack.replay")
@@ -316,7 +316,7 @@ def _read_jsonl(path: Path, kind: str, run: Run, bases: _BasePrompts) -> None:
             else:
                 run.steps.append(RunStep(Step.from_dict(obj, line=number), where))
         except json.JSONDecodeError as e:
-            run.errors.append(f"{path}: line {number}: not valid JSON ({e.msg} at column {e.colno})")
+            run.errors.append(f"{path}: line {number}: {json_error_message(e)}")
         except InputError as e:
             run.errors.append(f"{path}: {e}")
 
