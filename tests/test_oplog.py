@@ -61,3 +61,22 @@ def test_cli_keeps_a_callers_logging(capsys: pytest.CaptureFixture) -> None:
     assert logging.getLogger().handlers  # pytest's: a caller that configured logging itself
     assert main(["config", "--explain"]) == 0
     assert logger.level == before
+
+
+def test_step_line_shows_the_peak_of_the_calls_inside(caplog: pytest.LogCaptureFixture) -> None:
+    # The step itself never enters the tracker; its model calls do (as the memory manager runs them).
+    from types import SimpleNamespace
+
+    from rewardstack.memory.tracker import TensorBytesTracker
+    from rewardstack.oplog import StepLine
+
+    tracker = TensorBytesTracker(budget_bytes=64 * 2**20)
+    stack = SimpleNamespace(device=torch.device("cpu"), memory=SimpleNamespace(tracker=tracker))
+    with caplog.at_level(logging.INFO, logger="rewardstack"):
+        with StepLine(stack, "augment") as line:  # type: ignore[arg-type]
+            with tracker:  # one call: 4 MiB of activations, freed before the step ends
+                x = torch.ones(2**20, dtype=torch.float32)
+                del x
+        line.done(SimpleNamespace(statuses=["ok"]), 1)  # type: ignore[arg-type]
+    [msg] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert msg.endswith("memory peak 4.0 MiB"), msg
