@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from transformers.utils import logging as hf_logging
 
 from rewardstack.cli import main
 from rewardstack.oplog import revision_of, weights_bytes
@@ -47,12 +49,15 @@ def test_cli_logs_rewardstack_at_info_by_default(flags: list[str], level: int, m
     monkeypatch.setattr(root, "handlers", [])  # as in a fresh process (pytest's own handlers aside)
     before, root_before = logger.level, root.level
     try:
-        assert main([*flags, "config", "--explain"]) == 0
+        with warnings.catch_warnings():  # -q turns other libraries' Python warnings off: keep that local
+            assert main([*flags, "config", "--explain"]) == 0
         assert logger.level == level
-        assert root.level == logging.WARNING  # other libraries: warnings only
+        # other libraries: warnings only; -q: their errors only
+        assert root.level == (logging.ERROR if "-q" in flags else logging.WARNING)
     finally:
         logger.setLevel(before)
         root.setLevel(root_before)
+        hf_logging.set_verbosity_warning()
 
 
 def test_cli_keeps_a_callers_logging(capsys: pytest.CaptureFixture) -> None:

@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
     p.add_argument("-q", "--quiet", action="count", default=0,
-                   help="log less: -q warnings and errors only (the default logs rewardstack's INFO lines)")
+                   help="log less: -q rewardstack's warnings and errors only, other libraries' errors only "
+                        "(the default logs rewardstack's INFO lines)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("score", help="score validator steps (JSONL) into events (JSONL)")
@@ -270,7 +271,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.DEBUG if v >= 2 else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
         logging.getLogger("rewardstack").setLevel(own)
+        if v < 0:
+            from rewardstack.quiet import quiet_libraries
+
+            quiet_libraries()  # -q: other libraries' warnings too
+    from rewardstack.quiet import silence_moot_warnings
     from transformers.utils import logging as hf_logging
+
+    silence_moot_warnings()  # warnings whose cause rewardstack already handles (rewardstack.quiet)
 
     hf_logging.disable_progress_bar()  # per-model "Loading weights" bars drown the output
     from rewardstack.cli_errors import run_command  # one line for an ordinary mistake; -v adds the traceback

@@ -369,6 +369,9 @@ class RewardStack:
 
     def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True,
                  recalibrate: bool = False) -> None:
+        from rewardstack.quiet import silence_moot_warnings
+
+        silence_moot_warnings()  # e.g. transformers' "longer than the maximum": the scorers cut inputs themselves
         self.config = config
         self.device = torch.device(config.device)
         if self.device.type == "cuda":
