@@ -276,6 +276,8 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
     if not isinstance(name, str) or not isinstance(prompt, str):
         raise InputError("'name' and 'prompt' must be strings", line=line)
     base, opens = bases(name, prompt, best if isinstance(best, str) else None, where)
+    if isinstance(ev.get("base_prompt"), str):
+        base = ev["base_prompt"]  # the event says what was scored (rewardstack's events do): no rebuilding
     d: dict[str, Any] = {"name": name, "prompt": prompt, "completions": completions}
     if base is not None:
         d["base_prompt"] = base
