@@ -44,3 +44,24 @@ def test_step_records_carry_the_cards_account_and_the_report_draws_it(hog_config
     text = page.read_text()
     assert "Placement and swaps" in text and "Per step" in text and "Top inputs per model" in text
     assert text.count("<tr><td>") >= 1 + 3 + 1  # a model row, three step rows, a top input
+
+
+def test_calibration_shows_per_model_progress(hog_config, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    import tqdm
+
+    bars: list[dict] = []
+    real = tqdm.tqdm
+
+    class Recording(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *a, **k) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*a, **k)
+            bars.append({"desc": k.get("desc"), "total": self.total, "names": []})
+
+        def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+            bars[-1]["names"].append(s)
+            super().set_postfix_str(s, refresh)
+
+    monkeypatch.setattr(tqdm, "tqdm", Recording)
+    RewardStack(hog_config(), load_state=False)
+    [bar] = [b for b in bars if b["desc"] == "calibrating"]
+    assert bar["total"] >= 1 and HOG in bar["names"]
