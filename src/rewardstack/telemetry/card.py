@@ -131,8 +131,11 @@ def plot_card(d: Any, path: Path) -> None:
         ox = [k for k in ooms if k in woc]
         ax.scatter(ox, [ymax * 0.92] * len(ox), marker="X", s=90, color="red", edgecolor="black", zorder=6,
                    label=f"OOM ({sum(ooms[k] for k in ox)})")
-    for e in edges:
-        ax.axvline(e, color="#999999", lw=0.5, alpha=0.6)
+    ax.grid(axis="x", visible=False)
+    for e in edges:  # step boundaries
+        ax.axvline(e, color="#777777", lw=0.6, alpha=0.7)
+    every = max(1, len(xs) // 25)
+    ax.set_xticks(xs[::every])
     ax.set_xlim(edges[0], edges[-1])
     ax.set_ylim(0, ymax)
     ax.set_xlabel("step (vertical lines: step boundaries; dots: each model call's peak, in call order)")

@@ -215,8 +215,11 @@ def plot_statuses(d: RunData, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(13, 4.2))
     xs = list(range(1, len(counts) + 1))
     if xs and statuses:
-        ax.stackplot(xs, *[[c[s] for c in counts] for s in statuses], labels=statuses,
-                     colors=[STATUS_COLORS.get(s, "#9467bd") for s in statuses], step="mid" if len(xs) > 1 else None)
+        bottom = [0] * len(xs)
+        for st in statuses:  # counts are whole numbers per step: stacked bars, not an interpolated area
+            vals = [c[st] for c in counts]
+            ax.bar(xs, vals, bottom=bottom, width=0.85, color=STATUS_COLORS.get(st, "#9467bd"), label=st)
+            bottom = [b + v for b, v in zip(bottom, vals)]
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     ax.set_xlabel("step (line of events.jsonl)")
     ax.set_ylabel("completions (count)")
