@@ -34,9 +34,9 @@ def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[st
             else "swapped_out" if where == "swap" else "host"
         weights[name] = {"state": state, "bytes": int(d["bytes"])}
     budget = getattr(memory, "budget", None)
+    # The card's size: None on CPU without device_memory, where memory_budget is both the weight
+    # budget placement packs into and, separately, the activation budget (weights are not charged).
     capacity = getattr(budget, "total_bytes", None)
-    if capacity is None:  # CPU without device_memory: the simulated device is memory_budget
-        capacity = getattr(memory, "budget_bytes", None)
     return {
         "source": getattr(snap, "source", None),
         "weights": weights,
@@ -49,6 +49,7 @@ def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[st
         "headroom": getattr(budget, "headroom_bytes", None),
         "activation_budget": getattr(memory, "budget_bytes", None),
         "capacity": capacity,
+        "weight_budget": placement.get("budget_bytes"),
         "swaps": placement.get("swaps"),
     }
 
@@ -89,7 +90,7 @@ def plot_card(d: Any, path: Path) -> None:
             continue
         top = [b + v for b, v in zip(base, vals)]
         ax.fill_between(edges, band(base), band(top), step="post", color=colors[m], alpha=0.55,
-                        hatch="//" if swapped else None, label=f"{m} weights" + (" (swapped in per step)" if swapped else ""))
+                        hatch="//" if swapped else None, label=f"{m} weights on the card after the step" + (" (swapped)" if swapped else ""))
         base = top
     act = [(s["card"].get("activation_peak") or 0) / MIB for s in steps]
     top = [b + v for b, v in zip(base, act)]
@@ -103,6 +104,9 @@ def plot_card(d: Any, path: Path) -> None:
     last = steps[-1]["card"]
     if last.get("capacity"):
         ax.axhline(last["capacity"] / MIB, color="black", lw=1.5, label=f"card size ({last['capacity'] / MIB:,.0f} MiB)")
+    if not last.get("capacity") and last.get("weight_budget"):
+        ax.axhline(last["weight_budget"] / MIB, color="black", ls=":", lw=1.5,
+                   label=f"weight budget ({last['weight_budget'] / MIB:,.0f} MiB; activations have their own)")
     if last.get("activation_budget") is not None:
         line = [(s["card"]["weights_on_card"] + s["card"]["activation_budget"]) / MIB for s in steps]
         ax.step(edges, band(line), where="post", color="red", ls="--", lw=1.3, label="weights on card + activation budget")

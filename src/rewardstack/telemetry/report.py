@@ -279,7 +279,8 @@ def summarize(d: RunData) -> dict[str, list[str]]:
     cost = []
     errs: dict[str, list[float]] = defaultdict(list)
     for c in d.calls:
-        if c.get("error_ratio") is not None:
+        # a call in host memory has no device peak to compare: its "-100%" would be a false alarm
+        if c.get("error_ratio") is not None and not c.get("on_host"):
             errs[c["model"]].append(c["error_ratio"])
     for m, e in sorted(errs.items()):
         cost.append(f"{m}: mean |error| {100 * statistics.fmean(abs(x) for x in e):.1f}%, "
