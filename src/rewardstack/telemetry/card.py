@@ -190,7 +190,7 @@ def card_tables(d: Any) -> str:
                      f"<th>OOMs</th><th>statuses</th></tr>{body}</table>")
     per: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for c in d.calls:
-        if c.get("peak_bytes") is not None:
+        if c.get("peak_bytes") is not None and not c.get("on_host"):  # a host call has no device peak
             per[c["model"]].append(c)
     if per:
         items = []
