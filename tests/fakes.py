@@ -52,3 +52,21 @@ class FakeMask(FakeReward):
 
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
     return FakeReward(cfg.name) if cfg.is_reward else FakeMask(cfg.name)
+
+
+class FakeRelevance(FakeReward):
+    """A mask that reads its base prompt: 1 when the completion shares a word of 4+ letters with it."""
+
+    kind = "mask"
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        res = ScoreResult.failed_only(request)
+        words = {w for w in request.prompt.lower().split() if len(w) > 3}
+        for i, c in enumerate(request.completions):
+            if c is not None:
+                res.scores[i] = 1.0 if words & {w for w in c.lower().split() if len(w) > 3} else 0.0
+        return res
+
+
+def build_relevance(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    return FakeRelevance(cfg.name)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from transformers.utils import logging as hf_logging
 
 from rewardstack.cli import main
 from rewardstack.oplog import revision_of, weights_bytes
@@ -47,12 +49,15 @@ def test_cli_logs_rewardstack_at_info_by_default(flags: list[str], level: int, m
     monkeypatch.setattr(root, "handlers", [])  # as in a fresh process (pytest's own handlers aside)
     before, root_before = logger.level, root.level
     try:
-        assert main([*flags, "config", "--explain"]) == 0
+        with warnings.catch_warnings():  # -q turns other libraries' Python warnings off: keep that local
+            assert main([*flags, "config", "--explain"]) == 0
         assert logger.level == level
-        assert root.level == logging.WARNING  # other libraries: warnings only
+        # other libraries: warnings only; -q: their errors only
+        assert root.level == (logging.ERROR if "-q" in flags else logging.WARNING)
     finally:
         logger.setLevel(before)
         root.setLevel(root_before)
+        hf_logging.set_verbosity_warning()
 
 
 def test_cli_keeps_a_callers_logging(capsys: pytest.CaptureFixture) -> None:
@@ -61,3 +66,22 @@ def test_cli_keeps_a_callers_logging(capsys: pytest.CaptureFixture) -> None:
     assert logging.getLogger().handlers  # pytest's: a caller that configured logging itself
     assert main(["config", "--explain"]) == 0
     assert logger.level == before
+
+
+def test_step_line_shows_the_peak_of_the_calls_inside(caplog: pytest.LogCaptureFixture) -> None:
+    # The step itself never enters the tracker; its model calls do (as the memory manager runs them).
+    from types import SimpleNamespace
+
+    from rewardstack.memory.tracker import TensorBytesTracker
+    from rewardstack.oplog import StepLine
+
+    tracker = TensorBytesTracker(budget_bytes=64 * 2**20)
+    stack = SimpleNamespace(device=torch.device("cpu"), memory=SimpleNamespace(tracker=tracker))
+    with caplog.at_level(logging.INFO, logger="rewardstack"):
+        with StepLine(stack, "augment") as line:  # type: ignore[arg-type]
+            with tracker:  # one call: 4 MiB of activations, freed before the step ends
+                x = torch.ones(2**20, dtype=torch.float32)
+                del x
+        line.done(SimpleNamespace(statuses=["ok"]), 1)  # type: ignore[arg-type]
+    [msg] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert msg.endswith("memory peak 4.0 MiB"), msg

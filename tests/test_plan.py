@@ -169,3 +169,36 @@ def test_card_size_from_the_config_or_a_clear_error(tmp_path: Path, capsys: pyte
     config.write_text(config.read_text() + '\n[memory]\ndevice_memory = "4GiB"\n')
     assert main(["plan", "--config", str(config), "--no-cache"]) == 0
     assert "card 4.00 GiB" in capsys.readouterr().out
+
+
+def test_table_separates_fits_from_the_longest_input_and_says_why(tmp_path: Path) -> None:
+    from rewardstack.plan import format_plan
+
+    cfg = load_config(_tiny_stack(tmp_path, dpo_len=4096))
+    cfg.memory_budget = 8 * 1024**2
+    plan = plan_stack(cfg, 4 * GIB)
+    dpo = next(p for p in plan.models if p.name == "dpo_reward_model")
+    text = format_plan(plan)
+    row = next(ln for ln in text.splitlines() if ln.startswith("dpo_reward_model "))
+    cells = row.split()
+    # fits "no", then the longest input that fits, as a separate column; no batch at the bound
+    assert cells[7] == "no" and cells[8] == str(dpo.longest_fitting) and cells[9:11] == ["-", "-"]
+    why = [ln for ln in text.splitlines() if ln.startswith("why: ")]
+    assert len(why) == sum(1 for p in plan.models if not p.input_fits or p.where == "cpu")
+    assert any(ln.startswith("why: dpo_reward_model: ") and f"longer than {dpo.longest_fitting} tokens" in ln for ln in why)
+    assert all(c == "yes" for ln in text.splitlines() if ln.startswith("nsfw_filter ") for c in ln.split()[7:8])
+
+
+def test_host_placed_models_show_as_host(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from rewardstack.plan import format_plan
+
+    cfg = load_config(_tiny_stack(tmp_path))
+    plan = plan_stack(cfg, 4 * GIB)
+    nsfw = next(p for p in plan.models if p.name == "nsfw_filter")
+    plan.models = [replace(p, where="cpu", reason="test: no room") if p is nsfw else p for p in plan.models]
+    text = format_plan(plan)
+    row = next(ln for ln in text.splitlines() if ln.startswith("nsfw_filter ")).split()
+    assert row[3] == "cpu" and row[7] == "host" and row[8:11] == ["-", "-", "-"]
+    assert any(ln.startswith("why: nsfw_filter: on the host (test: no room)") for ln in text.splitlines())

@@ -239,3 +239,22 @@ def test_binding_beyond_loopback_needs_a_token(server: Server) -> None:
     r = subprocess.run([sys.executable, "-m", "rewardstack.cli", "serve", "--config", str(config), "--host", "0.0.0.0"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "requires a bearer token" in r.stderr
+
+
+def _count(metrics_text: str, code: str) -> float:
+    """`rewardstack_service_requests_total{code=CODE}` in a Prometheus exposition (0 when absent)."""
+    for line in metrics_text.splitlines():
+        if line.startswith("rewardstack_service_requests_total{") and f'code="{code}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_the_status_sent(server: Server) -> None:
+    with http(server) as h:
+        before = h.get("/metrics").text
+        for bad in ({"name": "augment", "prompt": "p"}, {"name": "augment", "prompt": 3, "completions": ["x"]},
+                    {"name": "augment", "prompt": "p", "completions": "not a list"}):
+            assert h.post("/v1/score", json=bad).status_code == 422
+        after = h.get("/metrics").text
+    assert _count(after, "422") - _count(before, "422") == 3
+    assert _count(after, "500") == _count(before, "500")

@@ -20,7 +20,7 @@ CALL = {"type", "model", "time", "seconds", "batch", "padded_length", "padded_to
         "predicted_bytes", "peak_bytes", "start_bytes", "error_ratio", "outcome", "on_host", "fallback", "injected",
         "step", "step_name", "completions", "longest"}
 STEP = {"type", "step", "name", "time", "seconds", "completions", "statuses", "model_statuses", "models", "calls",
-        "ooms", "peak_bytes", "rest", "budget_bytes", "budget_line_bytes", "declared", "alarms"}
+        "ooms", "peak_bytes", "rest", "budget_bytes", "budget_line_bytes", "declared", "alarms", "card"}
 STEP_MODEL = {"calls", "seconds", "peak_bytes", "predicted_bytes", "ooms"}
 START = {"type", "time", "device", "source", "budget_bytes", "budget", "budget_line_bytes", "rest", "cost_models", "models"}
 END = {"type", "time", "steps"}

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from rewardstack.errors import InputError, RewardStackError
+from rewardstack.errors import InputError, json_error_message
 
 
 def _jsonable(x: Any) -> Any:
@@ -86,8 +86,12 @@ def _progress(total: int | None, desc: str):  # noqa: ANN202
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Score a JSONL file of validator steps into a JSONL file of events, exactly once (rewardstack.runner)."""
+    from rewardstack.cli_errors import check_folder, check_input_file, check_output_file
     from rewardstack.runner import run_score
 
+    check_input_file(args.input)  # ordinary mistakes found before any model loads
+    check_output_file(args.output)
+    check_folder(args.run_dir, "--run-dir")
     def telemetry(stack):  # noqa: ANN001, ANN202
         from rewardstack.telemetry import open_telemetry
 
@@ -100,8 +104,10 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Plots and a one-page summary of a run directory (rewardstack.telemetry.report)."""
+    from rewardstack.cli_errors import check_run_folder
     from rewardstack.telemetry.report import cmd_report as run
 
+    check_run_folder(args.run_dir)
     return run(args)
 
 
@@ -229,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
     p.add_argument("-q", "--quiet", action="count", default=0,
-                   help="log less: -q warnings and errors only (the default logs rewardstack's INFO lines)")
+                   help="log less: -q rewardstack's warnings and errors only, other libraries' errors only "
+                        "(the default logs rewardstack's INFO lines)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("score", help="score validator steps (JSONL) into events (JSONL)")
@@ -302,14 +309,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.DEBUG if v >= 2 else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
         logging.getLogger("rewardstack").setLevel(own)
+        if v < 0:
+            from rewardstack.quiet import quiet_libraries
+
+            quiet_libraries()  # -q: other libraries' warnings too
+    from rewardstack.quiet import silence_moot_warnings
     from transformers.utils import logging as hf_logging
 
+    silence_moot_warnings()  # warnings whose cause rewardstack already handles (rewardstack.quiet)
+
     hf_logging.disable_progress_bar()  # per-model "Loading weights" bars drown the output
-    try:
-        return int(args.func(args) or 0)
-    except RewardStackError as e:
-        print(f"rewardstack: error: {e}", file=sys.stderr)
-        return 1
+    from rewardstack.cli_errors import run_command  # one line for an ordinary mistake; -v adds the traceback
+
+    return run_command(args.func, args, verbose=args.verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

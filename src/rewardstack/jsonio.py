@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rewardstack.errors import InputError
+from rewardstack.errors import InputError, json_error_message
 
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays a step (or request body) may have."""
@@ -68,7 +68,7 @@ def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, m
     try:
         obj = json.loads(text, parse_constant=_refuse_constant if strict else None)
     except json.JSONDecodeError as e:
-        raise JSONInputError(f"not valid JSON ({e.msg} at column {e.colno})", "syntax", line=line) from None
+        raise JSONInputError(json_error_message(e), "syntax", line=line) from None
     except ValueError as e:  # a refused constant (strict)
         raise JSONInputError(f"not valid JSON ({e})", "syntax", line=line) from None
     except RecursionError:

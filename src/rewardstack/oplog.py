@@ -80,7 +80,7 @@ class StepLine:
         from rewardstack.telemetry.snapshot import PeakWindow
 
         self.name = name
-        self.window = PeakWindow(stack.device, stack.memory.tracker)
+        self.window = PeakWindow(stack.device, stack.memory.tracker, watch=True)  # the calls inside count
         self.started = 0.0
         self.seconds = 0.0
 

@@ -253,6 +253,42 @@ def _g(n: float | None) -> str:
     return "-" if n is None else f"{n / 1024**3:.2f}"
 
 
+def fits_cell(p: ModelPlan) -> str:
+    """The `fits` column: `yes`, `no`, or `host` for a model placed in host memory (no device budget)."""
+    if p.where == "cpu":
+        return "host"
+    return "yes" if p.input_fits else "no"
+
+
+def longest_cell(p: ModelPlan) -> str:
+    """The `longest` column: the longest input (tokens) that fits; `-` on the host."""
+    return "-" if p.where == "cpu" else str(p.longest_fitting)
+
+
+def batch_cells(p: ModelPlan) -> str:
+    """The `batch@bound` and `tokens` columns; `-` where they do not apply (host, or no input fits at the bound)."""
+    if p.where == "cpu" or not p.input_fits:
+        return f"{'-':>11s} {'-':>7s}"
+    return f"{p.max_batch_at_bound:>11d} {p.max_batch_tokens:>7d}"
+
+
+def reasons(plan: StackPlan) -> list[str]:
+    """One line per model that does not fit as planned (or runs on the host): why."""
+    out: list[str] = []
+    limit = plan.activation_budget * plan.margin
+    for p in plan.models:
+        if p.where == "cpu":
+            base = p.name.split("[", 1)[0]
+            role = "a mask, it runs in host memory (slower, no device budget)" if base in _MASKS else \
+                "a reward model must run on the card: cannot fit"
+            out.append(f"{p.name}: on the host ({p.reason or 'the weight budget cannot hold it'}); {role}")
+        elif not p.input_fits:
+            out.append(f"{p.name}: one input of its bound ({p.bound} tokens) peaks at {_g(p.peak_at_bound)} GiB, over "
+                       f"the activation budget {_g(plan.activation_budget)} GiB x margin {plan.margin:g} = "
+                       f"{_g(limit)} GiB; inputs longer than {p.longest_fitting} tokens would be cut")
+    return out
+
+
 def format_plan(plan: StackPlan) -> str:
     """The table `rewardstack plan` prints."""
     lines = [
@@ -261,7 +297,7 @@ def format_plan(plan: StackPlan) -> str:
         f"activation budget {_g(plan.activation_budget)} GiB x margin {plan.margin:g}",
         "",
         f"{'model':26s} {'dtype':8s} {'weights':>8s} {'where':9s} {'bound':>6s} {'peak@bound':>10s} "
-        f"{'largest':>8s} {'fits':>5s} {'batch@bound':>11s} {'tokens':>7s} {'attention':12s} cost model (B=batch, L=length)",
+        f"{'largest':>8s} {'fits':>5s} {'longest':>7s} {'batch@bound':>11s} {'tokens':>7s} {'attention':12s} cost model (B=batch, L=length)",
     ]
     for p in plan.models:
         c = p.cost
@@ -271,15 +307,16 @@ def format_plan(plan: StackPlan) -> str:
         cm += "".join(" + " + x for x in extra if x)
         lines.append(
             f"{p.name:26s} {p.dtype:8s} {_g(p.weights_bytes):>8s} {p.where:9s} {p.bound:>6d} {_g(p.peak_at_bound):>10s} "
-            f"{_g(p.largest_alloc_bytes):>8s} {'yes' if p.input_fits else str(p.longest_fitting):>5s} {p.max_batch_at_bound:>11d} "
-            f"{p.max_batch_tokens:>7d} {p.attention or '-':12s} {cm}")
+            f"{_g(p.largest_alloc_bytes):>8s} {fits_cell(p):>5s} {longest_cell(p):>7s} {batch_cells(p)} "
+            f"{p.attention or '-':12s} {cm}")
     lines.append("")
     lines.append("sizes in GiB; peak@bound: one input of the model's longest admitted length; largest: its largest "
                  "single allocation; batch@bound: inputs of that length per pass within the budget, at most "
-                 "the scorer's own cap (batch_size, or 16); fits: whether the longest input fits the activation "
-                 "budget, else the longest that does (longer inputs are cut); attention: blocked(R) is exact "
-                 "attention in blocks of R query rows (no L x L scores), own the model's code (L x L scores), "
-                 "sdpa torch's fused kernel")
+                 "the scorer's own cap (batch_size, or 16); fits: whether an input of the model's bound fits the "
+                 "activation budget (host: runs in host memory, no device budget); longest: the longest input in "
+                 "tokens that fits (longer inputs are cut); attention: blocked(R) is exact attention in blocks of "
+                 "R query rows (no L x L scores), own the model's code (L x L scores), sdpa torch's fused kernel")
+    lines += [f"why: {r}" for r in reasons(plan)]
     stand = [p for p in plan.models if p.stand_in]
     for p in stand:
         lines.append(f"note: {p.name} ({p.arch}): {p.stand_in.split(' (')[0]}")

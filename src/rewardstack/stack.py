@@ -422,6 +422,9 @@ def build_event(step: Step, result: StepResult, elapsed: float) -> dict[str, Any
         "gating_loss": step.gating_loss,
         "uids": step.uids if step.uids is not None else list(range(n)),
         "prompt": step.prompt,
+        # the masks' base prompt as scored (the prompt when the step gave none): replaying this
+        # event then uses it rather than rebuilding one from the previous best (docs/SEMANTICS.md)
+        "base_prompt": step.base_prompt if step.base_prompt is not None else step.prompt,
         "step_length": elapsed,
         "best": result.best,
         "completions": [c if c is not None else "" for c in step.completions],
@@ -442,6 +445,9 @@ class RewardStack:
 
     def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True,
                  recalibrate: bool = False) -> None:
+        from rewardstack.quiet import silence_moot_warnings
+
+        silence_moot_warnings()  # e.g. transformers' "longer than the maximum": the scorers cut inputs themselves
         self.config = config
         self.device = torch.device(config.device)
         if self.device.type == "cuda":

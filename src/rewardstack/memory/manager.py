@@ -23,6 +23,7 @@ counted as free.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import deque
 from contextlib import contextmanager, nullcontext
@@ -385,12 +386,21 @@ class MemoryManager:
         if self.placement is None and self._registered:
             self.place(None)  # no setup (a manager handed in): every model resident, moved there now
         done = []
-        for name, work in pending:
+        from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
+
+        bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
+        for name, work in bar:
+            bar.set_postfix_str(name)
             owner = name.split("[", 1)[0]
             if self.placement is not None and owner in self.placement.names():
                 self.placement.ensure(owner)
+            t0 = time.perf_counter()
             work()
+            seconds = time.perf_counter() - t0
+            if seconds >= 1.0:  # a profile, not a cache hit
+                log.info("calibration of %s took %.1fs", name, seconds)
             done.append(name)
+        bar.close()
         if self.startup is not None and self.budget is not None and self.budget.activation_bytes is not None:
             before = self.budget.non_torch_bytes
             grown = self.measure_non_torch() - before

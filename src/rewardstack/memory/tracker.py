@@ -218,12 +218,21 @@ class TensorBytesTracker(TorchDispatchMode):
     @contextmanager
     def window(self, name: str = "window") -> Iterator[Window]:
         """Run the body with tracking on and record its own peak (nested windows are independent)."""
+        with self.watch(name) as w, self:
+            yield w
+
+    @contextmanager
+    def watch(self, name: str = "watch") -> Iterator[Window]:
+        """Record the peak of the body without counting the current thread's own ops.
+
+        A step's window: the model calls inside it enter the tracker themselves (a host-placed
+        model's never do), and every thread that counts raises the peak of every open window.
+        """
         with self._lock:
             w = Window(name=name, start_bytes=self.live_bytes, peak_bytes=self.live_bytes)
             self._open.append(w)
         try:
-            with self:
-                yield w
+            yield w
         finally:
             with self._lock:
                 # by identity: two windows may compare equal as dataclasses

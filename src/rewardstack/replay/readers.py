@@ -40,6 +40,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from rewardstack.config import ALL_MODELS, REWARD_MODELS
 from rewardstack.errors import InputError, RewardStackError
+from rewardstack.jsonio import JSONInputError, parse
 from rewardstack.stack import Step
 
 log = logging.getLogger("rewardstack.replay")
@@ -105,7 +106,7 @@ def _first_json(data: bytes) -> Any:
         if line.strip():
             try:
                 return json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 return None
     return None
 
@@ -276,6 +277,8 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
     if not isinstance(name, str) or not isinstance(prompt, str):
         raise InputError("'name' and 'prompt' must be strings", line=line)
     base, opens = bases(name, prompt, best if isinstance(best, str) else None, where)
+    if isinstance(ev.get("base_prompt"), str):
+        base = ev["base_prompt"]  # the event says what was scored (rewardstack's events do): no rebuilding
     d: dict[str, Any] = {"name": name, "prompt": prompt, "completions": completions}
     if base is not None:
         d["base_prompt"] = base
@@ -304,7 +307,7 @@ def _read_jsonl(path: Path, kind: str, run: Run, bases: _BasePrompts) -> None:
     for number, line in _lines(path):
         where = f"{path}:{number}"
         try:
-            obj = json.loads(line)
+            obj = parse(line)  # bounded nesting: a hostile line is named, never a RecursionError
             if kind == LOGURU:
                 record = obj.get("record") if isinstance(obj, dict) else None
                 level = (record or {}).get("level") or {}
@@ -315,8 +318,8 @@ def _read_jsonl(path: Path, kind: str, run: Run, bases: _BasePrompts) -> None:
                 run.steps.append(_event_step(obj, where, number, bases))
             else:
                 run.steps.append(RunStep(Step.from_dict(obj, line=number), where))
-        except json.JSONDecodeError as e:
-            run.errors.append(f"{path}: line {number}: not valid JSON ({e.msg} at column {e.colno})")
+        except JSONInputError as e:
+            run.errors.append(f"{path}: line {number}: {e}")
         except InputError as e:
             run.errors.append(f"{path}: {e}")
 

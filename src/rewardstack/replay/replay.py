@@ -159,11 +159,13 @@ class ReplayReport:
     oom_completions: dict[str, int] = field(default_factory=dict)
     read_errors: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[Any] = field(default_factory=list)
+    """Inputs the budget cut or whose status it changed (`replay.budget_verdict.Changed`)."""
 
     @property
     def fits(self) -> bool:
-        """No completion lost to an OOM (recovered OOMs still fit: the plan adapted)."""
-        return not self.oom_completions
+        """No completion lost to an OOM and none cut or changed by the budget (recovered OOMs still fit)."""
+        return not self.oom_completions and not self.changed
 
     def verdict(self) -> str:
         """One line on whether the run fits the budget."""
@@ -171,8 +173,14 @@ class ReplayReport:
             return "no --budget given: the run was replayed without a memory limit"
         size = _fmt_bytes(self.budget_bytes)
         recovered = sum(1 for o in self.ooms if o["action"] in ("split", "cpu_fallback"))
+        if self.changed:
+            lost = f"; completions lost to OOM: {sum(self.oom_completions.values())}" if self.oom_completions else ""
+            return (f"does not fit {size} unchanged: {len(self.changed)} input(s) cut or changed status compared "
+                    f"with the run without the budget ({len(self.ooms)} OOM(s){lost}): "
+                    + "; ".join(c.describe() for c in self.changed[:5])
+                    + (f"; and {len(self.changed) - 5} more" if len(self.changed) > 5 else ""))
         if not self.ooms:
-            return f"fits {size}: no OOM"
+            return f"fits {size}: no OOM, no input cut or changed"
         if self.fits:
             return f"fits {size}: {recovered} OOM(s) hit and recovered (split or host fallback), no completion lost"
         lost = ", ".join(f"{m} {n}" for m, n in sorted(self.oom_completions.items()))
@@ -190,6 +198,7 @@ class ReplayReport:
             "verdict": self.verdict(),
             "ooms": self.ooms,
             "oom_completions": self.oom_completions,
+            "changed_by_budget": [c.to_dict() for c in self.changed],
             "agreement": {m: a.to_dict() for m, a in self.agreement.items()},
             "read_errors": self.read_errors,
         }
@@ -317,11 +326,13 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
     statuses: Counter[str] = Counter()
     lost: Counter[str] = Counter()
     raws: list[dict[str, list[float]]] = []
+    model_statuses: list[dict[str, list[str]]] = []  # per step, for the budget's verdict
     try:
         for pos, rs in enumerate(steps):
             probe.step = pos
             result = stack.score_step(rs.step, save=False)
             raws.append(result.raw)
+            model_statuses.append(result.model_statuses)
             statuses.update(result.statuses)
             for model, sts in result.model_statuses.items():
                 lost[model] += sum(s == "oom" for s in sts)
@@ -338,6 +349,10 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
             report.peaks[m] = max(report.peaks.get(m, 0), p)
     report.top = top_inputs(stack, steps, probe.peaks, top, reference)
     report.agreement = agreement(steps, raws)
+    if report.budget_bytes is not None:  # what the budget cut or changed, against the run without it
+        from rewardstack.replay.budget_verdict import changed_by_budget
+
+        report.changed = changed_by_budget(stack, steps, model_statuses, raws, AGREEMENT_TOL)
     return report
 
 

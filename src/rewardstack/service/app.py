@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack.service.errors import ServiceError
-from rewardstack.service.guard import authorizer, install_error_handlers
+from rewardstack.service.guard import authorizer, install_error_handlers, status_for
 from rewardstack.service.namespaces import Access
 from rewardstack.service.protocol import (SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
                                           error_responses, namespace_for, parse_score)
@@ -108,8 +108,8 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
             response = await _score(request, scope, arrived)
             code = response.status_code
             return response
-        except ServiceError as e:
-            code = e.status
+        except Exception as e:
+            code = status_for(e)  # the status the error handlers send (a step's InputError is a 422)
             raise
         finally:
             metrics.requests.labels(code=str(code)).inc()

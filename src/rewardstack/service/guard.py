@@ -22,6 +22,15 @@ from rewardstack.service.protocol import namespace_for  # noqa: F401 - the names
 log = logging.getLogger(__name__)
 
 
+def status_for(exc: BaseException) -> int:
+    """The HTTP status the handlers below answer `exc` with: what a request counter must count."""
+    if isinstance(exc, ServiceError):
+        return exc.status
+    if isinstance(exc, (InputError, RequestValidationError)):
+        return 422
+    return 500
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Turn every error a route raises into `{"error": {"message", "type", "field"}}` with its status."""
 

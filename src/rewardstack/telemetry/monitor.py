@@ -360,6 +360,10 @@ class Monitor:
             "budget_bytes": self.budget_bytes, "budget_line_bytes": self.budget_line(snap),
             "declared": declared_growth(stack), "alarms": [],
         }
+        if self._memory is not None:  # the card's whole account (telemetry/card.py)
+            from rewardstack.telemetry.card import card_account
+
+            record["card"] = card_account(self._memory, snap, max((m["peak_bytes"] or 0 for m in models.values()), default=None))
         self._step_done = (record, calls, moves, pending, (result, snap))
         return record
 

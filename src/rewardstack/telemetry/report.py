@@ -23,6 +23,7 @@ from rewardstack.telemetry.rundir import EVENTS, SUMMARY, read_incidents, read_j
 
 MIB = 1024**2
 PLOTS = [
+    ("card_over_steps.png", "The card per step: weights, activations, fragmentation, swaps and OOMs"),
     ("memory_over_time.png", "Memory over time"),
     ("peak_by_model.png", "Peak by model"),
     ("peak_vs_tokens.png", "Measured peak against padded tokens, with the cost model's prediction"),
@@ -111,6 +112,7 @@ def plot_memory(d: RunData, path: Path) -> None:
     if rss:
         ax2.plot([t for t, _ in rss], [v / MIB for _, v in rss], color="#555555", lw=1.2, label="process RSS at rest")
         ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax2.set_ylim(bottom=0)  # from 0: a few MiB of wiggle must not look like a leak
     ax2.set_ylabel("host RSS (MiB)")
     ax2.set_xlabel("time since the run started (s)")
     fig.tight_layout()
@@ -213,8 +215,11 @@ def plot_statuses(d: RunData, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(13, 4.2))
     xs = list(range(1, len(counts) + 1))
     if xs and statuses:
-        ax.stackplot(xs, *[[c[s] for c in counts] for s in statuses], labels=statuses,
-                     colors=[STATUS_COLORS.get(s, "#9467bd") for s in statuses], step="mid" if len(xs) > 1 else None)
+        bottom = [0] * len(xs)
+        for st in statuses:  # counts are whole numbers per step: stacked bars, not an interpolated area
+            vals = [c[st] for c in counts]
+            ax.bar(xs, vals, bottom=bottom, width=0.85, color=STATUS_COLORS.get(st, "#9467bd"), label=st)
+            bottom = [b + v for b, v in zip(bottom, vals)]
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     ax.set_xlabel("step (line of events.jsonl)")
     ax.set_ylabel("completions (count)")
@@ -274,7 +279,8 @@ def summarize(d: RunData) -> dict[str, list[str]]:
     cost = []
     errs: dict[str, list[float]] = defaultdict(list)
     for c in d.calls:
-        if c.get("error_ratio") is not None:
+        # a call in host memory has no device peak to compare: its "-100%" would be a false alarm
+        if c.get("error_ratio") is not None and not c.get("on_host"):
             errs[c["model"]].append(c["error_ratio"])
     for m, e in sorted(errs.items()):
         cost.append(f"{m}: mean |error| {100 * statistics.fmean(abs(x) for x in e):.1f}%, "
@@ -292,7 +298,8 @@ def _html(d: RunData, sections: dict[str, list[str]], images: list[tuple[str, st
              "<style>body{font-family:sans-serif;max-width:1300px;margin:20px auto;color:#222}"
              "h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}"
              "ul{font-size:14px;line-height:1.5}img{max-width:100%;border:1px solid #ddd}"
-             "code{background:#f4f4f4}</style></head><body>",
+             "code{background:#f4f4f4}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
              f"<h1>rewardstack run report: <code>{html.escape(str(d.root))}</code></h1>"]
     for title, lines in sections.items():
         parts.append(f"<h2>{html.escape(title)}</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>")
@@ -308,7 +315,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     d = RunData(run_dir)
     out_dir = Path(out) if out is not None else d.root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    drawers = [plot_memory, plot_peak_by_model, plot_peak_vs_tokens, plot_step_time, plot_statuses]
+    from rewardstack.telemetry.card import card_tables, plot_card
+
+    drawers = [plot_card, plot_memory, plot_peak_by_model, plot_peak_vs_tokens, plot_step_time, plot_statuses]
     images = []
     for (name, title), draw in zip(PLOTS, drawers):
         path = out_dir / name
@@ -316,7 +325,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
         images.append((name, title, path))
     sections = summarize(d)
     page = out_dir / "report.html"
-    page.write_text(_html(d, sections, images), encoding="utf-8")
+    page.write_text(_html(d, sections, images).replace("</body></html>", card_tables(d) + "\n</body></html>"), encoding="utf-8")
     text = "\n".join(f"{title}:\n" + "\n".join(f"  - {x}" for x in lines) for title, lines in sections.items())
     return page, text
 

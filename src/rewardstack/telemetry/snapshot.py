@@ -184,12 +184,14 @@ class PeakWindow:
 
     CUDA: resets the allocator's peak and reads `max_memory_allocated`. CPU: a window of the
     tracker, when the tracker counts the current thread (a model run in host memory has no device
-    peak: None). Use as a context manager; read `start`, `peak` and `peak_increase` after.
+    peak: None; with `watch=True`, a step's window, the peak of the calls inside that count). Use
+    as a context manager; read `start`, `peak` and `peak_increase` after.
     """
 
-    def __init__(self, device: torch.device, tracker: TensorBytesTracker | None) -> None:
+    def __init__(self, device: torch.device, tracker: TensorBytesTracker | None, *, watch: bool = False) -> None:
         self.device = device
         self.tracker = tracker
+        self.watch = watch  # a stretch of several calls (a step): watch the tracker without entering it
         self.start: int | None = None
         self.peak: int | None = None
         self._cm: Any = None
@@ -206,6 +208,10 @@ class PeakWindow:
         if self.tracker is not None:
             if self.tracker.is_active():  # never start counting a thread that runs in host memory
                 self._cm = self.tracker.window("call")
+                self._window = self._cm.__enter__()
+                self.start = self._window.start_bytes
+            elif self.watch:  # the calls inside enter the tracker themselves
+                self._cm = self.tracker.watch("step")
                 self._window = self._cm.__enter__()
                 self.start = self._window.start_bytes
         elif self.device.type == "cuda":  # pragma: no cover - CUDA-only path

@@ -1,0 +1,57 @@
+"""Third-party warnings that rewardstack makes moot, silenced where they are logged.
+
+Each entry is a warning a library prints although rewardstack has already dealt with its cause:
+
+- transformers' "Token indices sequence length is longer than the specified maximum": the
+  scorers tokenize whole texts on purpose and cut them to the model's bound themselves (a
+  completion so cut is marked `truncated`), so no over-long sequence ever reaches a model;
+- transformers' "... has generative capabilities, as `prepare_inputs_for_generation` is explicitly
+  defined" (BTLM's remote code, once per class check: `plan` printed it five times): rewardstack
+  never calls `generate`.
+
+Only these exact messages are dropped; everything else a library logs still shows (and `-q`
+quiets the rest: `quiet_libraries`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+MOOT: dict[str, tuple[str, ...]] = {
+    "transformers.tokenization_utils_base": ("Token indices sequence length is longer than the specified maximum",),
+    "transformers.modeling_utils": ("has generative capabilities, as `prepare_inputs_for_generation` is explicitly",),
+}
+"""Logger name -> message fragments whose records are dropped."""
+
+
+class MootFilter(logging.Filter):
+    """Drops the records whose message holds one of `fragments`."""
+
+    def __init__(self, fragments: tuple[str, ...]) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(f in message for f in self.fragments)
+
+
+def silence_moot_warnings() -> None:
+    """Install the filters of `MOOT` (idempotent; costs no import of transformers)."""
+    for name, fragments in MOOT.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, MootFilter) for f in logger.filters):
+            logger.addFilter(MootFilter(fragments))
+
+
+def quiet_libraries() -> None:
+    """`-q`: other libraries' warnings off (their errors stay), Python's `warnings` too."""
+    logging.getLogger().setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # transformers logs through its own handler, not the root's
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    warnings.filterwarnings("ignore", module=r"(?!rewardstack)")

@@ -1,0 +1,205 @@
+"""The card's whole account per step, and its picture: where the memory went.
+
+`card_account` is recorded in each step record of the timeline (key `card`): the weights of every
+model by where they are (resident on the card, swapped in for this step, on the host), the
+step's activation peak (the largest call's peak above what was live when it began), the
+allocator's reserved and allocated bytes (their difference is fragmentation: memory the cache
+holds with no tensor in it), the headroom kept free, the activation budget and the card's size.
+On CPU the card is the simulated device (the tensor-bytes tracker): no cache, so reserved equals
+allocated, and its size is the budget the weights were placed into.
+
+`plot_card` draws it as a stacked area over steps (one band per model's weights on the card,
+then activations, then fragmentation), step boundaries as vertical lines, the card's size and
+the weights + activation budget as horizontal lines, swaps and OOMs marked per step, each call's
+peak as a dot; `card_tables` gives the report's placement/swap section and per-step table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+MIB = 1024**2
+
+
+def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[str, Any]:
+    """The device's account now, as the step record's `card` entry (bytes; None: not measured)."""
+    placement = memory.placement.summary() if getattr(memory, "placement", None) is not None else {}
+    swapped_in = set(placement.get("swapped_in", []))
+    weights: dict[str, dict[str, Any]] = {}
+    for name, d in (placement.get("models") or {}).items():
+        where = d["where"]
+        state = "resident" if where == "resident" else "swapped_in" if (where == "swap" and name in swapped_in) \
+            else "swapped_out" if where == "swap" else "host"
+        weights[name] = {"state": state, "bytes": int(d["bytes"])}
+    budget = getattr(memory, "budget", None)
+    # The card's size: None on CPU without device_memory, where memory_budget is both the weight
+    # budget placement packs into and, separately, the activation budget (weights are not charged).
+    capacity = getattr(budget, "total_bytes", None)
+    return {
+        "source": getattr(snap, "source", None),
+        "weights": weights,
+        "weights_on_card": sum(w["bytes"] for w in weights.values() if w["state"] in ("resident", "swapped_in")),
+        "weights_host": sum(w["bytes"] for w in weights.values() if w["state"] in ("host", "swapped_out")),
+        "activation_peak": activation_peak,
+        "allocated": getattr(snap, "allocated", None),
+        "reserved": getattr(snap, "reserved", None),
+        "fragmentation": snap.fragmentation if snap is not None else None,
+        "headroom": getattr(budget, "headroom_bytes", None),
+        "activation_budget": getattr(memory, "budget_bytes", None),
+        "capacity": capacity,
+        "weight_budget": placement.get("budget_bytes"),
+        "swaps": placement.get("swaps"),
+    }
+
+
+def _steps_with_card(d: Any) -> list[dict[str, Any]]:
+    return [s for s in d.steps if isinstance(s.get("card"), dict)]
+
+
+def plot_card(d: Any, path: Path) -> None:
+    """The card over steps: weights per model, activations, fragmentation, against its size."""
+    from rewardstack.telemetry.report import _colors, _plt
+
+    plt = _plt()
+    steps = _steps_with_card(d)
+    fig, ax = plt.subplots(figsize=(13, 6))
+    if not steps:
+        ax.text(0.5, 0.5, "no per-step card account in this run's timeline", ha="center", va="center", transform=ax.transAxes)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        return
+    models = list(dict.fromkeys(m for s in steps for m in s["card"]["weights"]))
+    colors = _colors(models)
+    xs = [s["step"] for s in steps]
+    edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
+
+    def band(values: list[float]) -> list[float]:
+        return values + [values[-1]]  # drawn with step="post" over each step's full width
+
+    base = [0.0] * len(steps)
+    for m in models:
+        vals, swapped = [], False
+        for s in steps:
+            w = s["card"]["weights"].get(m, {})
+            on = w.get("state") in ("resident", "swapped_in")
+            swapped |= w.get("state") in ("swapped_in", "swapped_out")
+            vals.append(w.get("bytes", 0) / MIB if on else 0.0)
+        if not any(vals):
+            continue
+        top = [b + v for b, v in zip(base, vals)]
+        ax.fill_between(edges, band(base), band(top), step="post", color=colors[m], alpha=0.55,
+                        hatch="//" if swapped else None, label=f"{m} weights on the card after the step" + (" (swapped)" if swapped else ""))
+        base = top
+    act = [(s["card"].get("activation_peak") or 0) / MIB for s in steps]
+    top = [b + v for b, v in zip(base, act)]
+    ax.fill_between(edges, band(base), band(top), step="post", color="#d62728", alpha=0.35, label="activations (step's peak call)")
+    base = top
+    frag = [max(0, s["card"].get("fragmentation") or 0) / MIB for s in steps]
+    if any(frag):
+        top = [b + v for b, v in zip(base, frag)]
+        ax.fill_between(edges, band(base), band(top), step="post", color="#7f7f7f", alpha=0.4,
+                        label="fragmentation (reserved, no tensor)")
+    last = steps[-1]["card"]
+    if last.get("capacity"):
+        ax.axhline(last["capacity"] / MIB, color="black", lw=1.5, label=f"card size ({last['capacity'] / MIB:,.0f} MiB)")
+    if not last.get("capacity") and last.get("weight_budget"):
+        ax.axhline(last["weight_budget"] / MIB, color="black", ls=":", lw=1.5,
+                   label=f"weight budget ({last['weight_budget'] / MIB:,.0f} MiB; activations have their own)")
+    if last.get("activation_budget") is not None:
+        line = [(s["card"]["weights_on_card"] + s["card"]["activation_budget"]) / MIB for s in steps]
+        ax.step(edges, band(line), where="post", color="red", ls="--", lw=1.3, label="weights on card + activation budget")
+    # Per-call peaks, spread across their step's width in call order.
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for c in d.calls:
+        if c.get("peak_bytes") is not None and c.get("step") is not None:
+            by_step[c["step"]].append(c)
+    woc = {s["step"]: s["card"]["weights_on_card"] for s in steps}
+    call_colors = _colors(d.models())
+    for k, cs in by_step.items():
+        if k not in woc:
+            continue
+        for j, c in enumerate(cs):
+            x = k - 0.4 + 0.8 * (j + 0.5) / len(cs)
+            ax.scatter([x], [(woc[k] + c["peak_bytes"]) / MIB], s=12, color=call_colors[c["model"]], edgecolor="black",
+                       linewidth=0.3, zorder=4)
+    ymax = ax.get_ylim()[1]
+    swaps = Counter(m.get("step") for m in d.moves if m.get("direction") == "in")  # weights moved onto the card
+    if swaps:
+        sx = [k for k in swaps if k in woc]
+        ax.scatter(sx, [ymax * 0.97] * len(sx), marker="v", s=50, color="#1f77b4", zorder=5,
+                   label=f"swap: weights moved onto the card ({sum(swaps[k] for k in sx)})")
+    ooms = Counter(o.get("step") for o in d.ooms)
+    if ooms:
+        ox = [k for k in ooms if k in woc]
+        ax.scatter(ox, [ymax * 0.92] * len(ox), marker="X", s=90, color="red", edgecolor="black", zorder=6,
+                   label=f"OOM ({sum(ooms[k] for k in ox)})")
+    ax.grid(axis="x", visible=False)
+    for e in edges:  # step boundaries
+        ax.axvline(e, color="#777777", lw=0.6, alpha=0.7)
+    every = max(1, len(xs) // 25)
+    ax.set_xticks(xs[::every])
+    ax.set_xlim(edges[0], edges[-1])
+    ax.set_ylim(0, ymax)
+    ax.set_xlabel("step (vertical lines: step boundaries; dots: each model call's peak, in call order)")
+    ax.set_ylabel("device memory (MiB)")
+    src = "simulated device (CPU)" if last.get("source") == "tracker" else "CUDA allocator" if last.get("source") == "cuda" else "host"
+    host = last.get("weights_host") or 0
+    ax.set_title(f"The card per step ({src}): weights, activations, fragmentation"
+                 + (f"; {host / MIB:,.1f} MiB of weights on the host" if host else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _m(x: Any) -> str:
+    return "-" if x is None else f"{x / MIB:,.1f}"
+
+
+def card_tables(d: Any) -> str:
+    """HTML: placement and swaps (per model), one row per step, and the top inputs per model."""
+    import html
+
+    steps = _steps_with_card(d)
+    parts: list[str] = []
+    if steps:
+        last = steps[-1]["card"]
+        moves = Counter(m.get("model") for m in d.moves)
+        rows = "".join(
+            f"<tr><td>{html.escape(m)}</td><td>{html.escape(w['state'])}</td><td>{_m(w['bytes'])}</td>"
+            f"<td>{sum(1 for s in steps if s['card']['weights'].get(m, {}).get('state') == 'swapped_in')}</td>"
+            f"<td>{moves.get(m, 0)}</td></tr>" for m, w in last["weights"].items())
+        parts.append("<h2>Placement and swaps</h2><table><tr><th>model</th><th>where (last step)</th><th>weights MiB</th>"
+                     f"<th>steps swapped in</th><th>moves</th></tr>{rows}</table>"
+                     f"<p>card {_m(last.get('capacity'))} MiB, activation budget {_m(last.get('activation_budget'))} MiB, "
+                     f"headroom {_m(last.get('headroom'))} MiB, weights on the card {_m(last.get('weights_on_card'))} MiB, "
+                     f"on the host {_m(last.get('weights_host'))} MiB</p>")
+        oom_by = Counter(o.get("step") for o in d.ooms)
+        body = "".join(
+            f"<tr><td>{s['step']}</td><td>{html.escape(str(s.get('name')))}</td><td>{(s.get('seconds') or 0):.2f}</td>"
+            f"<td>{_m(s['card']['weights_on_card'])}</td><td>{_m(s['card'].get('activation_peak'))}</td>"
+            f"<td>{_m(s['card'].get('allocated'))}</td><td>{_m(s['card'].get('reserved'))}</td>"
+            f"<td>{_m(None if s['card'].get('capacity') is None else s['card']['capacity'] - s['card']['weights_on_card'] - (s['card'].get('activation_peak') or 0))}</td>"
+            f"<td>{oom_by.get(s['step'], 0)}</td>"
+            f"<td>{html.escape(', '.join(f'{k} {v}' for k, v in sorted((s.get('statuses') or {}).items())))}</td></tr>"
+            for s in steps)
+        parts.append("<h2>Per step</h2><table><tr><th>step</th><th>name</th><th>s</th><th>weights on card MiB</th>"
+                     "<th>activation peak MiB</th><th>allocated MiB</th><th>reserved MiB</th><th>headroom left MiB</th>"
+                     f"<th>OOMs</th><th>statuses</th></tr>{body}</table>")
+    per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in d.calls:
+        if c.get("peak_bytes") is not None and not c.get("on_host"):  # a host call has no device peak
+            per[c["model"]].append(c)
+    if per:
+        items = []
+        for m, cs in per.items():
+            for c in sorted(cs, key=lambda c: -c["peak_bytes"])[:3]:
+                lg = c.get("longest") or {}
+                items.append(f"<tr><td>{html.escape(m)}</td><td>{c.get('step')}</td><td>{_m(c['peak_bytes'])}</td>"
+                             f"<td>{c.get('batch')} x {c.get('padded_length')}</td><td>{lg.get('completion')}</td>"
+                             f"<td>{html.escape((lg.get('head') or '')[:60])}</td></tr>")
+        parts.append("<h2>Top inputs per model</h2><table><tr><th>model</th><th>step</th><th>peak MiB</th>"
+                     "<th>batch x tokens</th><th>completion</th><th>its start</th></tr>" + "".join(items) + "</table>")
+    return "\n".join(parts)

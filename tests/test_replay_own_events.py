@@ -1,0 +1,48 @@
+"""Replaying rewardstack's own events agrees with itself: events carry the base prompt they were scored with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rewardstack import config as config_mod
+from rewardstack.replay.readers import read_run
+from rewardstack.replay.replay import replay
+from rewardstack.runner import score_file
+from rewardstack.scorers import REGISTRY
+from rewardstack.stack import RewardStack
+
+# No step gives a base prompt: `score` uses each step's prompt. Each followup/answer's words
+# overlap its prompt but not the previous best, so a base rebuilt from the best changes relevance.
+STEPS = [
+    {"name": "augment", "prompt": "Tell me about rivers and valleys.",
+     "completions": ["Rivers carve valleys slowly.", "Mountains stand tall."]},
+    {"name": "followup0", "prompt": "Ask a question about erosion of granite.",
+     "completions": ["How does granite erosion happen?", "Rivers carve valleys slowly?"]},
+    {"name": "answer0", "prompt": "Answer the question about sediment transport.",
+     "completions": ["Sediment transport needs water.", "How does granite erosion happen?"]},
+]
+
+
+@pytest.fixture
+def relevance_reads_its_base(monkeypatch: pytest.MonkeyPatch, fake_registry) -> None:  # noqa: ANN001
+    monkeypatch.setitem(REGISTRY, "relevance_filter", ("fakes:build_relevance", None))
+
+
+def test_replaying_own_events_agrees_fully(tmp_path: Path, relevance_reads_its_base: None) -> None:
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text("".join(json.dumps(s) + "\n" for s in STEPS))
+    events = tmp_path / "events.jsonl"
+    cfg = config_mod.from_dict({"device": "cpu", "state_dir": str(tmp_path / "state")})
+    score_file(RewardStack(cfg), steps, events, progress=False)
+    written = [json.loads(x) for x in events.read_text().splitlines()]
+    assert [e["base_prompt"] for e in written] == [s["prompt"] for s in STEPS]
+
+    run = read_run([events])
+    assert [rs.step.base_prompt for rs in run.steps] == [s["prompt"] for s in STEPS]
+    cfg2 = config_mod.from_dict({"device": "cpu", "state_dir": str(tmp_path / "state2")})
+    report = replay(RewardStack(cfg2, load_state=False), run.steps, reference=False)
+    a = report.agreement["relevance_filter"]
+    assert a.compared > 0 and a.within == a.compared, a.worst
