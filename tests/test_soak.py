@@ -154,7 +154,7 @@ def test_verdict_fails_on_each_defect() -> None:
            "unexplained_exclusions": 0, "oom_in_statistics": 0, "oom_gave_up": 1, "oom_statuses": 1,
            "normalizers_equal": True, "max_normalizer_diff": 0.0, "steps_in_state": 3}
     sup = {"kills": 1, "restarts": 1, "crashes": 0, "kill_points": []}
-    memory = {"slope_bytes_per_step": 0.0, "rss_slope_bytes_per_step": 0.0, "points": 30}
+    memory = {"slope_bytes_per_step": 0.0, "rss_slope_bytes_per_step": 0.0, "points": 30, "span_steps": 500}
     base = dict(cmp=cmp, sup=sup, clean_sup={**sup, "kills": 0}, clean_events=3, memory=memory,
                 ooms={"injected": 2}, statuses={}, kills_wanted=1, faults=0.1, max_slope=1024, max_rss_slope=16384)
     assert judge(**base)["passed"]
@@ -169,6 +169,8 @@ def test_verdict_fails_on_each_defect() -> None:
     }
     for name, change in bad.items():
         assert not judge(**{**base, **change})["passed"], name
+    # Over short segments the RSS slope is reported, not judged (a process's arena warm-up).
+    assert judge(**{**base, "memory": {**memory, "rss_slope_bytes_per_step": 65536.0, "span_steps": 40}})["passed"]
 
 
 @pytest.mark.slow
