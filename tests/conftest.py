@@ -32,6 +32,16 @@ def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """The tiny stand-in stack (`make-standins --tiny`), built once per test session; returns its folder."""
+    from rewardstack.standins import make_standins
+
+    root = tmp_path_factory.mktemp("tiny_standins")
+    make_standins(root, tiny=True)
+    return root
+
+
 def standin_config(root, state_dir, **top):  # noqa: ANN001, ANN003, ANN201
     """A StackConfig over the stand-ins with every model on (all five reward models weighted).
 

@@ -243,10 +243,14 @@ def memory_slope(rest_path: Path, n_steps: int, *, process_warmup: int | None = 
         warm = max(3, n_steps // 5)
         pts = [r for r in settled if r["steps"] > warm]
         basis = f"after a warm-up of {warm} steps and {process_warmup} of each process (the history did not fill)"
+    spans: dict[int, list[int]] = {}
+    for r in pts:
+        spans.setdefault(r["pid"], []).append(r["steps"])
+    span = sum(max(v) - min(v) for v in spans.values()) / len(spans) if spans else 0.0
     slope = _slope(pts, "rest_bytes") or 0.0
     rest = [r["rest_bytes"] for r in pts]
     rss = [r["rss_bytes"] for r in pts if r.get("rss_bytes") is not None]
-    return {"slope_bytes_per_step": slope, "points": len(pts), "processes": len({r["pid"] for r in pts}), "basis": basis,
+    return {"slope_bytes_per_step": slope, "points": len(pts), "processes": len(spans), "span_steps": span, "basis": basis,
             "rest_bytes_min": min(rest) if rest else None, "rest_bytes_max": max(rest) if rest else None,
             "rss_slope_bytes_per_step": _slope(pts, "rss_bytes"),
             "rss_bytes_min": min(rss) if rss else None, "rss_bytes_max": max(rss) if rss else None}

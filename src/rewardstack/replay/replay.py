@@ -28,7 +28,6 @@ embedding), and writes them as the state in C's `state_dir`; it refuses to overw
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys

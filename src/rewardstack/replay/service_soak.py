@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack.replay.comparison import same
+from rewardstack.replay.supervisor import MALLOC_ENV
 
 RETRY_STATUSES = frozenset({429, 503, 504})
 RESEND_EVERY = 5
@@ -69,7 +70,7 @@ class Server:
         log = open(self.log_dir / f"server-{self.starts}.log", "w")
         cmd = [sys.executable, "-m", "rewardstack.cli", "serve", "--config", self.config, "--host", "127.0.0.1",
                "--port", str(self.port), "--state-dir", str(self.state_dir)]
-        env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
         env.pop("REWARDSTACK_TOKEN", None)  # loopback, no token: the soak's clients send none
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.starts += 1

@@ -26,6 +26,12 @@ from rewardstack.telemetry.snapshot import host_memory
 
 MAX_CRASHES = 3
 POLL_S = 0.02
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+"""glibc settings for the soak's processes, whose resident set is judged. glibc raises its mmap
+threshold each time a large block is freed, after which activations come from the heap and their
+pages stay with the process: measured on the tiny stack, RSS then climbs 480 -> 860 MiB over 100
+steps with nothing leaked; with the threshold fixed at 64 KiB (activations mmapped, returned on
+free) it stays within 425..445 MiB. The setting changes where freed pages go, not what is kept."""
 
 
 def rest_bytes(stack: Any) -> int:
@@ -123,7 +129,7 @@ def spawn(cfg: str, steps: Path, folder: Path, *, faults: float, seed: int, budg
     if budget:
         cmd += ["--budget", budget]
     log = open(folder / f"worker-{tag}.log", "w")
-    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads)}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 

@@ -12,6 +12,10 @@ from typing import Any, Iterable
 
 from rewardstack.replay.comparison import REBATCH_TOL, TOL
 
+RSS_MIN_SPAN = 100
+"""Steps a process's fitted segment must span, on average, for the RSS slope to be judged: over
+shorter segments a process's arena growth in its first hundred steps (a few MiB, then flat) reads
+as a slope of 100+ KiB a step (a 200-step soak with 3 kills: 148 KiB over 40-step segments)."""
 MIN_MEMORY_POINTS = 10
 """Points after warm-up a soak of 100 steps or more must have for its memory fit to count."""
 
@@ -64,7 +68,7 @@ def judge(*, cmp: dict[str, Any], sup: dict[str, Any], clean_sup: dict[str, Any]
     if memory["slope_bytes_per_step"] > max_slope:
         failures.append(f"tracked memory at rest grows {memory['slope_bytes_per_step']:.1f} bytes/step (limit {max_slope:g})")
     rss = memory.get("rss_slope_bytes_per_step")
-    if rss is not None and rss > max_rss_slope:
+    if rss is not None and memory.get("span_steps", 0) >= RSS_MIN_SPAN and rss > max_rss_slope:
         failures.append(f"resident set grows {rss:.0f} bytes/step (limit {max_rss_slope:g})")
     return {
         "passed": not failures, "failures": failures, "completions": dict(statuses), "ooms": ooms,
@@ -88,7 +92,9 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"  kills {v['kills']}, restarts {v['restarts']}, crashes {v['crashes']}",
         f"  memory at rest ({m['basis']}; {m['points']} points, {m.get('processes', '?')} processes): tracked slope "
         f"{m['slope_bytes_per_step']:.2f} bytes/step (limit {m['max_slope']:g}), range {m['rest_bytes_min']}..{m['rest_bytes_max']}; "
-        + (f"RSS slope {rss:.0f} bytes/step (limit {m['max_rss_slope']:g}), range {m['rss_bytes_min'] / 2**20:.0f}.."
+        + (f"RSS slope {rss:.0f} bytes/step (limit {m['max_rss_slope']:g}"
+           + ("" if m.get("span_steps", 0) >= RSS_MIN_SPAN else f"; not judged: segments span {m.get('span_steps', 0):.0f} "
+              f"steps, under {RSS_MIN_SPAN}") + "), range {m['rss_bytes_min'] / 2**20:.0f}.."
            f"{m['rss_bytes_max'] / 2**20:.0f} MiB" if rss is not None else "RSS not measured"),
         f"  comparison with the clean run: events {c['events']}/{c['expected']}, missing {c['missing']}, duplicated "
         f"{c['duplicates']}, in order {c['in_order']}; values differing {c['mismatched_values']} (beyond {TOL:g}); "
