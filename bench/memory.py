@@ -151,20 +151,20 @@ def _score_rss(config: Path, steps: Path, out: Path) -> tuple[float, int, list[d
     return wall, usage.ru_maxrss * 1024, events
 
 
-def huge_completion_row(chars: int = HUGE_CHARS, budget: int = 64 * 1024**2) -> None:
+def huge_completion_row(chars: int = HUGE_CHARS, budget: int | None = None) -> None:
     """One completion of `chars` characters through `score` against the same steps without it.
 
-    Every run has the activation budget of the full-stack row (64 MiB): the `[input]` limit bounds
-    the work a text asks for (65,536 characters: DPO then still reads its 8,192-token bound), the
-    budget bounds the memory that work may take.
+    `budget`: an activation budget for every run (None: the stand-ins' config, none on CPU). The
+    64 MiB of the full-stack row gave the same peak RSS and a 7x longer run (docs/LOG.md).
     """
+    extra = f"\nmemory_budget = {budget}" if budget else ""
     import json
 
     from rewardstack.standins import make_standins
 
     print()
     print(f"== hostile input: one {chars / 1e6:.0f} MB completion through `rewardstack score` (stand-in stack, "
-          f"every model on; [input] max_chars 65536; budget {budget / 1024**2:.0f} MiB) ==")
+          f"every model on; [input] max_chars 65536; budget {f'{budget / 1024**2:.0f} MiB' if budget else 'none'}) ==")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         config = make_standins(root / "standins")
@@ -174,7 +174,7 @@ def huge_completion_row(chars: int = HUGE_CHARS, budget: int = 64 * 1024**2) -> 
         rows: list = []
         warm = config.parent / "stack-warm.toml"  # profiles every model once; each run then reads that cache
         warm.write_text(config.read_text(encoding="utf-8").replace(
-            'state_dir = "state"', f'state_dir = "state-warm"\nmemory_budget = {budget}'), encoding="utf-8")
+            'state_dir = "state"', f'state_dir = "state-warm"{extra}'), encoding="utf-8")
         (root / "warm.jsonl").write_text(json.dumps(base[0]) + "\n", encoding="utf-8")
         _score_rss(warm, root / "warm.jsonl", root / "warm.out")
         for label, huge in (("without", None), ("spaced words", "word " * (chars // 5)), ("one word", "x" * chars)):
@@ -186,7 +186,7 @@ def huge_completion_row(chars: int = HUGE_CHARS, budget: int = 64 * 1024**2) -> 
             del huge, steps
             cfg = config.parent / f"stack-{len(rows)}.toml"  # own state and calibration: every run starts alike
             text = config.read_text(encoding="utf-8").replace(
-                'state_dir = "state"', f'state_dir = "state-{len(rows)}"\nmemory_budget = {budget}')
+                'state_dir = "state"', f'state_dir = "state-{len(rows)}"{extra}')
             cfg.write_text(text, encoding="utf-8")
             import shutil
 
