@@ -151,15 +151,20 @@ def _score_rss(config: Path, steps: Path, out: Path) -> tuple[float, int, list[d
     return wall, usage.ru_maxrss * 1024, events
 
 
-def huge_completion_row(chars: int = HUGE_CHARS) -> None:
-    """One completion of `chars` characters through `score` against the same steps without it."""
+def huge_completion_row(chars: int = HUGE_CHARS, budget: int | None = None) -> None:
+    """One completion of `chars` characters through `score` against the same steps without it.
+
+    `budget`: an activation budget for every run (None: the stand-ins' config, none on CPU). The
+    64 MiB of the full-stack row gave the same peak RSS and a 7x longer run (docs/LOG.md).
+    """
+    extra = f"\nmemory_budget = {budget}" if budget else ""
     import json
 
     from rewardstack.standins import make_standins
 
     print()
     print(f"== hostile input: one {chars / 1e6:.0f} MB completion through `rewardstack score` (stand-in stack, "
-          "every model on; [input] max_chars 65536) ==")
+          f"every model on; [input] max_chars 65536; budget {f'{budget / 1024**2:.0f} MiB' if budget else 'none'}) ==")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         config = make_standins(root / "standins")
@@ -168,8 +173,8 @@ def huge_completion_row(chars: int = HUGE_CHARS) -> None:
                 for k in range(3)]
         rows: list = []
         warm = config.parent / "stack-warm.toml"  # profiles every model once; each run then reads that cache
-        warm.write_text(config.read_text(encoding="utf-8").replace('state_dir = "state"', 'state_dir = "state-warm"'),
-                        encoding="utf-8")
+        warm.write_text(config.read_text(encoding="utf-8").replace(
+            'state_dir = "state"', f'state_dir = "state-warm"{extra}'), encoding="utf-8")
         (root / "warm.jsonl").write_text(json.dumps(base[0]) + "\n", encoding="utf-8")
         _score_rss(warm, root / "warm.jsonl", root / "warm.out")
         for label, huge in (("without", None), ("spaced words", "word " * (chars // 5)), ("one word", "x" * chars)):
@@ -180,7 +185,8 @@ def huge_completion_row(chars: int = HUGE_CHARS) -> None:
             path.write_text("".join(json.dumps(s) + "\n" for s in steps), encoding="utf-8")
             del huge, steps
             cfg = config.parent / f"stack-{len(rows)}.toml"  # own state and calibration: every run starts alike
-            text = config.read_text(encoding="utf-8").replace('state_dir = "state"', f'state_dir = "state-{len(rows)}"')
+            text = config.read_text(encoding="utf-8").replace(
+                'state_dir = "state"', f'state_dir = "state-{len(rows)}"{extra}')
             cfg.write_text(text, encoding="utf-8")
             import shutil
 

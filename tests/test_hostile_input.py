@@ -280,3 +280,19 @@ def test_service_error_type_is_unchanged_for_limits() -> None:
         parse_score(json.dumps(_step("x", completions=["a"] * 5)).encode(), None, ServiceSettings(),
                     InputSettings(max_completions=4))
     assert e.value.status == 413 and e.value.type == "too_many_completions"
+
+
+def test_the_ray_state_actor_also_refuses_a_retry_with_other_uids(fake_config, tmp_path: Path) -> None:  # noqa: ANN001
+    pytest.importorskip("ray")
+    from rewardstack.distributed.serve import NamespaceState
+
+    actor = NamespaceState(fake_config, "alpha", str(tmp_path / "ray-state"))  # the class, in process
+    stack = RewardStack(fake_config, load_state=False)
+    step = Step.from_dict(_step("r", uids=[1, 2]))
+    first = asyncio.run(actor.commit(1, stack.forward(step), 1.0))
+    assert first[0] == "ok" and first[3] is True
+    assert asyncio.run(actor.precheck(1, step))[:2] == ("ok", first[1])
+    other = Step.from_dict(_step("r", uids=[3, 4]))
+    assert asyncio.run(actor.precheck(1, other))[:3] == ("error", 409, "sequence_conflict")
+    assert asyncio.run(actor.commit(1, stack.forward(other), 1.0))[:3] == ("error", 409, "sequence_conflict")
+    actor.ns.lock.release()

@@ -197,6 +197,8 @@ class ReadView:
 
 def _is_valid_unicode(text: str) -> bool:
     """False for strings JSON can carry but UTF-8 cannot (lone surrogates such as \\ud800)."""
+    if text.isascii():  # no copy of a huge ASCII text just to check it
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
