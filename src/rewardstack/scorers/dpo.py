@@ -39,7 +39,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.memory.costmodel import CostModel
-from rewardstack.scorers.attention import ATTENTION_BLOCK, AttentionChoice
+from rewardstack.scorers.attention import AttentionChoice
 from rewardstack.scorers.attention import install as install_attention
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.common import sane_max_length
@@ -97,7 +97,7 @@ class DpoScorer(Scorer):
             self.attention = AttentionChoice("own", "attention = \"own\" in the config")
             log.info("%s: %s", self.name, self.attention.describe())
         else:
-            rows = int(cfg.options.get("attention_block", ATTENTION_BLOCK))
+            rows = int(cfg.options.get("attention_block", 512))
             self.attention = install_attention(self.name, self.body, rows=rows, vocab=self.vocab)
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         pad = self.tokenizer.pad_token_id
