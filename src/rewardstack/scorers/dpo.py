@@ -66,6 +66,10 @@ from rewardstack.scorers.prefix import (
 
 log = logging.getLogger(__name__)
 
+# The numerics are re-exported: callers (the simulation, the GPU check, tests) name them `dpo.X`.
+__all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "chunked_logprobs", "logits_scale", "lse_inplace",
+           "DpoScorer", "build", "make_standin"]
+
 
 class DpoScorer(Scorer):
     """The DPO reference-model log-probability reward."""
