@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python -m bench.attention [--quick] [--out FILE]`. Two BTLM-like remote-code
 stand-ins (`rewardstack.standin_btlm`): the tiny CI one (2 layers, width 64, 4 heads) and a
-proportioned one (4 layers, width 256, 8 heads, so attention is a real share of the pass). Each is
+proportioned one (4 layers, width 256, 4 heads, so attention is a real share of the pass). Each is
 loaded once by the DPO scorer with its own attention (`attention = "own"`); then each shape runs
 with the model's own attention and, after `attention.install` (the load-time replacement, probe
 included), with 512-row blocks, interleaved, fastest of `repeats` runs each. Shapes: short inputs
@@ -36,7 +36,7 @@ from rewardstack.standin_btlm import make_checkpoint
 TARGET_SHORT = 1.1
 STANDINS = {
     "tiny (2L, 64w, 4h)": {},
-    "proportioned (4L, 256w, 8h)": {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_inner": 512},
+    "proportioned (4L, 256w, 4h)": {"n_layer": 4, "n_embd": 256, "n_head": 4, "n_inner": 512},
 }
 
 

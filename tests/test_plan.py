@@ -142,6 +142,11 @@ def test_default_stack_on_the_reports_card() -> None:
     # block's [32, 512, 8192] float32 softmax (the model's own would hold [32, 8192, 8192], 8 GiB).
     assert by["dpo_reward_model"].attention == "blocked(512)"
     assert by["dpo_reward_model"].largest_alloc_bytes == 32 * 512 * 8192 * 4
+    # The report's 40 GiB card: every model resident, no input cut below the reference's bound
+    # (with the model's own attention, DPO inputs past 6,450 tokens were cut here).
+    card = plan_stack(default_config(), 40 * GIB)
+    assert card.verdict == "fits" and all(p.where == "resident" and p.input_fits for p in card.models)
+    assert next(p for p in card.models if p.name == "dpo_reward_model").longest_fitting == 8192
 
 
 def test_gpu_check_dry_run_plans_every_check(capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,6 +30,10 @@ def _positive_int(default: int | None) -> Any:
     return field(default=default, metadata={"check": _positive})
 
 
+def _attention_choice(v: Any) -> str | None:
+    return None if v in ("blocked", "own") else f'must be "blocked" or "own", got {v!r}'
+
+
 @dataclass
 class DpoOptions:
     """DPO (`dpo_reward_model`)."""
@@ -40,6 +44,10 @@ class DpoOptions:
     """Measure the fastest chunk up to logits_chunk at load (false: use logits_chunk as is)."""
     shared_prefix: bool = True
     """Run the step's common token prefix once through a KV cache when the load probe finds the model takes cache objects (false: full sequences)."""
+    attention: str = field(default="blocked", metadata={"check": _attention_choice})
+    """"blocked": a model whose own attention builds [heads, L, L] scores (BTLM's ALiBi) runs it exactly in blocks of query rows, when a load-time probe agrees with its own; "own": the model's code as is."""
+    attention_block: int = _positive_int(512)
+    """Query rows per attention block (the budget may halve it; numbers do not change)."""
     max_batch: int = _positive_int(16)
     """Most sequences per forward pass (batch_size, when set, takes precedence)."""
     calibration_length: int | None = _positive_int(None)

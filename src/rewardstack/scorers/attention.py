@@ -65,9 +65,21 @@ class AlibiBias:
 
     def __init__(self, slopes: torch.Tensor, q_len: int, k_len: int) -> None:
         self.slopes, self.q_len, self.k_len = slopes, int(q_len), int(k_len)
+        self._whole: torch.Tensor | None = None  # all rows, kept when one block covers them
 
     def rows(self, r0: int, r1: int) -> torch.Tensor:
-        """Rows r0..r1-1 of the bias, float32 (the slopes' dtype), as the model's layer forms it."""
+        """Rows r0..r1-1 of the bias in the slopes' dtype, as the model's layer forms it.
+
+        When one block covers every row (short inputs) the bias is built once and shared by every
+        layer, as the model's own is: no more memory than its own, and no work per layer.
+        """
+        if r0 == 0 and r1 == self.q_len:
+            if self._whole is None:
+                self._whole = self._build(0, self.q_len)
+            return self._whole
+        return self._build(r0, r1)
+
+    def _build(self, r0: int, r1: int) -> torch.Tensor:
         dev = self.slopes.device
         off = self.k_len - self.q_len
         context = torch.arange(off + r0, off + r1, device=dev)[:, None]
@@ -114,12 +126,12 @@ def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """
     b, h, q_len, _ = query.shape
     k_len = key.shape[-2]
-    out = torch.empty(b, h, q_len, value.shape[-1], dtype=value.dtype, device=value.device)
+    step = max(1, int(rows))
+    out = torch.empty(b, h, q_len, value.shape[-1], dtype=value.dtype, device=value.device) if q_len > step else None
     kt = key.transpose(-1, -2)
     dt = query.dtype
     div = torch.full([], divisor, dtype=dt, device=query.device) if divisor is not None else None
     mask_value = torch.finfo(dt).min
-    step = max(1, int(rows))
     for r0 in range(0, q_len, step):
         r1 = min(q_len, r0 + step)
         w = torch.matmul(query[:, :, r0:r1], kt)
@@ -140,8 +152,12 @@ def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         p = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32)  # == softmax(w.float())
         del w
         p = p.type(value.dtype)
+        if r0 == 0 and r1 == q_len:  # one block: its product is the output (no copy)
+            return torch.matmul(p, value)
+        assert out is not None
         out[:, :, r0:r1] = torch.matmul(p, value)
         del p
+    assert out is not None
     return out
 
 

@@ -39,7 +39,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.memory.costmodel import CostModel
-from rewardstack.scorers.attention import ATTENTION_BLOCK, AttentionChoice
+from rewardstack.scorers.attention import AttentionChoice
 from rewardstack.scorers.attention import install as install_attention
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.charbound import head_for_tokens
@@ -66,6 +66,10 @@ from rewardstack.scorers.prefix import (
 )
 
 log = logging.getLogger(__name__)
+
+# The numerics are re-exported: callers (the simulation, the GPU check, tests) name them `dpo.X`.
+__all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "chunked_logprobs", "logits_scale", "lse_inplace",
+           "DpoScorer", "build", "make_standin"]
 
 
 class DpoScorer(Scorer):
@@ -98,7 +102,7 @@ class DpoScorer(Scorer):
             self.attention = AttentionChoice("own", "attention = \"own\" in the config")
             log.info("%s: %s", self.name, self.attention.describe())
         else:
-            rows = int(cfg.options.get("attention_block", ATTENTION_BLOCK))
+            rows = int(cfg.options.get("attention_block", 512))
             self.attention = install_attention(self.name, self.body, rows=rows, vocab=self.vocab)
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         pad = self.tokenizer.pad_token_id
