@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+import dataclasses
+
 from rewardstack import config as config_mod
-from rewardstack.scorers import REGISTRY
+from rewardstack import models
+
+
+def use_builder(monkeypatch: pytest.MonkeyPatch, name: str, builder: str) -> None:
+    """Build model `name` with `builder` ("module:function") for this test (the registry's entry)."""
+    monkeypatch.setitem(models.BY_NAME, name, dataclasses.replace(models.BY_NAME[name], builder=builder, standin=None))
 
 
 @pytest.fixture
@@ -13,7 +20,7 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Point every model-backed scorer at `fakes.build` (rule masks stay real)."""
     for name in config_mod.ALL_MODELS:
         if name not in config_mod.RULE_MASKS:
-            monkeypatch.setitem(REGISTRY, name, ("fakes:build", None))
+            use_builder(monkeypatch, name, "fakes:build")
 
 
 @pytest.fixture

@@ -123,8 +123,8 @@ _WORKER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, sys.argv[1])
     import fakes
-    from rewardstack import config as config_mod
-    from rewardstack.scorers import REGISTRY
+    import dataclasses
+    from rewardstack import config as config_mod, models
 
     class Slow(fakes.FakeReward):
         def score(self, request):
@@ -137,7 +137,7 @@ _WORKER = textwrap.dedent(
     fakes.build_slow = build
     for name in config_mod.ALL_MODELS:
         if name not in config_mod.RULE_MASKS:
-            REGISTRY[name] = ("fakes:build_slow", None)
+            models.BY_NAME[name] = dataclasses.replace(models.BY_NAME[name], builder="fakes:build_slow", standin=None)
     from rewardstack.cli import main
     sys.exit(main(sys.argv[2:]))
     """

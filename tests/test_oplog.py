@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rewardstack.cli import main
-from rewardstack.oplog import revision_of, weights_bytes
+from rewardstack.memory.budget import weights_bytes
+from rewardstack.oplog import revision_of
 from rewardstack.stack import RewardStack
 
 

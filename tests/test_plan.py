@@ -10,7 +10,7 @@ import pytest
 
 from rewardstack.cli import main
 from rewardstack.config import load_config
-from rewardstack.memory import simulate as S
+from rewardstack.planning import simulate as S
 from rewardstack.plan import VERDICTS, plan_stack
 
 GIB = 1024**3

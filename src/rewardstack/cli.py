@@ -11,51 +11,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Sequence
 
 from rewardstack.errors import InputError, RewardStackError
-
-
-def _jsonable(x: Any) -> Any:
-    """Events as strict JSON: NaN and infinities (unscored values) become null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def event_line(event: dict[str, Any]) -> str:
-    """One event as a JSONL line."""
-    return json.dumps(_jsonable(event), ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def read_steps(lines: TextIO) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
-    """(line number, parsed object or the InputError that says what is wrong), skipping blanks."""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield number, InputError(f"not valid JSON ({e.msg} at column {e.colno})", line=number)
-            continue
-        yield number, obj
-
-
-def _progress(total: int | None, desc: str):  # noqa: ANN202
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, disable=None)
+from rewardstack.fileio import read_steps
+from rewardstack.paths import default_home
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -76,11 +41,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rewardstack.telemetry.report import cmd_report as run
 
     return run(args)
-
-
-def default_home() -> Path:
-    """Where the demo keeps its stand-ins and state: $REWARDSTACK_HOME or ~/.cache/rewardstack."""
-    return Path(os.environ.get("REWARDSTACK_HOME", Path.home() / ".cache" / "rewardstack"))
 
 
 def cmd_make_standins(args: argparse.Namespace) -> int:
@@ -246,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_parsers(sub)
 
-    from rewardstack.plan import add_parser as add_plan_parser
+    from rewardstack.planning.command import add_parser as add_plan_parser  # imports no torch
 
     add_plan_parser(sub)
     return p

@@ -74,7 +74,7 @@ class ScoreReport:
 
 def iter_steps(lines: Iterable[str]) -> Iterator[tuple[int, Step | InputError]]:
     """(line number, Step or the InputError saying what is wrong) for each non-blank line."""
-    from rewardstack.cli import read_steps
+    from rewardstack.fileio import read_steps
 
     for number, obj in read_steps(lines):  # type: ignore[arg-type]
         if isinstance(obj, InputError):
@@ -196,7 +196,7 @@ def score_file(
     The caller holds the state directory's `StateLock`. `on_result` sees each newly scored step
     and its result (the event gets its `step_hash` before this call).
     """
-    from rewardstack.cli import _progress, event_line
+    from rewardstack.fileio import event_line, progress as _progress
 
     err = err if err is not None else sys.stderr
     in_path = Path(in_path)

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 from rewardstack.config import ALL_MODELS
+from rewardstack.models import MODELS, spec
+from rewardstack.fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.standins")
 
@@ -39,7 +41,7 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
     the entry it returns must agree with that file (checked here, so the two cannot drift apart).
     """
-    from rewardstack.config import load_config
+    from rewardstack.config import from_dict
     from rewardstack.scorers import standin_builder
 
     from transformers.utils import logging as hf_logging
@@ -53,7 +55,7 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     expected = tomllib.loads(offline_config_text())["models"]
     for name in ALL_MODELS:
         builder = standin_builder(name)
-        if name == "dpo_reward_model" and dpo == "btlm":
+        if spec(name).family == "dpo" and dpo == "btlm":
             from rewardstack.standin_btlm import make_dpo_standin as builder
         if builder is None:
             continue
@@ -64,13 +66,12 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
             if key in entry and entry[key] != expected[name].get(key):
                 raise RuntimeError(f"stand-in {name}: {key} {entry[key]!r} disagrees with offline.toml")
     # Written last, so an interrupted build is rebuilt next time.
-    tmp = root / (CONFIG_NAME + ".tmp")
     text = offline_config_text()
     if dpo == "btlm":
-        head = '[models.dpo_reward_model]\npath = "dpo_reward_model"\n'
+        dpo_name = next(m.name for m in MODELS if m.family == "dpo")
+        head = f'[models.{dpo_name}]\npath = "{dpo_name}"\n'
         assert head in text, "offline.toml's DPO entry moved"
         text = text.replace(head, head + "trust_remote_code = true  # the BTLM-like stand-in runs its own code\n")
-    tmp.write_text(text, encoding="utf-8")
-    load_config(tmp)  # every path must resolve
-    tmp.replace(config_path)
+    from_dict(tomllib.loads(text), base=root.resolve())  # every path must resolve
+    atomic_write_text(config_path, text)
     return config_path

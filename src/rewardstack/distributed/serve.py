@@ -88,7 +88,7 @@ class NamespaceState:
     def _gap(self, got: int) -> tuple:
         from rewardstack.service.worker import Worker
 
-        e = Worker._gap(self.ns.name, got, self.ns.state.sequence + 1)
+        e = Worker.sequence_gap(self.ns.name, got, self.ns.state.sequence + 1)
         return ("error", e.status, e.type, e.message, e.field)
 
     def _repeat(self, sequence: int) -> tuple | None:
@@ -233,7 +233,7 @@ def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 def build_http_app(replica: ScoringReplica) -> Any:
     """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
-    from rewardstack.service.app import SCORE_SCHEMA, BodyLimit, _client_deadline, check_limits
+    from rewardstack.service.app import SCORE_SCHEMA, BodyLimit, client_deadline, check_limits
     from rewardstack.service.errors import ServiceError
     from rewardstack.service.guard import authorizer, install_error_handlers, namespace_for
     from rewardstack.service.namespaces import valid_name
@@ -306,7 +306,7 @@ def build_http_app(replica: ScoringReplica) -> Any:
             pre = await call_state(actor.precheck, sequence)
             if pre[0] != "go":
                 return answer(pre)
-            deadline = arrived + min(settings.deadline_s, _client_deadline(request))
+            deadline = arrived + min(settings.deadline_s, client_deadline(request))
             fwd = await replica._forward(_Forward(step, deadline))
             if fwd is None:
                 raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -45,6 +45,8 @@ from rewardstack.memory.budget import (
 from rewardstack.memory.calibration import CalibrationCache, calibration_key, environment
 from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack.memory.guard import FaultInjector, OomRecord, Outcome, free_device_memory, run_guarded
+from rewardstack.memory.observers import MemoryObserver, PlacementMove
+from rewardstack.memory.peaks import PeakWindow
 from rewardstack.memory.placement import Decision, Placement
 from rewardstack.memory.planner import max_fitting_length, plan_batches
 from rewardstack.memory.tracker import TensorBytesTracker
@@ -100,7 +102,8 @@ class MemoryManager:
         self.budget: Budget | None = None
         # Telemetry (rewardstack.telemetry.monitor.Monitor): sees every batch the guard runs and
         # every OOM; None: nothing is recorded.
-        self.observer: Any | None = None
+        self.observers: list[MemoryObserver] = []
+        """Subscribers told of runs, batches, OOMs and placement moves (`subscribe`)."""
         self._registered: dict[str, tuple[list[torch.nn.Module], float, bool]] = {}
         self._profile_runs: dict[str, Callable[[int, int], Any]] = {}
         if simulate is None:
@@ -126,6 +129,21 @@ class MemoryManager:
         d["files"] = _fingerprint([p for p in [model_cfg.path, *model_cfg.paths] if p])
         self.model_keys[model_cfg.name] = d
 
+    # -- observers --------------------------------------------------------------------------
+    def subscribe(self, observer: MemoryObserver) -> None:
+        """Tell `observer` of every run, batch, OOM and placement move from now on."""
+        if observer not in self.observers:
+            self.observers.append(observer)
+
+    def unsubscribe(self, observer: MemoryObserver) -> None:
+        """Stop telling `observer` (no error if it was not subscribed)."""
+        if observer in self.observers:
+            self.observers.remove(observer)
+
+    def _publish_move(self, move: PlacementMove) -> None:
+        for o in list(self.observers):
+            o.moved(move)
+
     # -- budget and placement ---------------------------------------------------------------
     def set_budget(self, budget_bytes: int | None) -> None:
         """Change the activation budget (and the simulated device's limit)."""
@@ -147,6 +165,7 @@ class MemoryManager:
         if move is None and self._snapshot is not None:
             move = False  # an injected (simulated) card: account, move nothing
         self.placement = Placement(self.device, weights_budget, move=move)
+        self.placement.listeners.append(self._publish_move)
         for name, (mods, prio, cpu_ok) in self._registered.items():
             self.placement.register(name, mods, priority=prio, cpu_ok=cpu_ok)
         return self.placement.plan()
@@ -441,6 +460,21 @@ class MemoryManager:
         cost (bytes moved, seconds) is logged; any other model's input gets the `oom` status. A
         model that placement put on the CPU runs in host memory, outside the device budget.
         """
+        with ExitStack() as observed:
+            for o in list(self.observers):  # e.g. replay's per-model peak window
+                observed.enter_context(o.run(name, lengths))
+            return self._run(name, lengths, forward, max_batch=max_batch, fallback=fallback, prepare=prepare)
+
+    def _run(
+        self,
+        name: str,
+        lengths: Sequence[int],
+        forward: Callable[[list[int]], Sequence[Any]],
+        *,
+        max_batch: int | None,
+        fallback: Callable[[list[int]], Sequence[Any]] | None,
+        prepare: Callable[[], Any] | None,
+    ) -> list[Outcome]:
         if not lengths:
             return []
         on_host = False
@@ -457,8 +491,8 @@ class MemoryManager:
             # Bytes already live on the device (kept outputs, prefix caches) are not free.
             budget = max(0.0, budget - self.live_bytes())
         batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True)
-        if self.observer is not None:  # one record per batch the guard runs (the fallback's too)
-            forward = self.observer.wrap(name, lengths, forward, cost, on_host)
+        for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
+            forward = o.batch(name, lengths, forward, cost, on_host)
         if fallback is None and not on_host and self._cpu_ok(owner):
             fallback = self._cpu_fallback(owner, forward)
 
@@ -466,8 +500,8 @@ class MemoryManager:
             self.oom_log.append(rec)
             self.ooms_total += 1
             self.ooms_injected += int(rec.injected)
-            if self.observer is not None:
-                self.observer.on_oom(rec)
+            for o in list(self.observers):
+                o.oom(rec)
             if not rec.injected:
                 cost.distrust()
             log.warning(
@@ -587,8 +621,7 @@ def _no_budget(tracker: TensorBytesTracker) -> Iterator[None]:
 
 def _cuda_peak(fn: Callable[[], Any], device: torch.device) -> int:  # pragma: no cover - CUDA-only path
     torch.cuda.synchronize(device)
-    start = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return int(torch.cuda.max_memory_allocated(device) - start)
+    with PeakWindow(device, None) as w:  # nestable: an open telemetry or replay window keeps its peak
+        fn()
+        torch.cuda.synchronize(device)
+    return int(w.peak_increase or 0)

@@ -42,7 +42,8 @@ from typing import Any
 
 from rewardstack.config import MASKS, REWARD_MODELS
 from rewardstack.stack import Step
-from rewardstack.telemetry.snapshot import host_memory
+from rewardstack.memory.snapshot import host_memory
+from rewardstack.models import DIVERSITY, MODELS
 
 TOL = 1e-6
 REBATCH_TOL = 1e-5
@@ -51,7 +52,7 @@ another float32 summation order): its values there may move by float32 batching 
 (relative, floor 1), and are counted apart; anything further is a failure."""
 # Diversity embeds with relevance's second model (one checkpoint, one embedding cache per step): a
 # split of that pass moves diversity's values by the same float32 batching noise.
-SHARED_PASS = {"relevance_filter[1]": "diversity_reward_model"}
+SHARED_PASS = {m.embeds_with: m.name for m in MODELS if m.embeds_with}
 LONG_EVERY = 50
 LONG_CHARS = 50_000  # >= 8,000 tokens with the stand-ins' BERT tokenizer (about 10,000)
 MAX_CRASHES = 3
@@ -264,9 +265,9 @@ def compare(expected_hashes: list[str], faulted: list[dict[str, Any]], clean: li
         split = {m.split("[", 1)[0] for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
         # Diversity compares each completion with the embeddings of earlier steps: noise from one
         # split stays in its history, so its values may carry it in every later step too.
-        history_noise = history_noise or "diversity_reward_model" in split
+        history_noise = history_noise or DIVERSITY.name in split
         if history_noise:
-            split.add("diversity_reward_model")
+            split.add(DIVERSITY.name)
         for i, status in enumerate(f["statuses"]):
             if status == "oom":
                 # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
@@ -350,9 +351,9 @@ def memory_slope(rest_path: Path, n_steps: int) -> dict[str, Any]:
 
 def cmd_soak(args: argparse.Namespace) -> int:
     """The `soak` command."""
-    from rewardstack.cli import _jsonable
+    from rewardstack.fileio import jsonable as _jsonable
     from rewardstack.config import load_config
-    from rewardstack.replay.replay import _write_json
+    from rewardstack.fileio import atomic_write_json as _write_json
     from rewardstack.runner import iter_steps, step_hash
     from rewardstack.state import StateStore
 

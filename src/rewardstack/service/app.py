@@ -208,7 +208,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         if not worker.namespaces.known(namespace) and worker.namespaces.count() >= settings.max_namespaces:
             raise ServiceError(403, "namespace_limit", f"the service holds {settings.max_namespaces} namespaces "
                                "(service.max_namespaces); no new one can be made", field="namespace")
-        deadline = arrived + min(settings.deadline_s, _client_deadline(request))
+        deadline = arrived + min(settings.deadline_s, client_deadline(request))
         job = Job(namespace, step, sequence, deadline=deadline)
         worker.submit(job)  # 429 when full, 503 when not ready or draining
         outcome = await _wait(request, job, deadline)
@@ -279,7 +279,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
 DEADLINE_HEADER = "x-rewardstack-deadline-s"
 
 
-def _client_deadline(request: Request) -> float:
+def client_deadline(request: Request) -> float:
     """A client's own, shorter deadline in seconds (header `X-Rewardstack-Deadline-S`), else infinity."""
     value = request.headers.get(DEADLINE_HEADER)
     if value is None:

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rewardstack.cli import event_line
+from rewardstack.fileio import event_line
 from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
 from rewardstack.service.errors import ServiceError
@@ -189,7 +189,7 @@ class Worker:
             self._beat("loading models")
             self.stack = self._factory(self.config)
             if self.run_dir is not None:
-                from rewardstack.telemetry.monitor import Telemetry
+                from rewardstack.telemetry.session import Telemetry
 
                 # The app serves /metrics itself; the run directory records every committed step.
                 self.telemetry = Telemetry(self.stack, run_dir=self.run_dir, metrics_port=None,
@@ -290,7 +290,7 @@ class Worker:
                 job.answer(Outcome(stored, seq, scored=False) if _same_step(stored, job.step)
                            else self._conflict(job.namespace, seq, exp))
             else:
-                job.answer(self._gap(job.namespace, seq, exp))
+                job.answer(self.sequence_gap(job.namespace, seq, exp))
         if to_score:
             self._score(to_score)
         for job, original in duplicates:  # answered like a repeat of a committed step
@@ -310,7 +310,8 @@ class Worker:
                             f"a different step; the next sequence is {expected}", field="sequence")
 
     @staticmethod
-    def _gap(namespace: str, got: int, expected: int) -> ServiceError:
+    def sequence_gap(namespace: str, got: int, expected: int) -> ServiceError:
+        """The 409 for a sequence number that is not the next one (a gap, or one no longer kept)."""
         if got < expected:
             msg = (f"sequence {got} of namespace '{namespace}' was committed but its result is no longer kept "
                    f"(only the last 64 are); the next sequence is {expected}")
@@ -343,7 +344,7 @@ class Worker:
                 job.answer(ServiceError(500, "internal", "an earlier step of this namespace failed; not scored"))
                 continue
             if job.applied_as != ns.state.sequence + 1:  # an earlier job of the batch did not apply
-                job.answer(self._gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
+                job.answer(self.sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
                 continue
             try:
                 result = ns.state.apply(fwd)  # type: ignore[arg-type]
@@ -368,12 +369,9 @@ class Worker:
                 broken.add(name)
         for name in broken:
             self.namespaces.get(name).reload()
-        if self.stack.on_step:  # telemetry and the operator's callbacks see every committed step
-            from rewardstack.telemetry.monitor import notify_step
-
-            for name, result in applied:
-                if name not in broken:
-                    notify_step(self.stack, result)
+        for name, result in applied:  # telemetry and the operator's callbacks see every committed step
+            if name not in broken:
+                self.stack.publish_step(result)
         for job, outcome in answers:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
