@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
+from rewardstack.argtypes import positive_int
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack.fileio import read_steps
 from rewardstack.paths import default_home
@@ -125,13 +126,6 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _bytes(text: str) -> int:
     from rewardstack.errors import ConfigError
     from rewardstack.settings import parse_bytes
@@ -161,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, help="stack config (TOML)")
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
     s.add_argument("--output", required=True, help="events, one per line ('-' for stdout)")
-    s.add_argument("--save-every", type=_positive_int, default=1, help="commit state and events every N steps (and at the end); a rerun resumes after the last commit")
+    s.add_argument("--save-every", type=positive_int, default=1, help="commit state and events every N steps (and at the end); a rerun resumes after the last commit")
     s.add_argument("--run-dir", help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
     add_memory_flags(s)

@@ -83,6 +83,13 @@ def _colors(models: list[str]) -> dict[str, Any]:
     return {m: cmap(i % cmap.N) for i, m in enumerate(models)}
 
 
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    """Lay out, write and close one figure (every plot of the report ends so)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
 def plot_memory(d: RunData, path: Path) -> None:
     """Memory at rest per step, each call's peak by model, every OOM, the budget line; host RSS below."""
     plt = _plt()
@@ -113,9 +120,7 @@ def plot_memory(d: RunData, path: Path) -> None:
         ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax2.set_ylabel("host RSS (MiB)")
     ax2.set_xlabel("time since the run started (s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_peak_by_model(d: RunData, path: Path) -> None:
@@ -141,9 +146,7 @@ def plot_peak_by_model(d: RunData, path: Path) -> None:
         ax.text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("peak above memory at the call's start (MiB)")
     ax.set_title("Peak memory by model (per planned batch)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
@@ -172,9 +175,7 @@ def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
     if not models:
         axes.flat[0].text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=axes.flat[0].transAxes)
     fig.suptitle("Measured peak against padded tokens per model, the cost model's prediction for each call in red")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_step_time(d: RunData, path: Path) -> None:
@@ -200,9 +201,7 @@ def plot_step_time(d: RunData, path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("time (s)")
     ax.set_title("Step time split by model (time inside each model's forward passes)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_statuses(d: RunData, path: Path) -> None:
@@ -219,9 +218,7 @@ def plot_statuses(d: RunData, path: Path) -> None:
     ax.set_xlabel("step (line of events.jsonl)")
     ax.set_ylabel("completions (count)")
     ax.set_title("Completions by status over time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 # -- the summary ------------------------------------------------------------------------------
