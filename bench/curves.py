@@ -4,7 +4,7 @@
   rewardstack against the literal per-completion reference. The reference is measured for real only
   where it fits this machine comfortably (its peak grows with the input); past that, and for the
   real models at full size, the figures come from the meta-device simulation
-  (`rewardstack.memory.simulate`) and are marked simulated.
+  (`rewardstack.planning.simulate`) and are marked simulated.
 - Uptime: memory at rest (the tracker's live bytes and the process RSS) after each of N short steps;
   the only growth allowed is the diversity history until it is full.
 - Scaling: seconds per step for 10 ... 200 completions per step (linear or better).
@@ -85,7 +85,7 @@ def _simulated(model: str, tokens: int) -> tuple[int | None, int | None]:
     Ours: one input cut to the scorer's bound. The reference: OpenAssistant untruncated (the
     reference passed no limit); the others at most at their position limit, as the reference cut them.
     """
-    from rewardstack.memory import simulate
+    from rewardstack.planning import simulate
 
     bound = simulate.scorer_bound(model)
     ours = simulate.simulate_peak(model, 1, max(2, min(tokens, bound)), padded=False, exact=False).peak_bytes

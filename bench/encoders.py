@@ -114,7 +114,7 @@ class Bench:
         cache = self.rt.options["embedding_cache"]
         f_rel, f_div = floors.embeddings(rel, self.steps, cache)
         bert, _, _ = floors.embedding_rows(rel, [self.heavy], cache)
-        pooled = embedding._pooled
+        pooled = embedding.pooled
         fp_rel = peak_of(lambda: floors.forward_rows(m1, bert, rel.first.pad_id, pooled))
         fp_div = peak_of(lambda: floors.forward_rows(m2, t2(floors.live(self.heavy), truncation=True,
                                                             max_length=rel.second.max_length)["input_ids"],

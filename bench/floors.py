@@ -100,7 +100,7 @@ def openassistant_rows(sc: Any, step: Step) -> list[list[int]]:
 
 def openassistant(sc: Any, steps: list[Step]) -> float:
     """OpenAssistant: every (prompt, completion) pair once, at its bound."""
-    return forward_rows(sc.model, [r for s in steps for r in openassistant_rows(sc, s)], sc.pad_id, classifier._first_logit)
+    return forward_rows(sc.model, [r for s in steps for r in openassistant_rows(sc, s)], sc.pad_id, classifier.first_logit)
 
 
 def nsfw_windows(sc: Any, step: Step) -> list[list[int]]:
@@ -111,7 +111,7 @@ def nsfw_windows(sc: Any, step: Step) -> list[list[int]]:
 
 def nsfw(sc: Any, steps: list[Step]) -> float:
     """NSFW: every window once."""
-    return forward_rows(sc.model, [w for s in steps for w in nsfw_windows(sc, s)], sc.pad_id, classifier._hate_value)
+    return forward_rows(sc.model, [w for s in steps for w in nsfw_windows(sc, s)], sc.pad_id, classifier.hate_value)
 
 
 def embedding_rows(rel: Any, steps: list[Step], cache: Any) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
@@ -143,7 +143,7 @@ def embedding_rows(rel: Any, steps: list[Step], cache: Any) -> tuple[list[list[i
 def embeddings(rel: Any, steps: list[Step], cache: Any) -> tuple[float, float]:
     """(relevance, diversity) floor seconds over `embedding_rows`."""
     bert, rel2, div = embedding_rows(rel, steps, cache)
-    m1, m2, pooled = rel.first.model, rel.second.model, embedding._pooled
+    m1, m2, pooled = rel.first.model, rel.second.model, embedding.pooled
     f_rel = forward_rows(m1, bert, rel.first.pad_id, pooled) + forward_rows(m2, rel2, rel.second.pad_id, pooled)
     return f_rel, forward_rows(m2, div, rel.second.pad_id, pooled)
 

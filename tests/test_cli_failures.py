@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from rewardstack import stack as stack_mod
-from rewardstack.cli import main, read_steps
+from rewardstack.cli import main
+from rewardstack.fileio import read_steps
 from rewardstack.errors import InputError
 
 

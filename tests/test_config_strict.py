@@ -14,21 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from rewardstack import cli, modeloptions
+from rewardstack import cli, modeloptions, models
 from rewardstack.config import ALL_MODELS, from_dict
 from rewardstack.errors import ConfigError
 from rewardstack.settings import TABLES
 
 SCORERS = Path(modeloptions.__file__).parent / "scorers"
-# Which models read options in which scorer module.
-MODULE_MODELS = {
-    "dpo.py": ["dpo_reward_model"],
-    "reciprocate.py": ["reciprocate_reward_model"],
-    "dahoas.py": ["dahoas_reward_model"],
-    "judge.py": ["prompt_reward_model"],
-    "classifier.py": ["rlhf_reward_model", "nsfw_filter"],
-    "embedding.py": ["relevance_filter", "diversity_reward_model"],
-}
+# Which models read options in which scorer module: the model registry's families.
+MODULE_MODELS: dict[str, list[str]] = {}
+for _m in models.MODELS:
+    if not _m.is_rule:
+        MODULE_MODELS.setdefault(f"{_m.family}.py", []).append(_m.name)
 
 
 def _model(name: str, **keys: object):  # noqa: ANN202
@@ -95,10 +91,10 @@ def test_every_option_a_scorer_reads_is_declared_with_its_default(module: str) -
     reads = _reads(module)
     assert reads, module
     for key, default in reads.items():
-        owners = [m for m in MODULE_MODELS[module] if key in modeloptions.option_keys(m)]
+        owners = [m for m in MODULE_MODELS[module] if key in models.option_keys(m)]
         assert owners, f"{module} reads option {key!r}, which no model of it declares"
         for m in owners:
-            f = {f.name: f for f in fields(modeloptions.OPTIONS[m])}[key]
+            f = {f.name: f for f in fields(models.spec(m).options)}[key]
             declared = f.default if f.default is not MISSING else f.default_factory()
             if isinstance(default, ast.Constant):
                 assert declared == default.value, (m, key)
@@ -120,7 +116,7 @@ def test_explain_lists_every_key(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     for name in ALL_MODELS:
         assert f"[models.{name}]" in out
-        for key in modeloptions.option_keys(name):
+        for key in models.option_keys(name):
             assert re.search(rf"^  {key}\s", out, re.M), (name, key)
     for table, cls in TABLES.items():
         assert f"[{table}]:" in out

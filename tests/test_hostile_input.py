@@ -16,7 +16,8 @@ import pytest
 
 from fakes import text_score
 from rewardstack import runner
-from rewardstack.cli import _jsonable, event_line, main
+from rewardstack.cli import main
+from rewardstack.fileio import event_line, jsonable as _jsonable
 from rewardstack.config import from_dict
 from rewardstack.errors import InputError
 from rewardstack.service.errors import ServiceError
@@ -197,8 +198,8 @@ def test_the_journal_of_another_output_is_settled_before_scoring_this_one(tmp_pa
         real_append(path, lines)
 
     monkeypatch.setattr(runner, "_append", dies_after_state_save)
-    with pytest.raises(KeyboardInterrupt):
-        main(["score", "--config", str(cfg), "--input", str(a_in), "--output", str(a_out)])
+    # the command line reports the interrupt in one line and exits 130 (rewardstack.cli_errors)
+    assert main(["score", "--config", str(cfg), "--input", str(a_in), "--output", str(a_out)]) == 130
     monkeypatch.setattr(runner, "_append", real_append)
     assert len(_events(a_out)) == 2
     assert main(["score", "--config", str(cfg), "--input", str(b_in), "--output", str(b_out)]) == 0
@@ -226,8 +227,8 @@ def test_a_journal_whose_output_is_gone_refuses_another_input(tmp_path: Path, fa
         real_append(path, lines)
 
     monkeypatch.setattr(runner, "_append", dies)
-    with pytest.raises(KeyboardInterrupt):
-        main(["score", "--config", str(cfg), "--input", str(a_in), "--output", str(a_out)])
+    # the command line reports the interrupt in one line and exits 130 (rewardstack.cli_errors)
+    assert main(["score", "--config", str(cfg), "--input", str(a_in), "--output", str(a_out)]) == 130
     monkeypatch.setattr(runner, "_append", real_append)
     a_out.unlink()
     assert main(["score", "--config", str(cfg), "--input", str(b_in), "--output", str(tmp_path / "b.out")]) == 1

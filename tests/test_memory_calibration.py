@@ -140,7 +140,7 @@ def test_a_restart_reads_saved_cost_models_and_does_not_profile(standins, tmp_pa
 
 
 def test_calibration_key_covers_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rewardstack.memory.manager as manager_mod
+    import rewardstack.memory.calibrating as manager_mod  # where the calibration key is built
 
     calls = []
     run = lambda b, l: calls.append((b, l)) or torch.ones(b, l, 8).sum()  # noqa: E731

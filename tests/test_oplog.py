@@ -11,7 +11,8 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from rewardstack.cli import main
-from rewardstack.oplog import revision_of, weights_bytes
+from rewardstack.memory.budget import weights_bytes
+from rewardstack.oplog import revision_of
 from rewardstack.stack import RewardStack
 
 
@@ -73,15 +74,17 @@ def test_step_line_shows_the_peak_of_the_calls_inside(caplog: pytest.LogCaptureF
     from types import SimpleNamespace
 
     from rewardstack.memory.tracker import TensorBytesTracker
-    from rewardstack.oplog import StepLine
+    from rewardstack.oplog import OperatorLog
 
     tracker = TensorBytesTracker(budget_bytes=64 * 2**20)
-    stack = SimpleNamespace(device=torch.device("cpu"), memory=SimpleNamespace(tracker=tracker))
+    stack = SimpleNamespace(device=torch.device("cpu"), memory=SimpleNamespace(tracker=tracker), steps_scored=1)
+    observer = OperatorLog()
     with caplog.at_level(logging.INFO, logger="rewardstack"):
-        with StepLine(stack, "augment") as line:  # type: ignore[arg-type]
-            with tracker:  # one call: 4 MiB of activations, freed before the step ends
-                x = torch.ones(2**20, dtype=torch.float32)
-                del x
-        line.done(SimpleNamespace(statuses=["ok"]), 1)  # type: ignore[arg-type]
+        observer.step_started(stack, "augment")  # type: ignore[arg-type]
+        with tracker:  # one call: 4 MiB of activations, freed before the step ends
+            x = torch.ones(2**20, dtype=torch.float32)
+            del x
+        observer.step_ended(stack)  # type: ignore[arg-type]
+        observer.step_scored(stack, SimpleNamespace(statuses=["ok"]))  # type: ignore[arg-type]
     [msg] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert msg.endswith("memory peak 4.0 MiB"), msg

@@ -10,9 +10,9 @@ import pytest
 
 from rewardstack.cli import main
 from rewardstack.config import load_config
-from rewardstack.memory import simulate as S
 from rewardstack.memory.budget import ACTIVATION_SHARE
 from rewardstack.plan import VERDICTS, plan_stack
+from rewardstack.planning import simulate as S
 
 GIB = 1024**3
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from real_fixtures import real_models
-from rewardstack.memory import simulate as S
+from rewardstack.planning import simulate as S
 from rewardstack.memory.tracker import TensorBytesTracker
 
 pytestmark = pytest.mark.real

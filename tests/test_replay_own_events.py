@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import use_builder
 from rewardstack import config as config_mod
 from rewardstack.replay.readers import read_run
 from rewardstack.replay.replay import replay
 from rewardstack.runner import score_file
-from rewardstack.scorers import REGISTRY
 from rewardstack.stack import RewardStack
 
 # No step gives a base prompt: `score` uses each step's prompt. Each followup/answer's words
@@ -28,7 +28,7 @@ STEPS = [
 
 @pytest.fixture
 def relevance_reads_its_base(monkeypatch: pytest.MonkeyPatch, fake_registry) -> None:  # noqa: ANN001
-    monkeypatch.setitem(REGISTRY, "relevance_filter", ("fakes:build_relevance", None))
+    use_builder(monkeypatch, "relevance_filter", "fakes:build_relevance")
 
 
 def test_replaying_own_events_agrees_fully(tmp_path: Path, relevance_reads_its_base: None) -> None:

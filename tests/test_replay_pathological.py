@@ -56,7 +56,7 @@ def test_every_pathological_kind_is_scored_or_has_an_explicit_status(standins: P
                 assert math.isfinite(x) or result.model_statuses[m][i] not in SCORED, (kind, m)
     first = results[0]
     by_kind = dict(zip(kinds, first.statuses))
-    assert by_kind["huge"] == "truncated"  # 100,000 characters: cut to the model's bound, said so
+    assert by_kind["huge"] == "cut"  # 100,000 characters: past [input] max_chars (65,536), said so
     assert first.raw["blacklist_filter"][kinds.index("prompt_itself")] == 0.0
     assert first.raw["dpo_reward_model"][kinds.index("empty")] == -11.0  # the spec's value for an empty answer
     assert first.raw["dpo_reward_model"][kinds.index("whitespace")] == -11.0

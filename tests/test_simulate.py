@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from rewardstack.memory import simulate as S
+from rewardstack.planning import simulate as S
 from rewardstack.memory.tracker import TensorBytesTracker
 
 GIB = 1024**3
@@ -170,3 +170,59 @@ def test_simulated_peak_matches_tracked_real_run(model: str, batch: int, length:
     sim = S.simulate_peak(model, batch, length, "float32", prefix=prefix, prompt=prompt, chunk=chunk or 512, arch=arch)
     real = _real_peak(model, arch, batch, length, prefix, chunk)
     assert abs(sim.peak_bytes - real) <= 0.05 * real, (model, sim.peak_bytes, real)
+
+
+def test_the_dpo_simulation_runs_the_scorers_own_penalty_bookkeeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hand copy: the simulation calls `dpo.chunked_logprobs` in shape-only mode, so a change to
+    the scorer's bookkeeping (here: one more [rows, vocabulary] float32 buffer) moves the simulated peak."""
+    from rewardstack.scorers import dpo
+
+    arch = S.Arch("tiny-dpo-shapes", TINY["dpo_reward_model"])
+    monkeypatch.setattr(S, "_CACHE", {})
+    monkeypatch.setattr(S, "_DISK", None)
+    seen: list[Any] = []
+    original = dpo.chunked_logprobs
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args[6] if len(args) > 6 else kwargs.get("values"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dpo, "chunked_logprobs", spy)
+    base = S.simulate_peak("dpo_reward_model", 2, 300, "float32", prefix=50, prompt=50, chunk=128, arch=arch)
+    assert seen and isinstance(seen[0], dpo.PenaltyShapes)
+    vocab = TINY["dpo_reward_model"]["vocab_size"]
+    extra = 128 * vocab * 4
+
+    def heavier(hidden_at: Any, head: Any, ids: Any, *rest: Any, **kw: Any) -> Any:
+        spare = torch.empty(128, vocab, dtype=torch.float32, device=ids.device)  # a scorer change
+        out = original(hidden_at, head, ids, *rest, **kw)
+        del spare
+        return out
+
+    monkeypatch.setattr(dpo, "chunked_logprobs", heavier)
+    monkeypatch.setattr(S, "_CACHE", {})
+    changed = S.simulate_peak("dpo_reward_model", 2, 300, "float32", prefix=50, prompt=50, chunk=128, arch=arch)
+    assert changed.peak_bytes >= base.peak_bytes + extra * 0.9
+
+
+def test_the_penalty_constant_is_the_scorers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulation builds its penalty from `dpo_numerics.PENALTY` (the repetition constant is
+    written once, where `chunked_logprobs` lives; `dpo.PENALTY` re-exports it)."""
+    from rewardstack.scorers import dpo, dpo_numerics
+
+    arch = S.Arch("tiny-dpo-penalty", TINY["dpo_reward_model"])
+    monkeypatch.setattr(S, "_CACHE", {})
+    monkeypatch.setattr(S, "_DISK", None)
+    made: list[float] = []
+    real_tensor = torch.tensor
+
+    def tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(data, float):
+            made.append(data)
+        return real_tensor(data, *args, **kwargs)
+
+    assert dpo.PENALTY is dpo_numerics.PENALTY
+    monkeypatch.setattr(dpo_numerics, "PENALTY", 1.75)
+    monkeypatch.setattr(torch, "tensor", tensor)
+    S.simulate_peak("dpo_reward_model", 2, 64, "float32", prompt=8, chunk=32, arch=arch)
+    assert 1.75 in made and 1.2 not in made

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rewardstack.errors import StateError
-from rewardstack.state import StateStore
+from rewardstack.state import StateLock, StateStore
 
 
 def test_roundtrip(tmp_path: Path) -> None:
@@ -81,3 +81,21 @@ def test_kill_mid_save_leaves_loadable_state(tmp_path: Path) -> None:
         assert hist.shape == (4096, 1024)
         assert bool((hist == float(i)).all()), "state mixes two generations"
         assert [p.name for p in state_dir.iterdir()] == ["state.safetensors"]  # stale temps removed
+
+
+def test_the_rescore_output_lock_is_a_state_lock(tmp_path) -> None:  # noqa: ANN001
+    """Rescore's one-writer-per-output-folder lock is `StateLock` on another file: a second is refused."""
+    pytest.importorskip("pyarrow")
+    from rewardstack.distributed.rescore import output_lock
+    from rewardstack.errors import ClusterError
+
+    first = output_lock(tmp_path)
+    try:
+        assert isinstance(first, StateLock) and first.path.name == ".rescore.lock" and first.held
+        with pytest.raises(ClusterError, match="another rescore is writing"):
+            output_lock(tmp_path)
+        with StateLock(tmp_path):  # the state lock of the same folder is another file
+            pass
+    finally:
+        first.release()
+    output_lock(tmp_path).release()  # released: free again

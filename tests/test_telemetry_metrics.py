@@ -88,6 +88,7 @@ def test_a_taken_port_is_a_clear_error(hog_config) -> None:  # noqa: ANN001
         stack = RewardStack(hog_config(), load_state=False)
         with pytest.raises(ConfigError, match="metrics_port"):
             Telemetry(stack, run_dir=None, metrics_port=first.port, registry=CollectorRegistry())
-        assert stack.memory.observer is None and stack.on_step == []  # nothing left attached
+        assert stack.memory.observers == [] and stack.on_step == []  # nothing left attached
+        assert [type(o).__name__ for o in stack.step_observers] == ["OperatorLog"]
     finally:
         first.close()

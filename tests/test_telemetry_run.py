@@ -150,12 +150,12 @@ def test_on_step_callbacks_receive_the_step_memory_record(hog_config) -> None:  
     stack.on_step.append(seen.append)  # no monitor: the record comes from a snapshot
     stack.score_step(step(0), save=False)
     assert seen[0]["step"] == 1 and seen[0]["rest"]["source"] == "tracker" and seen[0]["models"] == {}
-    mon = Monitor.attach(stack)  # with a monitor: per-model figures, and the monitor runs first
+    mon = Monitor.attach(stack)  # with a monitor: per-model figures, filled in before the callbacks run
     stack.score_step(step(1), save=False)
-    assert stack.on_step[0] == mon._after_step
+    assert mon in stack.step_observers and mon in stack.memory.observers
     assert seen[1]["step"] == 2 and seen[1]["models"][HOG]["calls"] >= 1 and seen[1]["models"][HOG]["peak_bytes"] > 0
     mon.close()
-    assert stack.on_step == [seen.append] and stack.memory.observer is None
+    assert stack.on_step == [seen.append] and stack.memory.observers == [] and mon not in stack.step_observers
 
 
 def test_snapshot_subtraction() -> None:

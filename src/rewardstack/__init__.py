@@ -8,13 +8,33 @@ The public API is small:
     result.rewards, result.best, result.statuses, result.event
 
 Errors rewardstack raises on purpose derive from `RewardStackError` (see `rewardstack.errors`).
+
+The names below load on first use (module `__getattr__`): `import rewardstack` and the command
+line's `--help` import no torch; `from rewardstack import RewardStack` imports the stack then.
 """
 
-from rewardstack.config import ModelConfig, StackConfig, default_config, load_config
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from rewardstack.errors import ConfigError, InputError, ModelLoadError, RewardStackError, StateError
-from rewardstack.stack import RewardStack, Step, StepResult
+from rewardstack.lazy import lazy_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack.config import ModelConfig, StackConfig, default_config, load_config
+    from rewardstack.stack import RewardStack, Step, StepResult
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "ModelConfig": "rewardstack.config",
+    "StackConfig": "rewardstack.config",
+    "default_config": "rewardstack.config",
+    "load_config": "rewardstack.config",
+    "RewardStack": "rewardstack.stack",
+    "Step": "rewardstack.stack",
+    "StepResult": "rewardstack.stack",
+}
 
 __all__ = [
     "ConfigError",
@@ -30,3 +50,5 @@ __all__ = [
     "default_config",
     "load_config",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -11,77 +11,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Sequence
 
-from rewardstack.errors import InputError, json_error_message
-
-
-def _jsonable(x: Any) -> Any:
-    """Events as strict JSON: NaN and infinities (unscored values) become null.
-
-    Iterative, not recursive: a step's free-form fields (`set_weights`) reach the event as given,
-    and a recursive walk of a deeply nested value would raise RecursionError on every rerun.
-    """
-    def convert(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            out: Any = {}
-        elif isinstance(v, (list, tuple)):
-            out = []
-        else:
-            return v
-        todo.append((v, out))
-        return out
-
-    todo: list[tuple[Any, Any]] = []
-    root = convert(x)
-    while todo:
-        src, dst = todo.pop()
-        if isinstance(src, dict):
-            for k, v in src.items():
-                dst[k] = convert(v)
-        else:
-            dst.extend(convert(v) for v in src)
-    return root
-
-
-def event_line(event: dict[str, Any]) -> str:
-    """One event as a JSONL line."""
-    return json.dumps(_jsonable(event), ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
-    """(line number, parsed object or the InputError that says what is wrong), skipping blanks.
-
-    Lines may be bytes (a file opened in binary): each is decoded on its own, so a line that is
-    not UTF-8 is that line's error and the others are read (rewardstack.jsonio).
-    """
-    from rewardstack.jsonio import parse
-
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = parse(line, line=number)
-        except InputError as e:
-            yield number, e
-            continue
-        del line  # a huge line is not kept alive (twice: raw and parsed) while its step is scored
-        yield number, obj
-
-
-def _progress(total: int | None, desc: str):  # noqa: ANN202
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, disable=None)
+from rewardstack.argtypes import positive_int
+from rewardstack.errors import InputError
+from rewardstack.fileio import read_steps
+from rewardstack.paths import default_home
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -111,16 +51,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def default_home() -> Path:
-    """Where the demo keeps its stand-ins and state: $REWARDSTACK_HOME or ~/.cache/rewardstack."""
-    return Path(os.environ.get("REWARDSTACK_HOME", Path.home() / ".cache" / "rewardstack"))
-
-
 def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
-    from rewardstack.standins import make_standins
+    if args.tiny:  # the standard stand-ins, shrunk (rewardstack.standins_tiny)
+        from rewardstack.standins_tiny import make_tiny_standins
 
-    path = make_standins(args.dir, force=args.force, dpo=args.dpo, tiny=args.tiny)
+        path = make_tiny_standins(args.dir, force=args.force, dpo=args.dpo)
+    else:
+        from rewardstack.standins import make_standins
+
+        path = make_standins(args.dir, force=args.force, dpo=args.dpo)
     print(f"stand-in stack written; config: {path}")
     return 0
 
@@ -198,13 +138,6 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _bytes(text: str) -> int:
     from rewardstack.errors import ConfigError
     from rewardstack.settings import parse_bytes
@@ -223,9 +156,9 @@ def add_memory_flags(p: argparse.ArgumentParser) -> None:
 
 def add_input_flags(p: argparse.ArgumentParser) -> None:
     """`--max-chars` and `--max-completions`: the `[input]` limits, for commands that score steps."""
-    p.add_argument("--max-chars", type=_positive_int, help="read at most this many characters of each prompt and "
+    p.add_argument("--max-chars", type=positive_int, help="read at most this many characters of each prompt and "
                    "completion; a completion cut here gets status 'cut' (overrides [input] max_chars, default 65536)")
-    p.add_argument("--max-completions", type=_positive_int, help="refuse a step with more completions, as a bad "
+    p.add_argument("--max-completions", type=positive_int, help="refuse a step with more completions, as a bad "
                    "line (overrides [input] max_completions, default 256)")
 
 
@@ -243,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, help="stack config (TOML)")
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
     s.add_argument("--output", required=True, help="events, one per line ('-' for stdout)")
-    s.add_argument("--save-every", type=_positive_int, default=1, help="commit state and events every N steps (and at the end); a rerun resumes after the last commit")
+    s.add_argument("--save-every", type=positive_int, default=1, help="commit state and events every N steps (and at the end); a rerun resumes after the last commit")
     s.add_argument("--run-dir", help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
     add_memory_flags(s)
@@ -291,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_parsers(sub)
 
-    from rewardstack.plan import add_parser as add_plan_parser
+    from rewardstack.planning.command import add_parser as add_plan_parser  # imports no torch
 
     add_plan_parser(sub)
     return p

@@ -28,42 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack.errors import ConfigError
-from rewardstack.modeloptions import option_keys, parse_options
+from rewardstack.lockfile import apply_lock
+from rewardstack.models import ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, option_keys, parse_options, spec
 from rewardstack.settings import TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
 
-REWARD_MODELS = (
-    "dpo_reward_model",
-    "rlhf_reward_model",
-    "reciprocate_reward_model",
-    "dahoas_reward_model",
-    "prompt_reward_model",
-)
-MASKS = (
-    "blacklist_filter",
-    "task_validator_filter",
-    "relevance_filter",
-    "diversity_reward_model",
-    "nsfw_filter",
-)
-ALL_MODELS = REWARD_MODELS + MASKS
-RULE_MASKS = ("blacklist_filter", "task_validator_filter")
-DTYPES = ("float32", "float16", "bfloat16")
-
-# The openvalidators 1.2.0 default stack.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    # BTLM is not a transformers architecture: it loads only with its own (hub) modeling code, which
-    # runs only from a commit locked by `rewardstack download`. No other default model needs code.
-    "dpo_reward_model": {"path": "cerebras/btlm-3b-8k-base", "weight": 0.3, "dtype": "float16", "trust_remote_code": True},
-    "rlhf_reward_model": {"path": "OpenAssistant/reward-model-deberta-v3-large-v2", "weight": 0.4, "dtype": "float32"},
-    "reciprocate_reward_model": {"path": "reciprocate/gpt-j_rm_format-oa", "revision": "501f895", "weight": 0.3, "dtype": "float16"},
-    "dahoas_reward_model": {"path": "Dahoas/gptj-rm-static", "weight": 0.0, "dtype": "float16"},
-    "prompt_reward_model": {"path": "VMware/open-llama-7b-open-instruct", "weight": 0.0, "dtype": "float16"},
-    "blacklist_filter": {"enabled": True},
-    "task_validator_filter": {"enabled": True},
-    "relevance_filter": {"paths": ["bert-base-uncased", "sentence-transformers/all-mpnet-base-v2"], "enabled": True, "dtype": "float32"},
-    "diversity_reward_model": {"path": "sentence-transformers/all-mpnet-base-v2", "enabled": True, "dtype": "float32"},
-    "nsfw_filter": {"path": "facebook/roberta-hate-speech-dynabench-r4-target", "enabled": True, "dtype": "float32"},
-}
+# The model names and their defaults (the openvalidators 1.2.0 default stack) are declared once, in
+# the model registry (`rewardstack.models`); these names are kept here for the modules that read them.
+DEFAULTS: dict[str, dict[str, Any]] = {m.name: dict(m.defaults) for m in MODELS}
 
 
 @dataclass
@@ -93,7 +64,7 @@ class ModelConfig:
     options: dict[str, Any] = field(default_factory=dict)
     """The scorer's options that were set (declared in `rewardstack.modeloptions`; written flat in the model's table)."""
     locked: dict[str, str] = field(default_factory=dict)
-    """Hub id -> commit, from the lock file beside the config (`rewardstack.hub`); not a config key."""
+    """Hub id -> commit, from the lock file beside the config (`rewardstack.lockfile`); not a config key."""
 
     @property
     def is_reward(self) -> bool:
@@ -160,9 +131,10 @@ def _resolve(path: str, base: Path | None) -> str:
 def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfig:
     merged = copy.deepcopy(DEFAULTS[name])
     explicit = set(raw)
-    if name == "relevance_filter" and "path" in explicit:
-        raise ConfigError(f"models.{name}.path", "the relevance filter takes `paths` (its two embedding models)")
-    if name != "relevance_filter" and "paths" in explicit:
+    several = spec(name).checkpoints
+    if several > 1 and "path" in explicit:
+        raise ConfigError(f"models.{name}.path", f"the {_title(name)} takes `paths` (its {_count(several)} embedding models)")
+    if several == 1 and "paths" in explicit:
         raise ConfigError(f"models.{name}.paths", "this model takes a single `path`")
     merged.update(raw)
     # A path given alone replaces the default pair and vice versa.
@@ -221,9 +193,18 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
         cfg.weight = 0.0
     if cfg.active and name not in RULE_MASKS and not cfg.path and not cfg.paths:
         raise ConfigError(f"{prefix}.path", "missing: an active model needs a hub id or local folder")
-    if name == "relevance_filter" and cfg.active and len(cfg.paths) != 2:
-        raise ConfigError(f"{prefix}.paths", "the relevance filter takes exactly two embedding models")
+    if several > 1 and cfg.active and len(cfg.paths) != several:
+        raise ConfigError(f"{prefix}.paths", f"the {_title(name)} takes exactly {_count(several)} embedding models")
     return cfg
+
+
+def _title(name: str) -> str:
+    """`relevance_filter` -> `relevance filter` (how messages name a model)."""
+    return name.replace("_", " ")
+
+
+def _count(n: int) -> str:
+    return {2: "two", 3: "three"}.get(n, str(n))
 
 
 def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | None = None) -> StackConfig:
@@ -288,9 +269,7 @@ def load_config(path: str | Path) -> StackConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("<file>", f"{p} is not valid TOML: {e}") from e
     cfg = from_dict(data, base=p.resolve().parent, source=p.resolve())
-    from rewardstack.hub import apply_lock  # the lock file beside the config pins hub revisions
-
-    apply_lock(cfg)
+    apply_lock(cfg)  # the lock file beside the config pins hub revisions
     return cfg
 
 

@@ -13,8 +13,8 @@ import json
 import textwrap
 from pathlib import Path
 
-from rewardstack.config import ALL_MODELS, DEFAULTS, ModelConfig, StackConfig, load_config
-from rewardstack.modeloptions import explain_options
+from rewardstack.config import ModelConfig, StackConfig, load_config
+from rewardstack.models import MODELS, explain_options
 from rewardstack.settings import TABLES, explain_table
 
 _NOT_KEYS = {"name", "locked", "options", "models", "source", *TABLES}
@@ -40,8 +40,9 @@ def explain() -> str:
         lines += _rows(explain_table(cls, name), strip=f"{name}.")
     lines += ["", "[models.<name>]: keys every model takes (<name> is an event name below):"]
     lines += _rows(explain_table(ModelConfig, ""), strip=".")
-    for name in ALL_MODELS:
-        defaults = ", ".join(f"{k} = {json.dumps(v)}" for k, v in DEFAULTS[name].items())
+    for m in MODELS:  # the model registry, in the spec's order
+        name = m.name
+        defaults = ", ".join(f"{k} = {json.dumps(v)}" for k, v in m.defaults.items())
         lines += ["", f"[models.{name}]: defaults {defaults}"]
         opts = _rows(explain_options(name), strip=f"models.{name}.")
         lines += opts if opts else ["  (no options of its own)"]
@@ -50,7 +51,7 @@ def explain() -> str:
 
 def check(path: str | Path) -> str:
     """Validate a config file (and the lock file beside it); one line per active model."""
-    from rewardstack.hub import hub_ids, lock_path
+    from rewardstack.lockfile import hub_ids, lock_path
 
     cfg = load_config(path)
     lock = lock_path(path)

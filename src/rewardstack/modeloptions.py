@@ -1,7 +1,8 @@
 """The scorer-specific keys each `[models.*]` table accepts, declared: type, default, one line of help.
 
 A model table takes the keys every model has (`ModelConfig`: path, weight, dtype, ...) and the
-options of its scorer, declared here as one dataclass per model; the docstring under each field is
+options of its scorer, declared here as one dataclass per family (the model registry,
+`rewardstack.models`, says which model takes which, and validates them: `parse_options`); the docstring under each field is
 the help that `rewardstack config --explain` prints. `config.py` rejects any other key, naming the
 closest valid one. Options are written flat in the model's table:
 
@@ -15,11 +16,9 @@ A scorer reads `cfg.options.get(key, default)`: only the keys the operator set a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from rewardstack.errors import ConfigError
-from rewardstack.settings import explain_table, parse_table
 
 
 def _positive(v: Any) -> str | None:
@@ -123,38 +122,3 @@ class EmbeddingOptions:
 @dataclass
 class NoOptions:
     """Rule masks: no options."""
-
-
-OPTIONS: dict[str, type] = {
-    "dpo_reward_model": DpoOptions,
-    "rlhf_reward_model": ClassifierOptions,
-    "reciprocate_reward_model": ReciprocateOptions,
-    "dahoas_reward_model": DahoasOptions,
-    "prompt_reward_model": JudgeOptions,
-    "blacklist_filter": NoOptions,
-    "task_validator_filter": NoOptions,
-    "relevance_filter": RelevanceOptions,
-    "diversity_reward_model": EmbeddingOptions,
-    "nsfw_filter": ClassifierOptions,
-}
-
-
-def option_keys(model: str) -> set[str]:
-    """The option keys model `model` accepts."""
-    return {f.name for f in fields(OPTIONS[model])}  # type: ignore[arg-type]
-
-
-def parse_options(model: str, raw: dict[str, Any]) -> dict[str, Any]:
-    """Validate the options set for `model` (types, checks); returns only the keys that were set."""
-    if not raw:
-        return {}
-    parsed = parse_table(OPTIONS[model], raw, f"models.{model}")
-    out = {k: getattr(parsed, k) for k in raw}
-    if model == "relevance_filter" and "bounds" in out and len(out["bounds"]) != 2:
-        raise ConfigError(f"models.{model}.bounds", f"must be two numbers, got {out['bounds']!r}")
-    return out
-
-
-def explain_options(model: str) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) of every option of `model`, for `config --explain`."""
-    return explain_table(OPTIONS[model], f"models.{model}")

@@ -3,21 +3,27 @@
 At startup (`log_models`), one line per model: its checkpoint, the revision it was loaded at, its
 dtype, the bytes of its weights, where they are, and which attention it runs (where the scorer
 chose one). The budget, placement decisions and each cost model's fit are logged by the memory
-layer as they are made (`rewardstack.memory`). Per step (`StepLine`), one line: the step's name,
-its completions, the time it took, the count of each status and the memory peak above what was
-live when it began (the tracker's on CPU, the allocator's on CUDA; on CUDA the telemetry's per-call windows reset that counter, and the peak is
-then the one since the last call began).
+layer as they are made (`rewardstack.memory`). Per step (`OperatorLog`, a step observer of the
+stack), one line: the step's name, its completions, the time it took, the count of each status and
+the memory peak above what was live when it began (on CPU a watch window of the tracker: the peak
+of the model calls inside the step; on CUDA the allocator's, through a nestable peak window, so the
+telemetry's per-call windows inside it do not reset it).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
+
+from rewardstack.memory.budget import weights_bytes
+from rewardstack.memory.peaks import PeakWindow
+from rewardstack.stepobservers import StepObserver
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.stack import RewardStack, StepResult
@@ -27,18 +33,6 @@ log = logging.getLogger("rewardstack.stack")
 
 def _mib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
-
-
-def weights_bytes(modules: list[torch.nn.Module]) -> int:
-    """Bytes of the distinct parameters and buffers of `modules` (a shared tensor counts once)."""
-    seen: set[int] = set()
-    total = 0
-    for m in modules:
-        for t in list(m.parameters()) + list(m.buffers()):
-            if id(t) not in seen:
-                seen.add(id(t))
-                total += t.numel() * t.element_size()
-    return total
 
 
 def revision_of(path: str | None, configured: str | None, modules: list[torch.nn.Module]) -> str:
@@ -73,28 +67,30 @@ def log_models(stack: "RewardStack") -> None:
                  _mib(weights_bytes(modules)), "+".join(where), f"; {attention}" if attention else "")
 
 
-class StepLine:
-    """Times one step and measures its memory peak; `done(result)` logs the step's line."""
+class OperatorLog(StepObserver):
+    """The stack's step observer that times each step, measures its memory peak and logs its line.
 
-    def __init__(self, stack: "RewardStack", name: str) -> None:
-        from rewardstack.telemetry.snapshot import PeakWindow
+    Per thread: two threads scoring steps on one stack each get their own window and clock.
+    """
 
-        self.name = name
-        self.window = PeakWindow(stack.device, stack.memory.tracker, watch=True)  # the calls inside count
-        self.started = 0.0
-        self.seconds = 0.0
+    def __init__(self) -> None:
+        self._tls = threading.local()
 
-    def __enter__(self) -> "StepLine":
-        self.started = time.perf_counter()
-        self.window.__enter__()
-        return self
+    def step_started(self, stack: "RewardStack", name: str) -> None:
+        s = self._tls
+        # watch=True: the model calls inside the step enter the tracker themselves, and their peak counts
+        s.name, s.window, s.seconds = name, PeakWindow(stack.device, stack.memory.tracker, watch=True), 0.0
+        s.started = time.perf_counter()
+        s.window.__enter__()
 
-    def __exit__(self, *exc: Any) -> None:
-        self.window.__exit__(*exc)
-        self.seconds = time.perf_counter() - self.started
+    def step_ended(self, stack: "RewardStack") -> None:
+        s = self._tls
+        s.window.__exit__(None, None, None)
+        s.seconds = time.perf_counter() - s.started
 
-    def done(self, result: "StepResult", sequence: int) -> None:
+    def step_scored(self, stack: "RewardStack", result: "StepResult") -> None:
+        s = self._tls
         counts = Counter(result.statuses)
-        statuses = ", ".join(f"{s} {n}" for s, n in sorted(counts.items())) or "no completions"
-        log.info("step %d %s: %d completions in %.3fs; %s; memory peak %s", sequence, self.name,
-                 len(result.statuses), self.seconds, statuses, _mib(self.window.peak_increase))
+        statuses = ", ".join(f"{st} {n}" for st, n in sorted(counts.items())) or "no completions"
+        log.info("step %d %s: %d completions in %.3fs; %s; memory peak %s", stack.steps_scored, s.name,
+                 len(result.statuses), s.seconds, statuses, _mib(s.window.peak_increase))

@@ -3,7 +3,7 @@
 No weights are downloaded and no GPU is needed: every model is built on the meta device from its
 architecture (hub ids map to the JSON files shipped in `configs/archs/`, local folders use their
 config.json), its weights are counted, and its scorer's forward pass is simulated at full size
-(`memory.simulate`). The budget and the placement are decided by the same code the stack runs
+(`planning.simulate`). The budget and the placement are decided by the same code the stack runs
 (`memory.budget.split_card`, `memory.placement.Placement`), so
 the plan is what the stack would do on that card.
 
@@ -31,10 +31,11 @@ import torch
 
 from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError
-from rewardstack.memory import simulate as S
-from rewardstack.memory.budget import split_card
+from rewardstack.planning import simulate as S
+from rewardstack.memory.budget import split_card, weights_bytes
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.placement import Placement
+from rewardstack.models import MODELS
 
 VERDICTS = ("fits", "fits with swapping", "cannot fit")
 
@@ -139,7 +140,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
         first = key not in modules
         modules.setdefault(key, mods)
         archs[name] = arch
-        plans[name] = ModelPlan(name, path, arch.name, dt, S.weights_bytes_of(mods) if first else 0,
+        plans[name] = ModelPlan(name, path, arch.name, dt, weights_bytes(mods) if first else 0,
                                 stand_in=arch.stand_in)
     weights = sum(p.weights_bytes for p in plans.values())
 
@@ -191,7 +192,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
                      swap, list(plans.values()), time.perf_counter() - t0)
 
 
-_MASKS = ("relevance_filter", "diversity_reward_model", "nsfw_filter")
+_MASKS = tuple(m.name for m in MODELS if not m.is_reward and not m.is_rule)  # may run on the CPU
 
 
 def _cost_dict(c: CostModel) -> dict:
@@ -352,24 +353,11 @@ def run_plan(config_path: str | None, device_memory: int | None, dtype: str | No
     return format_plan(plan), plan
 
 
-def add_parser(sub: Any) -> None:
-    """The `plan` subcommand's arguments (cli.py registers it)."""
-    p = sub.add_parser("plan", help="will this stack fit a card of this size? (configs only, no weights, no GPU)")
-    p.add_argument("--config", default=None, help="stack config (default: the shipped default stack)")
-    p.add_argument("--device-memory", default=None,
-                   help="the card's memory, e.g. 24GiB, 40GiB, 80GiB (default: the config's [memory] device_memory)")
-    p.add_argument("--dtype", default=None, choices=sorted(S.DTYPES), help="run every model in this dtype")
-    p.add_argument("--json", default=None, help="also write the plan as JSON to this path")
-    p.add_argument("--no-cache", action="store_true",
-                   help="simulate everything again (default: reuse $REWARDSTACK_HOME/simulate, keyed by the code and versions)")
-    p.set_defaults(func=cmd_plan)
-
-
 def cmd_plan(args: Any) -> int:
     """`rewardstack plan`: print the table (and write --json)."""
     from rewardstack.settings import parse_bytes
 
-    from rewardstack.cli import default_home
+    from rewardstack.paths import default_home
 
     cache = None if args.no_cache else str(default_home() / "simulate")
     size = parse_bytes(args.device_memory, key="--device-memory") if args.device_memory else None

@@ -77,7 +77,7 @@ def iter_steps(lines: Iterable[str | bytes], limits: Any = None) -> Iterator[tup
 
     `limits` (an `InputSettings`) refuses a step with more completions than it allows.
     """
-    from rewardstack.cli import read_steps
+    from rewardstack.fileio import read_steps
 
     for number, obj in read_steps(lines):
         if isinstance(obj, InputError):
@@ -238,7 +238,7 @@ def score_file(
     The caller holds the state directory's `StateLock`. `on_result` sees each newly scored step
     and its result (the event gets its `step_hash` before this call).
     """
-    from rewardstack.cli import _progress, event_line
+    from rewardstack.fileio import event_line, progress as _progress
 
     err = err if err is not None else sys.stderr
     in_path = Path(in_path)

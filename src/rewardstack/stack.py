@@ -32,13 +32,17 @@ import torch
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
 from rewardstack.errors import InputError, SequenceError, StateError
 from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
+from rewardstack.memory.snapshot import take_snapshot
+from rewardstack import models
 from rewardstack.normalize import RunningNormalizer
+from rewardstack.oplog import OperatorLog, log_models
 from rewardstack.scorers import build_scorer
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.embedding import DiversityHistory, DiversityMask, Embedding
 from rewardstack.scorers.rules import Blacklist, BlacklistState
 from rewardstack.scorers.loading import ModelCache
 from rewardstack.state import StateStore
+from rewardstack.stepobservers import StepObserver, StepReport, step_record
 
 log = logging.getLogger("rewardstack.stack")
 
@@ -220,8 +224,8 @@ class StepResult:
     event: dict[str, Any] = field(default_factory=dict)
 
 
-BLACKLIST = "blacklist_filter"
-DIVERSITY = "diversity_reward_model"
+BLACKLIST = models.BLACKLIST.name
+DIVERSITY = models.DIVERSITY.name
 RECENT_RESULTS = 64
 """How many committed results a state keeps for retried requests (by sequence number)."""
 
@@ -475,14 +479,14 @@ class RewardStack:
             # decides from the weights' exact sizes what stays resident and moves only that.
             self.memory.setup(config)
         self.memory.run_calibrations()  # each model profiled where it runs, or read from the cache
-        from rewardstack.oplog import log_models
-
         log_models(self)  # per model: checkpoint, revision, dtype, weights bytes, device
         self.state = RewardState(config)
         """The stateful part (this stack's own; the service keeps one per namespace)."""
         self.store = StateStore(config.state_dir)
         self.on_step: list[Callable[[dict[str, Any]], None]] = []
         """Called after each scored step with the step's memory record (docs/TELEMETRY.md)."""
+        self.step_observers: list[StepObserver] = [OperatorLog()]
+        """Subscribers of every step (`rewardstack.stepobservers`): the operator's log line, telemetry."""
         if load_state:
             self.load_state()
 
@@ -533,20 +537,39 @@ class RewardStack:
     # -- scoring ----------------------------------------------------------------------------
     def score_step(self, step: Step | Mapping[str, Any], *, save: bool = True) -> StepResult:
         """Score one validator step and return rewards, per-model scores, statuses and the event."""
-        from rewardstack.oplog import StepLine  # the step's INFO line: time, statuses, memory peak
-
         if isinstance(step, Step):
             check_completions(step, self.config.input.max_completions)
-        with StepLine(self, step.name if isinstance(step, Step) else str(step.get("name", "?"))) as line:
+        name = step.name if isinstance(step, Step) else str(step.get("name", "?"))
+        observers = list(self.step_observers)
+        for o in observers:  # the operator's INFO line: time, statuses, memory peak
+            o.step_started(self, name)
+        try:
             result = self.state.apply(self.forward(step))
-        line.done(result, self.steps_scored)
+        finally:
+            for o in reversed(observers):  # windows close innermost first
+                o.step_ended(self)
+        for o in observers:
+            o.step_scored(self, result)
         if save:
             self.save_state()
-        if self.on_step:  # telemetry, a validator's own logging (wandb): docs/TELEMETRY.md
-            from rewardstack.telemetry.monitor import notify_step
-
-            notify_step(self, result)
+        self.publish_step(result)  # telemetry, a validator's own logging (wandb): docs/TELEMETRY.md
         return result
+
+    def publish_step(self, result: StepResult) -> dict[str, Any] | None:
+        """Build the step's memory record and hand it to the observers that want it, then to `on_step`.
+
+        Nothing is built when no one listens (None). The service calls this for each step it commits.
+        """
+        observers = [o for o in self.step_observers if o.wants_records]
+        if not observers and not self.on_step:
+            return None
+        snap = take_snapshot(self.memory.device, self.memory.tracker)
+        report = StepReport(self, result, step_record(self, result, snap), snap)
+        for o in observers:  # the telemetry monitor fills in what it measured: later callbacks see it
+            o.step_done(report)
+        for callback in list(self.on_step):
+            callback(report.record)
+        return report.record
 
     def forward(self, step: Step | Mapping[str, Any]) -> ForwardResult:
         """The stateless part of a step: every forward pass, no state read or written.
@@ -575,7 +598,7 @@ class RewardStack:
             if name in self.scorers:
                 for view, res in zip(views, results):
                     step = view.step
-                    res[name] = view.mark(self._run(name, ScoreRequest(step.prompt, step.completions, step.name)), mask=False)
+                    res[name] = view.mark(self.run_scorer(name, ScoreRequest(step.prompt, step.completions, step.name)), mask=False)
         for name in MASKS:
             scorer = self.scorers.get(name)
             if scorer is None or isinstance(scorer, Blacklist):
@@ -585,20 +608,20 @@ class RewardStack:
                 base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
                 request = ScoreRequest(base_prompt, step.completions, step.name)
                 if isinstance(scorer, DiversityMask):
-                    emb[name] = view.mark_embeddings(self._embed(scorer, request))
+                    emb[name] = view.mark_embeddings(self.embed(scorer, request))
                 else:
-                    res[name] = view.mark(self._run(name, request), mask=True)
+                    res[name] = view.mark(self.run_scorer(name, request), mask=True)
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
         # The step as read goes on (blacklist, best, event): nothing past max_chars is kept or echoed.
         return [ForwardResult(view.step, res, emb, started) for view, res, emb in zip(views, results, embeddings)]
 
-    def _run(self, name: str, request: ScoreRequest) -> ScoreResult:
+    def run_scorer(self, name: str, request: ScoreRequest) -> ScoreResult:
         """One scorer on one request; a scorer that raises marks every live completion ERROR."""
         return _checked(name, request, self.scorers[name].score)
 
     @staticmethod
-    def _embed(scorer: DiversityMask, request: ScoreRequest) -> list[Embedding]:
+    def embed(scorer: DiversityMask, request: ScoreRequest) -> list[Embedding]:
         """Diversity's embeddings; an embedder that raises gives ERROR for every live completion."""
         try:
             return scorer.embed(request)

@@ -12,10 +12,13 @@ import logging
 import tomllib
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from rewardstack.config import ALL_MODELS
+from rewardstack.models import MODELS, option_keys, spec
+from rewardstack.fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.standins")
 
@@ -34,24 +37,31 @@ TINY_PASS_TOKENS = 8192
 """Tokens per encoder pass in the tiny stack: 16 windows of 512, the accelerator default
 (`rewardstack.scorers.encoding.default_pass_tokens`), so passes are few and the memory budget, not
 the CPU tuning of one window, bounds them; a tiny model's pass costs its fixed op overhead."""
-_PASS_TOKEN_MODELS = ("rlhf_reward_model", "relevance_filter", "diversity_reward_model", "nsfw_filter")
+
+
+def pass_token_models() -> tuple[str, ...]:
+    """The models whose passes are sized in tokens (those with a `max_batch_tokens` option; registry)."""
+    return tuple(m.name for m in MODELS if "max_batch_tokens" in option_keys(m.name))
 
 
 def tiny_config_text(text: str) -> str:
     """The offline config for the tiny stack: encoder passes of `TINY_PASS_TOKENS` tokens. The
     weights stay the validator's (Dahoas and the judge at 0: built, not run, as in production)."""
-    for name in _PASS_TOKEN_MODELS:
+    for name in pass_token_models():
         head = f"[models.{name}]\n"
         assert head in text, f"offline.toml's {name} entry moved"
         text = text.replace(head, head + f"max_batch_tokens = {TINY_PASS_TOKENS}\n")
     return text
 
 
-def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2", tiny: bool = False) -> Path:
+def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2",
+                  shrink: Callable[..., None] | None = None) -> Path:
     """Write every stand-in model under `root` and `root/stack.toml`; returns the config path.
 
-    `tiny=True` then rewrites every checkpoint at a tiny shape over a small WordPiece vocabulary
-    (`rewardstack.standins_tiny`): the same classes, scorers and config, for soaking the machinery.
+    `shrink(root, seed=seed)`, when given, rewrites the built checkpoints before the config is
+    written, and the config becomes the tiny stack's (`tiny_config_text`): the tiny stack is
+    `rewardstack.standins_tiny.make_tiny_standins`, which passes its shrinker (a layer above this
+    one: the tiny vocabulary is cut from the soak's workload), so this module never imports it.
 
     `dpo="btlm"` builds the DPO stand-in as the BTLM-like checkpoint that loads through its own
     remote code (`rewardstack.standin_btlm`) and opts that model into `trust_remote_code`.
@@ -59,7 +69,7 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
     the entry it returns must agree with that file (checked here, so the two cannot drift apart).
     """
-    from rewardstack.config import load_config
+    from rewardstack.config import from_dict
     from rewardstack.scorers import standin_builder
 
     from transformers.utils import logging as hf_logging
@@ -73,7 +83,7 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     expected = tomllib.loads(offline_config_text())["models"]
     for name in ALL_MODELS:
         builder = standin_builder(name)
-        if name == "dpo_reward_model" and dpo == "btlm":
+        if spec(name).family == "dpo" and dpo == "btlm":
             from rewardstack.standin_btlm import make_dpo_standin as builder
         if builder is None:
             continue
@@ -83,22 +93,19 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
         for key in ("path", "paths"):
             if key in entry and entry[key] != expected[name].get(key):
                 raise RuntimeError(f"stand-in {name}: {key} {entry[key]!r} disagrees with offline.toml")
-    if tiny:
-        from rewardstack.standins_tiny import shrink_standins
-
-        shrink_standins(root, seed=seed)
+    if shrink is not None:
+        shrink(root, seed=seed)
     # Written last, so an interrupted build is rebuilt next time.
-    tmp = root / (CONFIG_NAME + ".tmp")
     text = offline_config_text()
     if dpo == "btlm":
-        head = '[models.dpo_reward_model]\npath = "dpo_reward_model"\n'
+        dpo_name = next(m.name for m in MODELS if m.family == "dpo")
+        head = f'[models.{dpo_name}]\npath = "{dpo_name}"\n'
         assert head in text, "offline.toml's DPO entry moved"
         text = text.replace(head, head + "trust_remote_code = true  # the BTLM-like stand-in runs its own code\n")
-    if tiny:
+    if shrink is not None:
         text = tiny_config_text(text)
         text = ("# TINY stand-ins (make-standins --tiny): every family's code path at one layer, width 16 and a\n"
                 "# small vocabulary; for soaking the machinery, not for any score's meaning.\n") + text
-    tmp.write_text(text, encoding="utf-8")
-    load_config(tmp)  # every path must resolve
-    tmp.replace(config_path)
+    from_dict(tomllib.loads(text), base=root.resolve())  # every path must resolve
+    atomic_write_text(config_path, text)
     return config_path

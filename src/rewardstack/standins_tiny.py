@@ -169,3 +169,10 @@ def shrink_standins(root: Path, *, seed: int = 0) -> None:
         if has_head:  # Dahoas's value head reads the body's last hidden state
             g = torch.Generator().manual_seed(seed + 100 + k)
             save_file({"v_head.weight": torch.randn(1, TINY_HIDDEN, generator=g) * 0.2}, str(head))
+
+
+def make_tiny_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2") -> Path:
+    """`make-standins --tiny`: the standard stand-ins, shrunk by `shrink_standins`; returns the config path."""
+    from rewardstack.standins import make_standins
+
+    return make_standins(root, seed=seed, force=force, dpo=dpo, shrink=shrink_standins)

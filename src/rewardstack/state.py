@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from rewardstack.errors import StateError
+from rewardstack.fileio import atomic_write_bytes, fsync_dir
 
 log = logging.getLogger("rewardstack.state")
 
@@ -47,31 +47,6 @@ FORMAT_VERSION = 2
 
 class StateLockedError(StateError):
     """Another process holds the state directory's lock."""
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or a new file in `folder` durable."""
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _migrate_1_to_2(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -104,7 +79,7 @@ class StateStore:
                     plain.setdefault(section, {})[key] = value
         meta = {_JSON_KEY: json.dumps({"version": FORMAT_VERSION, "sections": plain}, allow_nan=False)}
         self._keep_older_format()
-        atomic_write_bytes(self.path, save(tensors, metadata=meta))
+        atomic_write_bytes(self.path, save(tensors, metadata=meta), mode=0o600)  # private, as before
         self.loaded_version = FORMAT_VERSION
 
     def _keep_older_format(self) -> None:
@@ -170,9 +145,9 @@ class StateLock:
     stale lock behind.
     """
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, *, name: str = LOCK_FILE) -> None:
         self.dir = Path(state_dir)
-        self.path = self.dir / LOCK_FILE
+        self.path = self.dir / name  # another file name: the same lock on another kind of folder
         self._fd: int | None = None
 
     def acquire(self) -> "StateLock":

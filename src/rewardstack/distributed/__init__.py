@@ -10,6 +10,13 @@ Ray is an optional extra (`pip install 'rewardstack[ray]'`); importing this pack
 it, and nothing outside this package imports Ray.
 """
 
-from rewardstack.distributed.runs import Run, discover_runs, read_run
+from typing import TYPE_CHECKING
+
+from rewardstack.lazy import lazy_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack.distributed.runs import Run, discover_runs, read_run
 
 __all__ = ["Run", "discover_runs", "read_run"]
+# Loaded on first use: the command line imports `distributed.commands` for its parsers only.
+__getattr__, __dir__ = lazy_names(__name__, {n: "rewardstack.distributed.runs" for n in __all__})

@@ -8,19 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-def _gpus(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+from rewardstack.argtypes import non_negative_float, positive_int
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -32,12 +20,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--config", required=True, help="stack config (TOML)")
     r.add_argument("--output", required=True, help="folder for one parquet table per run and manifest.jsonl")
     r.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray with this machine's cores)")
-    r.add_argument("--gpus-per-worker", type=_gpus, default=None,
+    r.add_argument("--gpus-per-worker", type=non_negative_float, default=None,
                    help="GPUs per worker actor (default 1 where CUDA is present, else 0; 0.5 puts two on a card)")
-    r.add_argument("--cpus-per-worker", type=_gpus, default=1.0, help="CPUs per worker actor (torch threads on CPU)")
-    r.add_argument("--workers", type=_positive, default=None,
+    r.add_argument("--cpus-per-worker", type=non_negative_float, default=1.0, help="CPUs per worker actor (torch threads on CPU)")
+    r.add_argument("--workers", type=positive_int, default=None,
                    help="worker actors (default: as many as the cluster's GPUs or CPUs hold, at most one per run)")
-    r.add_argument("--max-attempts", type=_positive, default=3,
+    r.add_argument("--max-attempts", type=positive_int, default=3,
                    help="times a run is started before it is marked failed (its worker dying each time)")
     r.set_defaults(func=cmd_rescore)
 
@@ -47,10 +35,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--state-dir", required=True,
                    help="folder of the namespaces' state; on a cluster of several nodes, storage every node mounts")
     s.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray with this machine's cores)")
-    s.add_argument("--replicas", type=_positive, default=1, help="scoring replicas (each loads the stack once)")
-    s.add_argument("--gpus-per-replica", type=_gpus, default=None,
+    s.add_argument("--replicas", type=positive_int, default=1, help="scoring replicas (each loads the stack once)")
+    s.add_argument("--gpus-per-replica", type=non_negative_float, default=None,
                    help="GPUs per replica (default 1 where CUDA is present, else 0)")
-    s.add_argument("--cpus-per-replica", type=_gpus, default=1.0, help="CPUs per replica")
+    s.add_argument("--cpus-per-replica", type=non_negative_float, default=1.0, help="CPUs per replica")
     s.add_argument("--host", help="address Serve's HTTP proxy binds (default [service].host)")
     s.add_argument("--port", type=int, help="port of Serve's HTTP proxy (default [service].port)")
     s.add_argument("--tokens-file", help="TOML table of token SHA-256 -> namespace (as `rewardstack serve`)")

@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 
 from rewardstack.config import ALL_MODELS, StackConfig
 from rewardstack.errors import ConfigError
+from rewardstack.fileio import atomic_write, atomic_write_bytes
 
 MANIFEST = "manifest.jsonl"
 CONFIG_FILE = "config.json"
@@ -88,7 +88,7 @@ def claim_output(out_dir: Path, fingerprint: str) -> None:
                 "--output", f"{out_dir} holds scores of another config (fingerprint {stored}, this one is "
                 f"{fingerprint}); choose a new output folder")
         return
-    _atomic_write(path, json.dumps({"config_fingerprint": fingerprint}, indent=1).encode())
+    atomic_write_bytes(path, json.dumps({"config_fingerprint": fingerprint}, indent=1).encode())
 
 
 def output_path(out_dir: Path, run_id: str) -> Path:
@@ -101,18 +101,8 @@ def write_table(out_dir: Path, run_id: str, rows: list[dict[str, Any]], meta: di
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
     final = output_path(out_dir, run_id)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{run_id}.", suffix=".tmp", dir=out_dir)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; tables are for everyone the umask allows
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(out_dir)
+    # readable by everyone the umask allows (atomic_write's default mode)
+    atomic_write(final, lambda f: pq.write_table(table, f), prefix=f"{TMP_PREFIX}{run_id}.")
     return final
 
 
@@ -160,28 +150,3 @@ def append_manifest(out_dir: Path, entries: Iterable[dict[str, Any]]) -> None:
         f.write(lines)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_umask())
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

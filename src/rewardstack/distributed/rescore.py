@@ -17,7 +17,6 @@ dropping the state built from earlier blocks. Plain Ray core gives what per-run 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import sys
@@ -34,6 +33,7 @@ from rewardstack.distributed.cluster import RAY_NAMESPACE, check_shared_path, re
 from rewardstack.distributed.progress import RescoreProgress
 from rewardstack.distributed.runs import Run
 from rewardstack.errors import ClusterError
+from rewardstack.state import StateLock, StateLockedError
 
 log = logging.getLogger("rewardstack.distributed")
 
@@ -184,20 +184,12 @@ def _eta(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-class _Lock:
+def output_lock(folder: Path) -> StateLock:
     """One rescore per output folder at a time (they would both write its manifest)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.file = open(folder / ".rescore.lock", "a+")  # noqa: SIM115 - held for the whole job
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.close()
-            raise ClusterError(f"another rescore is writing {folder}; wait for it or choose another --output") from None
-
-    def release(self) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
+    try:
+        return StateLock(folder, name=".rescore.lock").acquire()
+    except StateLockedError:
+        raise ClusterError(f"another rescore is writing {folder}; wait for it or choose another --output") from None
 
 
 def rescore(
@@ -232,7 +224,7 @@ def rescore(
         fingerprint = out.config_fingerprint(worker_config(config, gpus_per_worker))
     out.claim_output(out_dir, fingerprint)
     check_shared_path(out_dir, "the output folder")
-    lock = _Lock(out_dir)
+    lock = output_lock(out_dir)
     own_pool = pool is None
     try:
         if out.remove_stale_temps(out_dir):

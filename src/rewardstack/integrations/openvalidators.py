@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewardstack.config import MASKS, REWARD_MODELS
+from rewardstack.models import BLACKLIST
 
 ScoreFn = Callable[[dict[str, Any]], dict[str, Any]]
 """A step dict in, its event dict out (the `rewardstack score` event line's fields)."""
@@ -119,7 +120,7 @@ class Blacklist(RewardFunction):
     """The blacklist mask; `reset()` opens a new forward pass (the validator calls it per pass)."""
 
     def __init__(self, session: _Session) -> None:
-        super().__init__(session, "blacklist_filter", mask=True)
+        super().__init__(session, BLACKLIST.name, mask=True)
         self.question_blacklist: list[str] = []
         self.answer_blacklist: list[str] = []
 
@@ -139,14 +140,14 @@ class OpenValidatorsStack:
         self.reward_weights = [weights[f.name] for f in self.reward_functions]
         self.blacklist = Blacklist(self._session)
         self.masking_functions: list[RewardFunction] = [
-            self.blacklist if n == "blacklist_filter" else RewardFunction(self._session, n, mask=True)
+            self.blacklist if n == BLACKLIST.name else RewardFunction(self._session, n, mask=True)
             for n in MASKS if n in active_masks
         ]
 
     @classmethod
     def local(cls, stack: Any) -> "OpenValidatorsStack":
         """Backed by an in-process `RewardStack` (its state is saved after every step)."""
-        from rewardstack.cli import event_line
+        from rewardstack.fileio import event_line
         import json
 
         def score(step: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from rewardstack.memory.allocator import configure_allocator, maybe_empty_cache
 from rewardstack.memory.budget import Budget, compute_budget, resolve_budget
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.guard import FaultInjector, InjectedOOM
-from rewardstack.memory.manager import MemoryManager, OomRecord, Outcome
+from rewardstack.memory.guard import OomRecord, Outcome
+from rewardstack.memory.manager import MemoryManager
 from rewardstack.memory.placement import Decision, Placement
 from rewardstack.memory.planner import plan_batches
 from rewardstack.memory.tracker import TensorBytesTracker, simulated_oom

@@ -79,18 +79,24 @@ def cuda_allocated(device: torch.device) -> int:  # pragma: no cover - CUDA-only
     return int(torch.cuda.memory_allocated(device))
 
 
-def weights_bytes(modules: list[torch.nn.Module]) -> int:
-    """Bytes of the parameters and buffers of `modules`, each storage counted once (shared weights)."""
-    seen: set[int] = set()
+def weights_bytes(modules: list[torch.nn.Module] | tuple[torch.nn.Module, ...]) -> int:
+    """Bytes of the parameters and buffers of `modules`, each storage counted once.
+
+    The one rule for weight bytes (the budget, placement, the operator log, the simulation): a
+    storage shared by several tensors (tied weights, a module in two models) counts once, by its
+    data pointer, or by the storage object when it has none (the meta device, where storages have a
+    size but no data). A storage that reports no bytes counts its tensor's elements.
+    """
+    seen: set[tuple[str, int]] = set()
     total = 0
     for m in modules:
         for t in list(m.parameters()) + list(m.buffers()):
             st = t.untyped_storage()
-            key = st.data_ptr() if st.data_ptr() else id(t)
+            key = ("ptr", st.data_ptr()) if st.data_ptr() else ("obj", id(st))
             if key in seen:
                 continue
             seen.add(key)
-            total += st.nbytes()
+            total += int(st.nbytes()) or t.numel() * t.element_size()
     return total
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from rewardstack.fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -99,11 +99,7 @@ class CalibrationCache:
             return
         data = {"format": FORMAT, "entries": self._entries}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=str(self.path.parent))
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, json.dumps(data, indent=1, sort_keys=True))
         except OSError as e:  # a read-only config folder costs the next start a profile, nothing else
             log.warning("calibration cache %s not written: %s", self.path, e)
 

@@ -26,14 +26,16 @@ without a GPU.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Callable, Iterator, Literal
 
 import torch
 
 from rewardstack.memory.budget import weights_bytes
+from rewardstack.memory.observers import PlacementMove
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -107,6 +109,8 @@ class Placement:
             from rewardstack.memory.swapcopy import PinnedSwapper
 
             self._swapper = PinnedSwapper(self.device)
+        self.listeners: list[Callable[[PlacementMove], None]] = []
+        """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
 
     # -- registration -----------------------------------------------------------------------
     def register(
@@ -238,6 +242,7 @@ class Placement:
             self._lru[name] = None
             self._lru.move_to_end(name)  # most recently used
             return d
+        t0, p0 = time.time(), time.perf_counter()
         budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
         event = SwapEvent(name)
         while self._bytes_of(self._on_device | need) > budget and self._lru:
@@ -257,6 +262,13 @@ class Placement:
         self.swap_log.append(event)
         log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
                  f", evicted {event.evicted}" if event.evicted else "", self.swaps)
+        if self.listeners:
+            seconds = time.perf_counter() - p0
+            moves = [PlacementMove(name, "in", self.decisions[name].bytes, seconds, t0)]
+            moves += [PlacementMove(v, "out", self.decisions[v].bytes, None, t0) for v in event.evicted]
+            for listener in list(self.listeners):
+                for move in moves:
+                    listener(move)
         return d
 
     def prefetch(self, name: str) -> bool:  # pragma: no cover - CUDA-only

@@ -18,7 +18,7 @@ locked, so one tracker sums the bytes of every thread that entered it.
 
 Meta tensors are counted too (a meta storage has a size but no data): a model built on the meta
 device runs its forward passes under the tracker with no weights and no arithmetic, which is how
-`rewardstack.memory.simulate` measures full-size models on a laptop.
+`rewardstack.planning.simulate` measures full-size models on a laptop.
 
 Limits, on purpose: memory a kernel allocates internally and frees before returning (e.g. a fused
 attention's workspace) is invisible, as are tensors created outside any aten op (e.g. by numpy).
@@ -61,11 +61,11 @@ class Window:
         return self.peak_bytes - self.start_bytes
 
 
-def _storage_of(t: torch.Tensor) -> Any | None:
+def storage_of(t: torch.Tensor) -> Any | None:
     """The untyped storage of a plain tensor (None for sparse or storage-less tensors).
 
     Meta tensors count like any other: their storages have a size and no data, so a forward pass
-    on the meta device is charged exactly the bytes it would allocate (`memory.simulate`)."""
+    on the meta device is charged exactly the bytes it would allocate (`planning.simulate`)."""
     if t.is_sparse:
         return None
     try:
@@ -143,7 +143,7 @@ class TensorBytesTracker(TorchDispatchMode):
         new: dict[int, tuple[Any, int]] = {}
         grow: dict[int, int] = {}
         for t in outputs:
-            st = _storage_of(t)
+            st = storage_of(t)
             if st is None:
                 continue
             nbytes = int(st.nbytes())
@@ -182,7 +182,7 @@ class TensorBytesTracker(TorchDispatchMode):
         input_keys = set()
         for t in flat_in:
             if isinstance(t, torch.Tensor):
-                st = _storage_of(t)
+                st = storage_of(t)
                 if st is not None:
                     input_keys.add(id(st))
         out = func(*args, **kwargs)

@@ -13,6 +13,13 @@
 Exactly-once scoring itself is `rewardstack.runner`. Guide: docs/REPLAY.md.
 """
 
-from rewardstack.replay.readers import Run, RunStep, detect, read_run
+from typing import TYPE_CHECKING
+
+from rewardstack.lazy import lazy_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack.replay.readers import Run, RunStep, detect, read_run
 
 __all__ = ["Run", "RunStep", "detect", "read_run"]
+# Loaded on first use: the command line imports `replay.commands` for its parsers only.
+__getattr__, __dir__ = lazy_names(__name__, {n: "rewardstack.replay.readers" for n in __all__})

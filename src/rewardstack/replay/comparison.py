@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from rewardstack.config import MASKS, REWARD_MODELS
+from rewardstack.models import DIVERSITY, MODELS
 
 TOL = 1e-6
 REBATCH_TOL = 1e-5
@@ -31,7 +32,7 @@ another float32 summation order): its values there may move by float32 batching 
 (relative, floor 1), and are counted apart; anything further is a failure."""
 # Diversity embeds with relevance's second model (one checkpoint, one embedding cache per step): a
 # split of that pass moves diversity's values by the same float32 batching noise.
-SHARED_PASS = {"relevance_filter[1]": "diversity_reward_model"}
+SHARED_PASS = {m.embeds_with: m.name for m in MODELS if m.embeds_with}
 LISTED = 20
 """Differences (and batching-noise values) listed by step, completion and model in the verdict."""
 _HEAVY = ("completions", "prompt", "base_prompt", "best", "uids", "rewards")  # not compared: dropped on read
@@ -137,9 +138,9 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         split = {m.split("[", 1)[0] for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
         # Diversity compares each completion with the embeddings of earlier steps: noise from one
         # split stays in its history, so its values may carry it in every later step too.
-        history_noise = history_noise or "diversity_reward_model" in split
+        history_noise = history_noise or DIVERSITY.name in split
         if history_noise:
-            split.add("diversity_reward_model")
+            split.add(DIVERSITY.name)
         n = len(f["statuses"])
         for i, status in enumerate(f["statuses"]):
             if status == "oom":

@@ -10,7 +10,7 @@ measured per step (tracker peak on CPU, allocator peak on CUDA). The report ends
 - per model, the top inputs behind its peak: the steps where its measured peak was highest, each
   named by its longest input (step position, completion index, length, first characters); ties
   (a bounded model peaks the same on every input past its bound) go to the longer input;
-- for each, what the unbounded reference would have asked for (`rewardstack.memory.simulate.
+- for each, what the unbounded reference would have asked for (`rewardstack.planning.simulate.
   reference_need` at the input's untruncated token count, in the reference's dtype) beside what
   rewardstack used; when the simulation is not available the figure is said to be unavailable,
   never extrapolated;
@@ -20,9 +20,7 @@ measured per step (tracker peak on CPU, allocator peak on CUDA). The report ends
 - where the log has the validator's per-model values, agreement: per model, how many raw values
   are within 1e-4 (relative, floor 1), the largest difference and the worst inputs.
 
-`--init-state` instead rebuilds the normalizer statistics (from the logged raw values where the log
-has them, else by scoring), the blacklist (from the logged bests) and the diversity history (by
-embedding), and writes them as the state in C's `state_dir`; it refuses to overwrite a state.
+`--init-state` instead rebuilds the state from the log (`rewardstack.replay.initstate`).
 """
 
 from __future__ import annotations
@@ -33,16 +31,20 @@ import math
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from rewardstack.config import ALL_MODELS, REWARD_MODELS, StackConfig, load_config
-from rewardstack.errors import RewardStackError, StateError
-from rewardstack.replay.readers import Run, RunStep, read_run
+from rewardstack.config import REWARD_MODELS, load_config
+from rewardstack.errors import RewardStackError
+from rewardstack.fileio import merge_json_section
+from rewardstack.memory.observers import MemoryObserver
+from rewardstack.memory.peaks import PeakWindow
+from rewardstack.replay.readers import RunStep, read_run
+from rewardstack.models import spec
 
 log = logging.getLogger("rewardstack.replay")
 
@@ -66,40 +68,37 @@ def parse_steps(text: str | None, n: int) -> range:
 
 # -- measuring each model's peak per step ---------------------------------------------------------
 
-class PeakProbe:
-    """Wraps the stack's memory manager: the peak of every model call, kept per (step, model)."""
+class PeakProbe(MemoryObserver):
+    """Subscribes to the stack's memory manager: the peak of every model run, kept per (step, model)."""
 
     def __init__(self, stack: Any) -> None:
         self.stack = stack
         self.memory = stack.memory
         self.step = -1
         self.peaks: dict[int, dict[str, int]] = {}
-        self._run = self.memory.run
-        self.memory.run = self._measured  # scorers reach the manager through the same object
+        self.memory.subscribe(self)
 
-    def _measured(self, name: str, lengths: Sequence[int], forward: Callable, **kw: Any) -> Any:
+    @contextmanager
+    def run(self, name: str, lengths: Sequence[int]) -> Iterator[None]:
         owner = name.split("[", 1)[0]
         tracker = self.memory.tracker
+        peak = 0
         if tracker is not None:
             with tracker.window(f"replay:{name}") as w:
-                out = self._run(name, lengths, forward, **kw)
+                yield
             peak = w.peak_increase
-        elif self.memory.device.type == "cuda":  # pragma: no cover - CUDA-only path
-            dev = self.memory.device
-            start = torch.cuda.memory_allocated(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            out = self._run(name, lengths, forward, **kw)
-            peak = int(torch.cuda.max_memory_allocated(dev) - start)
+        elif self.memory.device.type == "cuda":  # nestable: the telemetry's per-batch windows keep this one
+            with PeakWindow(self.memory.device, None) as pw:
+                yield
+            peak = pw.peak_increase or 0
         else:
-            out = self._run(name, lengths, forward, **kw)
-            peak = 0
+            yield
         by_model = self.peaks.setdefault(self.step, {})
         by_model[owner] = max(by_model.get(owner, 0), int(peak))
-        return out
 
     def close(self) -> None:
-        """Put the manager's own `run` back."""
-        self.memory.run = self._run
+        """Stop observing the manager."""
+        self.memory.unsubscribe(self)
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -225,7 +224,7 @@ def _token_count(scorer: Any, model: str, prompt: str, completion: str) -> int |
     if tok is None:
         return None
     try:
-        if model == "rlhf_reward_model":
+        if spec(model).pair_input:
             return len(tok(prompt, completion, truncation=False)["input_ids"])
         return len(tok(prompt + completion, truncation=False)["input_ids"])
     except Exception as e:  # noqa: BLE001 - a figure for the report, never a crash
@@ -238,12 +237,12 @@ def reference_figure(model: str, tokens: int | None) -> tuple[int | None, int | 
     if tokens is None:
         return None, None, "unavailable: the model has no tokenizer to count the input's tokens"
     try:
-        from rewardstack.memory.simulate import reference_need, scorer_bound
+        from rewardstack.planning.simulate import reference_need, scorer_bound
     except ImportError:
-        return None, None, "unavailable: the full-size simulation (rewardstack.memory.simulate) is not installed"
+        return None, None, "unavailable: the full-size simulation (rewardstack.planning.simulate) is not installed"
     n = tokens
     try:
-        if model != "rlhf_reward_model":
+        if not spec(model).reference_unbounded:
             # The reference truncated the other models to their position limit.
             n = min(n, int(scorer_bound(model)))
         res = reference_need(model, n)
@@ -282,7 +281,7 @@ def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]
         for peak, chars, _, pos, i in ranked[:k]:
             text = steps[pos].step.completions[i] or ""
             t = TopInput(model, pos, i, chars, _head(text), steps[pos].where, peak)
-            if reference and (model == "rlhf_reward_model" or not tops):
+            if reference and (spec(model).reference_unbounded or not tops):
                 # Every top input of the OpenAssistant model (the one whose unbounded reference
                 # crashed validators); the first of each other model.
                 prompt, comp = _input_text(model, steps[pos], i)
@@ -403,65 +402,6 @@ def format_report(report: ReplayReport) -> str:
     return "\n".join(rows)
 
 
-# -- warm start -----------------------------------------------------------------------------------
-
-def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
-    """Fold a recorded run into the stack's state: normalizers, blacklist, diversity history.
-
-    Reward models whose raw values the log holds are not run: the logged values (failed calls
-    excluded) update the normalizers. Others are scored. Diversity embeds each step's completions
-    (its history needs vectors); the blacklist records the logged bests. Returns how many steps
-    used logged values per model and how many were scored.
-    """
-    from rewardstack.scorers.base import ScoreRequest, ScoreResult, Status
-    from rewardstack.scorers.embedding import DiversityMask
-    from rewardstack.stack import ForwardResult
-
-    counts: dict[str, int] = {"logged": 0, "scored": 0}
-    for rs in steps:
-        step = rs.step
-        base = step.base_prompt if step.base_prompt is not None else step.prompt
-        results: dict[str, Any] = {}
-        embeddings: dict[str, Any] = {}
-        for name, scorer in stack.scorers.items():
-            if name in REWARD_MODELS:
-                logged = rs.logged.get(name)
-                if logged is not None:
-                    scores = [x if c is not None else math.nan for x, c in zip(logged, step.completions)]
-                    sts = [Status.FAILED if c is None else (Status.OK if math.isfinite(x) else Status.ERROR)
-                           for x, c in zip(scores, step.completions)]
-                    results[name] = ScoreResult(scores, sts)
-                    counts["logged"] += 1
-                else:
-                    results[name] = stack._run(name, ScoreRequest(step.prompt, step.completions, step.name))
-                    counts["scored"] += 1
-            elif isinstance(scorer, DiversityMask):
-                embeddings[name] = stack._embed(scorer, ScoreRequest(base, step.completions, step.name))
-        stack.state.apply(ForwardResult(step, results, embeddings))
-    return counts
-
-
-def cmd_init_state(args: argparse.Namespace, cfg: StackConfig, run: Run, steps: list[RunStep]) -> int:
-    """`replay --init-state`: write the run's state into the config's state_dir (refuses to overwrite)."""
-    from rewardstack.stack import RewardStack
-    from rewardstack.state import StateLock, StateStore
-
-    with StateLock(cfg.state_dir):
-        if StateStore(cfg.state_dir).path.exists():
-            raise StateError(f"{cfg.state_dir} already holds a state: --init-state never overwrites one; "
-                             "move it away or set another state_dir")
-        stack = RewardStack(cfg, load_state=False)
-        counts = warm_start(stack, steps)
-        stack.save_state()
-    print(f"state written to {cfg.state_dir} from {len(steps)} steps "
-          f"({counts['logged']} model-steps from logged values, {counts['scored']} scored)")
-    for name in REWARD_MODELS:
-        if name in stack.scorers:
-            n = stack.normalizers[name]
-            print(f"  {name}: count {n.count}, mean {n.mean:.6g}, var {n.var:.6g}")
-    return 0
-
-
 def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only path
     dev = torch.device(device)
     total = torch.cuda.get_device_properties(dev).total_memory
@@ -470,8 +410,7 @@ def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """The `replay` command."""
-    from rewardstack.cli import _jsonable, event_line
-    from rewardstack.replay.summary import merge_summary
+    from rewardstack.fileio import event_line
     from rewardstack.settings import parse_bytes
     from rewardstack.stack import RewardStack
 
@@ -483,6 +422,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"read {len(run.steps)} steps from {len(run.files)} file(s) ({kinds}); "
           f"{len(run.errors)} record(s) skipped; replaying {len(steps)}", file=sys.stderr)
     if args.init_state:
+        from rewardstack.replay.initstate import cmd_init_state
+
         return cmd_init_state(args, cfg, run, steps)
     budget = parse_bytes(args.budget, key="--budget") if args.budget else None
     with ExitStack() as ctx:
@@ -512,11 +453,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
             telemetry.close()
         report.read_errors = list(run.errors)
         if run_dir is not None:
-            merge_summary(run_dir, "replay", _jsonable({**report.to_dict(), "logs": [str(p) for p, _ in run.files],
-                                                        "selected": [selected.start, selected.stop], "time": time.time()}))
+            merge_json_section(run_dir / "summary.json", "replay", {
+                **report.to_dict(), "logs": [str(p) for p, _ in run.files],
+                "selected": [selected.start, selected.stop], "time": time.time()})
     print(format_report(report))
     return 0 if report.fits else 3
 
 
 __all__ = ["ReplayReport", "TopInput", "Agreement", "agreement", "cmd_replay", "format_report", "parse_steps", "replay",
-           "reference_figure", "top_inputs", "warm_start"]
+           "reference_figure", "top_inputs"]

@@ -178,7 +178,7 @@ def library_run(config: str, per_namespace: dict[str, list[dict[str, Any]]]) -> 
     """The same steps through the library: one stack (stateless half), one RewardState per namespace."""
     import tempfile
 
-    from rewardstack.cli import event_line
+    from rewardstack.fileio import event_line
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack, RewardState, Step
 
@@ -214,7 +214,7 @@ def _differences(ns: str, seq: int, got: dict[str, Any], want: dict[str, Any]) -
 def cmd_service_soak(args: argparse.Namespace) -> int:
     """`rewardstack soak --service`."""
     from rewardstack.config import REWARD_MODELS, load_config
-    from rewardstack.replay.summary import merge_summary
+    from rewardstack.fileio import merge_json_section
     from rewardstack.replay.workload import soak_steps
     from rewardstack.stack import RewardState
     from rewardstack.state import StateStore
@@ -309,7 +309,7 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
         "kill_points": kill_points, "namespaces": per_namespace, "seconds": round(time.time() - started, 1),
         "serving_seconds": round(scoring_seconds, 1),
     }
-    merge_summary(run_dir, "service_soak", verdict)
+    merge_json_section(run_dir / "summary.json", "service_soak", verdict)
     print(format_service_verdict(verdict))
     return 0 if verdict["passed"] else 1
 

@@ -40,10 +40,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
         from rewardstack.replay.service_soak import cmd_service_soak
 
         return cmd_service_soak(args)
-    from rewardstack.cli import _jsonable
     from rewardstack.config import REWARD_MODELS, load_config
+    from rewardstack.fileio import merge_json_section
     from rewardstack.replay.comparison import EventIndex, compare, iter_events, memory_slope
-    from rewardstack.replay.summary import merge_summary
     from rewardstack.replay.supervisor import spawn, supervise
     from rewardstack.replay.verdict import format_verdict, judge, ooms_of
     from rewardstack.replay.workload import soak_steps, write_steps
@@ -89,7 +88,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
                     completions_per_step=args.completions, budget=args.budget, threads=threads,
                     seconds=round(time.time() - started, 1), scoring_seconds=round(wall, 1),
                     steps_per_second=len(expected) / wall if wall > 0 else 0.0)
-    merge_summary(run_dir, "soak", _jsonable(verdict))
+    merge_json_section(run_dir / "summary.json", "soak", verdict)  # strict JSON: NaN as null
     print(format_verdict(verdict))
     return 0 if verdict["passed"] else 1
 

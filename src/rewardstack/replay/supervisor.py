@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack.stack import Step
-from rewardstack.telemetry.snapshot import host_memory
+from rewardstack.memory.snapshot import host_memory
 
 MAX_CRASHES = 3
 POLL_S = 0.02

@@ -25,17 +25,18 @@ from rewardstack.hub import load_source
 from rewardstack.scorers import encoding as enc
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.charbound import head_for_tokens
+from rewardstack.models import NSFW, OPENASSISTANT
 
 OA_TRAINED_LENGTH = 512
 NSFW_WINDOW = 512
 NSFW_THRESHOLD = -0.5
 
 
-def _first_logit(out: Any, mask: torch.Tensor) -> torch.Tensor:
+def first_logit(out: Any, mask: torch.Tensor) -> torch.Tensor:
     return out.logits[:, 0]
 
 
-def _hate_value(out: Any, mask: torch.Tensor) -> torch.Tensor:
+def hate_value(out: Any, mask: torch.Tensor) -> torch.Tensor:
     # Chunk value of the spec: max(-not_hate, hate).
     return torch.maximum(-out.logits[:, 0], out.logits[:, 1])
 
@@ -77,8 +78,8 @@ class OpenAssistantScorer(_Classifier):
     kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
-        super().__init__("rlhf_reward_model", cfg, runtime, OA_TRAINED_LENGTH)
-        self._calibrate(_first_logit)
+        super().__init__(OPENASSISTANT.name, cfg, runtime, OA_TRAINED_LENGTH)
+        self._calibrate(first_logit)
 
     def encode(self, prompt: str, texts: list[str], bound: int) -> tuple[list[list[int]], list[list[int]] | None, list[bool]]:
         """Pair ids (and token types) per text, cut to `bound`; and whether each was cut."""
@@ -124,7 +125,7 @@ class OpenAssistantScorer(_Classifier):
                 result.statuses[i] = Status.ERROR
             return result
         outcomes = enc.run_rows(
-            self.runtime, self.name, self.model, ids, _first_logit,
+            self.runtime, self.name, self.model, ids, first_logit,
             pad_id=self.pad_id, types=types, max_tokens=self.max_tokens, max_batch=self.max_batch,
         )
         by_text = {t: (o, c) for t, o, c in zip(texts, outcomes, cut)}
@@ -144,12 +145,12 @@ class NSFWMask(_Classifier):
     kind = "mask"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
-        super().__init__("nsfw_filter", cfg, runtime, None)
+        super().__init__(NSFW.name, cfg, runtime, None)
         # The spec's window is 512 ids; an explicit max_length (or a shorter model) changes it.
         self.window = int(cfg.max_length) if cfg.max_length else min(NSFW_WINDOW, self.max_length)
         self.max_length = self.window
         self.max_tokens = int(cfg.options.get("max_batch_tokens", enc.default_pass_tokens(self.window, runtime.device)))
-        self._calibrate(_hate_value)
+        self._calibrate(hate_value)
 
     def score(self, request: ScoreRequest) -> ScoreResult:
         result = ScoreResult.failed_only(request)
@@ -172,7 +173,7 @@ class NSFWMask(_Classifier):
                 rows.append(list(ids[start : start + width]))
                 owner.append(t)
         outcomes = enc.run_rows(
-            self.runtime, self.name, self.model, rows, _hate_value,
+            self.runtime, self.name, self.model, rows, hate_value,
             pad_id=self.pad_id, max_tokens=self.max_tokens, max_batch=self.max_batch,
         )
         worst = [-math.inf] * len(texts)

@@ -29,13 +29,15 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
+from rewardstack.modeloptions import DahoasOptions
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, profile_runner, save_standin_tokenizer, split_prefix
+from rewardstack.models import DAHOAS
 
-BASE_CONFIG = "EleutherAI/gpt-j-6b"  # the reference's body config and tokenizer
+BASE_CONFIG = DahoasOptions.base_config  # the reference's body config and tokenizer (declared once, as the option's default)
 
 
 def wrap(text: str) -> str:
@@ -107,7 +109,7 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
 class DahoasScorer(Scorer):
     """GPT-J value model; reward is the score with the prompt minus the score without it."""
 
-    name = "dahoas_reward_model"
+    name = DAHOAS.name
     kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:

@@ -39,6 +39,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.memory.costmodel import CostModel
+from rewardstack.models import DPO
 from rewardstack.scorers.attention import AttentionChoice
 from rewardstack.scorers.attention import install as install_attention
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
@@ -50,6 +51,8 @@ from rewardstack.scorers.dpo_numerics import (  # noqa: F401 - re-exported: the 
     PENALTY,
     SAFE_EXP,
     LogitHead,
+    PenaltyShapes,
+    PenaltyValues,
     chunked_logprobs,
     logits_scale,
     lse_inplace,
@@ -68,14 +71,14 @@ from rewardstack.scorers.prefix import (
 log = logging.getLogger(__name__)
 
 # The numerics are re-exported: callers (the simulation, the GPU check, tests) name them `dpo.X`.
-__all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "chunked_logprobs", "logits_scale", "lse_inplace",
-           "DpoScorer", "build", "make_standin"]
+__all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "PenaltyShapes", "PenaltyValues", "chunked_logprobs",
+           "logits_scale", "lse_inplace", "DpoScorer", "build", "make_standin"]
 
 
 class DpoScorer(Scorer):
     """The DPO reference-model log-probability reward."""
 
-    name = "dpo_reward_model"
+    name = DPO.name
     kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:

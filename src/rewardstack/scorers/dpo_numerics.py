@@ -4,13 +4,15 @@
 over chunks of scored rows: the repetition penalty touches only the columns of tokens already
 seen, the log-sum-exp runs in place in float32, and values are rounded to the logits' dtype where
 the reference holds them in it. `LogitHead` writes the head's (scaled) float32 logits; `LOW` is the
-spec's worst score and `PENALTY` the repetition penalty. The scorer (`dpo.py`) and the memory
+spec's worst score and `PENALTY` the repetition penalty. `PenaltyValues` reads the sizes that
+depend on token values; `PenaltyShapes` is its shape-only mode, for the meta-device simulation
+(`rewardstack.planning`). The scorer (`dpo.py`) and the memory
 simulation call these; nothing here knows of models' bodies, budgets or requests.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -83,6 +85,87 @@ def lse_inplace(logits: torch.Tensor, bounded: bool) -> torch.Tensor:
     return logits.sum(1).log_().add_(m.squeeze(1))
 
 
+class PenaltyValues:
+    """The steps of `chunked_logprobs` whose sizes depend on token values, read from the values.
+
+    `PenaltyShapes` is the same interface in shape-only mode: the simulation
+    (`rewardstack.planning.simulate`) runs `chunked_logprobs` on meta tensors, which hold no
+    values, so that the scorer's own bookkeeping is what it measures (a change here changes the
+    simulated peak; there is no second copy of this function).
+    """
+
+    def rows(self, counts: torch.Tensor) -> torch.Tensor:
+        """The sequence of each scored row (`repeat_interleave(arange(B), counts)`)."""
+        return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+
+    def sequences(self, s_seq: torch.Tensor, c0: int) -> torch.Tensor:
+        """The sequences of a chunk's rows (rows are grouped by sequence)."""
+        return torch.unique_consecutive(s_seq)
+
+    def select(self, t: torch.Tensor, valid: torch.Tensor, c0: int) -> torch.Tensor:
+        """`t[valid]`: the chunk's rows whose source token is counted."""
+        return t[valid]
+
+    def columns(self, mark: torch.Tensor, c0: int) -> torch.Tensor:
+        """The vocabulary columns the chunk penalizes (`mark.nonzero()`)."""
+        return mark.nonzero().squeeze(1)
+
+    def bounded(self, head: "LogitHead", h: torch.Tensor) -> bool:
+        """Whether |logit| <= SAFE_EXP is proven for the rows `h`."""
+        return head.bound(h) <= SAFE_EXP
+
+    def any(self, valid: torch.Tensor, c0: int) -> bool:
+        """Whether any of the chunk's rows has a counted source token."""
+        return bool(valid.any())
+
+
+class PenaltyShapes(PenaltyValues):
+    """`chunked_logprobs` in shape-only mode: sizes from the rows per sequence, known on the host.
+
+    Where values would decide a size it is bounded: a chunk penalizes at most one column per token
+    seen so far (every scored token distinct), and the logits are taken as bounded (the cheaper
+    log-sum-exp path has the same peak). The bound's own temporaries are still allocated.
+    """
+
+    def __init__(self, counts: Sequence[int], vocab: int, chunk: int) -> None:
+        self.counts = [int(c) for c in counts]
+        self.vocab = int(vocab)
+        self.chunk = int(chunk)
+        self.seq_of = [s for s, c in enumerate(self.counts) for _ in range(c)]
+        self.starts = [sum(self.counts[:s]) for s in range(len(self.counts))]
+        self.done = [0] * len(self.counts)  # scored rows per sequence before the chunk
+
+    def _chunk(self, c0: int) -> list[int]:
+        return self.seq_of[c0:c0 + self.chunk]
+
+    def _nvalid(self, c0: int) -> int:
+        # Rows whose source token is counted (pos - 1 >= P): all but each sequence's first two.
+        return sum(1 for k in range(c0, c0 + len(self._chunk(c0))) if k - self.starts[self.seq_of[k]] >= 2)
+
+    def rows(self, counts: torch.Tensor) -> torch.Tensor:
+        return torch.empty(sum(self.counts), dtype=torch.long, device=counts.device)
+
+    def sequences(self, s_seq: torch.Tensor, c0: int) -> torch.Tensor:
+        return torch.empty(len(set(self._chunk(c0))), dtype=torch.long, device=s_seq.device)
+
+    def select(self, t: torch.Tensor, valid: torch.Tensor, c0: int) -> torch.Tensor:
+        return torch.empty(self._nvalid(c0), dtype=t.dtype, device=t.device)
+
+    def columns(self, mark: torch.Tensor, c0: int) -> torch.Tensor:
+        rows = self._chunk(c0)
+        for s in rows:
+            self.done[s] += 1
+        ncols = min(self.vocab, sum(max(0, self.done[s] - 1) for s in sorted(set(rows))))
+        return torch.empty(ncols, dtype=torch.long, device=mark.device)
+
+    def bounded(self, head: "LogitHead", h: torch.Tensor) -> bool:
+        h.float().norm(dim=1)  # what `LogitHead.bound` allocates
+        return True
+
+    def any(self, valid: torch.Tensor, c0: int) -> bool:
+        return self._nvalid(c0) > 0
+
+
 def chunked_logprobs(
     hidden_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     head: LogitHead,
@@ -90,6 +173,7 @@ def chunked_logprobs(
     prompt_lens: torch.Tensor,
     lengths: torch.Tensor,
     chunk: int,
+    values: PenaltyValues | None = None,
 ) -> torch.Tensor:
     """Mean penalized log-probability of rows P-1 .. n-2 of each sequence ([B], float64 values).
 
@@ -109,12 +193,16 @@ def chunked_logprobs(
     the head and then walked in place by the log-sum-exp (exp and sum; max and subtract too when
     the logits are not provably bounded, see `LogitHead.bound`); the penalty only
     gathers and scatters the columns of tokens that the chunk's sequences have seen.
+
+    `values`: how the value-dependent sizes are read (default `PenaltyValues`; `PenaltyShapes` is
+    the simulation's shape-only mode).
     """
+    values = values if values is not None else PenaltyValues()
     device = ids.device
     b = ids.shape[0]
     vocab = head.vocab
     counts = lengths - prompt_lens  # rows per sequence: P-1 .. n-2
-    seq = torch.repeat_interleave(torch.arange(b, device=device), counts)
+    seq = values.rows(counts)
     starts = torch.cumsum(counts, 0) - counts  # first flat row of each sequence
     pos = prompt_lens[seq] - 1 + (torch.arange(seq.numel(), device=device) - starts[seq])
     target = ids[seq, pos + 1]
@@ -137,13 +225,13 @@ def chunked_logprobs(
         h = hidden_at(s_seq, pos[c0:c1])
         head(h, logits)
         valid = s_src >= 0
-        in_chunk = torch.unique_consecutive(s_seq)  # rows are grouped by sequence
+        in_chunk = values.sequences(s_seq, c0)  # rows are grouped by sequence
         mark = (seen[in_chunk] > 0).any(0)
-        mark[s_src[valid]] = True
-        cols = mark.nonzero().squeeze(1)
+        mark[values.select(s_src, valid, c0)] = True
+        cols = values.columns(mark, c0)
         # Shift-free log-sum-exp only when |logit| <= SAFE_EXP is proven and some column is left
         # unpenalized in every row (so each row keeps a term >= exp(-SAFE_EXP)).
-        bounded = cols.numel() < vocab and head.bound(h) <= SAFE_EXP
+        bounded = cols.numel() < vocab and values.bounded(head, h)
         if cols.numel():
             onehot = (s_src.unsqueeze(1) == cols.unsqueeze(0)).to(torch.int32)
             csum = torch.cat([onehot.new_zeros(1, cols.numel()), onehot.cumsum(0)])
@@ -157,8 +245,9 @@ def chunked_logprobs(
             if narrow:  # float16: |x| * 1.2^c past 65,504 saturates to -inf, as in the reference
                 pen = pen.to(dtype).float()
             logits.scatter_(1, idx, pen)
-            if valid.any():
-                seen.index_put_((s_seq[valid], s_src[valid]), torch.ones_like(s_src[valid], dtype=torch.int32),
+            if values.any(valid, c0):
+                v_src = values.select(s_src, valid, c0)
+                seen.index_put_((values.select(s_seq, valid, c0), v_src), torch.ones_like(v_src, dtype=torch.int32),
                                 accumulate=True)
         tgt = logits.gather(1, target[c0:c1].unsqueeze(1)).squeeze(1)
         lse = lse_inplace(logits, bounded)  # in place: the buffer is not needed after this chunk

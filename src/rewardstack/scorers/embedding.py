@@ -32,6 +32,7 @@ from rewardstack.hub import load_source
 from rewardstack.scorers import encoding as enc
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.charbound import head_for_tokens
+from rewardstack.models import DIVERSITY, RELEVANCE
 
 log = logging.getLogger("rewardstack.embedding")
 
@@ -78,7 +79,7 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _pooled(out: Any, mask: torch.Tensor) -> torch.Tensor:
+def pooled(out: Any, mask: torch.Tensor) -> torch.Tensor:
     # Mean-pool then L2-normalize per row (a window for model 1, a whole text for model 2).
     return F.normalize(enc.mean_pool(out[0], mask), p=2, dim=1)
 
@@ -103,7 +104,7 @@ class Embedder:
         def set_pass_tokens(n: int) -> None:
             self.max_tokens = n
 
-        enc.calibrate(runtime, name, self.model, _pooled, self.max_length, token, pass_tokens=self.max_tokens,
+        enc.calibrate(runtime, name, self.model, pooled, self.max_length, token, pass_tokens=self.max_tokens,
                       set_pass_tokens=None if "max_batch_tokens" in opts else set_pass_tokens)
 
     @classmethod
@@ -147,7 +148,7 @@ class Embedder:
         rows = list(encd["input_ids"])
         types = encd.get("token_type_ids")
         outcomes = enc.run_rows(
-            self.runtime, self.name, self.model, rows, _pooled, pad_id=self.pad_id,
+            self.runtime, self.name, self.model, rows, pooled, pad_id=self.pad_id,
             types=list(types) if types is not None else None, max_tokens=self.max_tokens,
         )
         # The budget cut below the spec's length: a full row may have lost tokens.
@@ -180,12 +181,12 @@ def _merge(*statuses: str) -> str:
 class RelevanceMask(Scorer):
     """`relevance_filter`: both encoders must find the completion close to the base prompt."""
 
-    name = "relevance_filter"
+    name = RELEVANCE.name
     kind = "mask"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         if len(cfg.paths) != 2:
-            raise ValueError("relevance_filter takes exactly two embedding models")
+            raise ValueError(f"{self.name} takes exactly two embedding models")
         self.bounds = tuple(cfg.options.get("bounds", RELEVANCE_BOUNDS))
         self.first = Embedder.shared(runtime, cfg.paths[0], cfg, windowed=True, name=f"{self.name}[0]")
         self.second = Embedder.shared(runtime, cfg.paths[1], cfg, windowed=False, name=f"{self.name}[1]")
@@ -313,11 +314,11 @@ class DiversityMask(Scorer):
     the stateful rest. Used alone, the scorer keeps one `DiversityHistory`.
     """
 
-    name = "diversity_reward_model"
+    name = DIVERSITY.name
     kind = "mask"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
-        assert cfg.path, "diversity_reward_model: no path"
+        assert cfg.path, f"{self.name}: no path"
         self.embedder = Embedder.shared(runtime, cfg.path, cfg, windowed=False, name=self.name)
         self.state = DiversityHistory()
 
@@ -383,9 +384,9 @@ def make_relevance_standin(folder: Path) -> dict[str, Any]:
 
 def make_diversity_standin(folder: Path) -> dict[str, Any]:
     """The relevance stand-in's model 2 if it sits beside `folder` (shared checkpoint), else a copy."""
-    relevance = folder.parent / "relevance_filter"
+    relevance = folder.parent / RELEVANCE.name
     if relevance.exists():  # made by make_relevance_standin: share its model 2
         _copy_minilm(relevance / "mpnet")
-        return {"path": "relevance_filter/mpnet", "dtype": "float32"}
+        return {"path": f"{RELEVANCE.name}/mpnet", "dtype": "float32"}
     _copy_minilm(folder)
     return {"path": folder.name, "dtype": "float32"}

@@ -27,6 +27,7 @@ from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult,
 from rewardstack.scorers.common import sane_max_length
 from rewardstack.scorers.kvcache import choose_path, greedy_tokens
 from rewardstack.scorers.prefix import dummy_ids, model_device, save_standin_tokenizer
+from rewardstack.models import JUDGE
 
 _RULES = (
     "Rate it from 0 to 10 for relevance to the text and for quality. Judge only the content: ignore "
@@ -67,7 +68,7 @@ def extract_score(text: str) -> float:
 class JudgeScorer(Scorer):
     """An LLM asked for a 0..10 score per completion; 2 greedy tokens, left-padded batches."""
 
-    name = "prompt_reward_model"
+    name = JUDGE.name
     kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:

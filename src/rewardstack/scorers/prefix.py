@@ -56,7 +56,7 @@ def accepts(module: torch.nn.Module, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def _cache_kwarg(body: torch.nn.Module) -> str:
+def cache_kwarg(body: torch.nn.Module) -> str:
     """transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated)."""
     params = inspect.signature(body.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
@@ -86,7 +86,7 @@ class PrefixRunner:
         # The prefix's token_type_ids, for a scorer whose reference passes the tokenizer's types.
         self.prefix_types = list(prefix_types) if prefix_types is not None else None
         self._state: PrefixState | None = None
-        self._kw = _cache_kwarg(body)
+        self._kw = cache_kwarg(body)
 
     @property
     def length(self) -> int:

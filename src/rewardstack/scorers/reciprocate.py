@@ -24,6 +24,7 @@ from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.common import sane_max_length
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, profile_runner, run_in_groups, save_standin_tokenizer, split_prefix
+from rewardstack.models import RECIPROCATE
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
 
@@ -78,7 +79,7 @@ def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[li
 class ReciprocateScorer(Scorer):
     """GPT-J reward classifier with the Open Assistant prompt format."""
 
-    name = "reciprocate_reward_model"
+    name = RECIPROCATE.name
     kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from rewardstack.config import ModelConfig
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.models import BLACKLIST, TASK_VALIDATOR
 
 BLACKLISTED_PHRASE = "That is an excellent question."
 
@@ -66,7 +67,7 @@ class Blacklist(Scorer):
     Used alone, the scorer keeps one `BlacklistState`; the stack keeps its own per namespace.
     """
 
-    name = "blacklist_filter"
+    name = BLACKLIST.name
     kind = "mask"
 
     def __init__(self) -> None:
@@ -120,7 +121,7 @@ def task_validator_value(task: str, completion: str) -> float:
 class TaskValidator(Scorer):
     """0 when a completion carries the keywords of another task kind."""
 
-    name = "task_validator_filter"
+    name = TASK_VALIDATOR.name
     kind = "mask"
 
     def score(self, request: ScoreRequest) -> ScoreResult:

@@ -10,10 +10,12 @@ import argparse
 import dataclasses
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rewardstack.config import StackConfig, load_config
 from rewardstack.settings import ServiceSettings, field_docs, parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack.config import StackConfig
 
 _INT_FLAGS = ("port", "max_completions", "max_chars", "queue_size", "batch_requests", "max_namespaces")
 
@@ -60,6 +62,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:  # pragma: no cover - depends on the install
         print(f"rewardstack: error: the service needs its extra: pip install 'rewardstack[service]' ({e})", file=sys.stderr)
         return 2
+    from rewardstack.config import load_config
+
     config = load_config(args.config)
     if getattr(args, "state_dir", None):
         config.state_dir = args.state_dir

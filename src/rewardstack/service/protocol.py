@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from rewardstack.cli import event_line
+from rewardstack.fileio import event_line
 from rewardstack.errors import InputError
 from rewardstack.jsonio import MAX_DEPTH, JSONInputError, parse
 from rewardstack.service.errors import ServiceError

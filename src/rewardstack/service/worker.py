@@ -171,7 +171,7 @@ class Worker:
             self._beat("loading models")
             self.stack = self._factory(self.config)
             if self.run_dir is not None:
-                from rewardstack.telemetry.monitor import Telemetry
+                from rewardstack.telemetry.session import Telemetry
 
                 # The app serves /metrics itself; the run directory records every committed step.
                 self.telemetry = Telemetry(self.stack, run_dir=self.run_dir, metrics_port=None,
@@ -339,12 +339,9 @@ class Worker:
                 broken.add(name)
         for name in broken:
             self.namespaces.get(name).reload()
-        if self.stack.on_step:  # telemetry and the operator's callbacks see every committed step
-            from rewardstack.telemetry.monitor import notify_step
-
-            for name, result in applied:
-                if name not in broken:
-                    notify_step(self.stack, result)
+        for name, result in applied:  # telemetry and the operator's callbacks see every committed step
+            if name not in broken:
+                self.stack.publish_step(result)
         for job, outcome in answers:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))

@@ -1,9 +1,11 @@
 """Telemetry: where the memory goes, per model call, per step and per OOM, afterwards and live.
 
-- `snapshot`: `MemorySnapshot` (allocator or simulated-device figures, RSS; subtractable) and
-  `PeakWindow` (the peak of one stretch of work).
-- `monitor`: `Monitor` (the memory manager's observer and a stack `on_step` callback: call, step
-  and placement records, incidents, alarms, metrics, summary) and `open_telemetry` for commands.
+- `monitor`: `Monitor` (a subscriber of the memory manager and of the stack's steps: call, step
+  and placement records, incidents, alarms, metrics, summary); `session`: `open_telemetry` and
+  `Telemetry` for commands (the monitor with its run directory and endpoint).
+- re-exported from the memory layer, where they are measured: `MemorySnapshot` (allocator or
+  simulated-device figures, RSS; subtractable) and `PeakWindow` (the nestable peak of one stretch
+  of work).
 - `rundir`: the run directory (timeline, events, incidents, summary) and its size cap.
 - `metrics`: the Prometheus registry (`registry`, `render`, `serve`).
 - `incidents`: OOM incident records and the CUDA allocation history.
@@ -13,11 +15,13 @@
 Record fields and units: docs/TELEMETRY.md.
 """
 
+from rewardstack.memory.peaks import PeakWindow
+from rewardstack.memory.snapshot import MemorySnapshot, take_snapshot
 from rewardstack.telemetry.alarms import Alarms, Trend
 from rewardstack.telemetry.metrics import registry, render, serve
-from rewardstack.telemetry.monitor import Monitor, Telemetry, notify_step, open_telemetry, step_record
+from rewardstack.telemetry.monitor import Monitor
 from rewardstack.telemetry.rundir import RunDir, read_incidents, read_timeline
-from rewardstack.telemetry.snapshot import MemorySnapshot, PeakWindow, take_snapshot
+from rewardstack.telemetry.session import Telemetry, open_telemetry
 
 __all__ = [
     "Alarms",
@@ -27,13 +31,11 @@ __all__ = [
     "RunDir",
     "Telemetry",
     "Trend",
-    "notify_step",
     "open_telemetry",
     "read_incidents",
     "read_timeline",
     "registry",
     "render",
     "serve",
-    "step_record",
     "take_snapshot",
 ]

@@ -60,9 +60,9 @@ def _steps_with_card(d: Any) -> list[dict[str, Any]]:
 
 def plot_card(d: Any, path: Path) -> None:
     """The card over steps: weights per model, activations, fragmentation, against its size."""
-    from rewardstack.telemetry.report import _colors, _plt
+    from rewardstack.telemetry.report import model_colors, pyplot
 
-    plt = _plt()
+    plt = pyplot()
     steps = _steps_with_card(d)
     fig, ax = plt.subplots(figsize=(13, 6))
     if not steps:
@@ -71,7 +71,7 @@ def plot_card(d: Any, path: Path) -> None:
         plt.close(fig)
         return
     models = list(dict.fromkeys(m for s in steps for m in s["card"]["weights"]))
-    colors = _colors(models)
+    colors = model_colors(models)
     xs = [s["step"] for s in steps]
     edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
 
@@ -116,7 +116,7 @@ def plot_card(d: Any, path: Path) -> None:
         if c.get("peak_bytes") is not None and c.get("step") is not None:
             by_step[c["step"]].append(c)
     woc = {s["step"]: s["card"]["weights_on_card"] for s in steps}
-    call_colors = _colors(d.models())
+    call_colors = model_colors(d.models())
     for k, cs in by_step.items():
         if k not in woc:
             continue

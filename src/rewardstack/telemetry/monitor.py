@@ -1,14 +1,15 @@
 """The monitor: one record per model call, per step and per placement move, attributed to the step.
 
-`Monitor.attach(stack)` makes the monitor the memory manager's observer (`MemoryManager.observer`):
-the manager hands it every forward function it runs under the OOM guard (`wrap`), so each batch the
-guard runs (split halves and CPU fallbacks included) gets a `call` record with its shape, the cost
-model's prediction, the measured peak, the time and the outcome; every OOM reaches `on_oom`, which
-prepares the incident record. The monitor also adds itself to the stack's `on_step` callbacks: at
-the end of each step the records of that step get its index and name and the inputs' completions,
-and the monitor writes them (run directory), counts them (Prometheus), feeds the alarms and keeps
-the summary. Other `on_step` callbacks (a validator's wandb logging) receive the same step record.
-Fields and units: docs/TELEMETRY.md.
+`Monitor.attach(stack)` subscribes the monitor to the stack's memory manager (a `MemoryObserver`:
+`MemoryManager.subscribe`) and to the stack's steps (a `StepObserver`: `RewardStack.step_observers`).
+The manager hands it every forward function it runs under the OOM guard (`batch`), so each batch
+the guard runs (split halves and CPU fallbacks included) gets a `call` record with its shape, the
+cost model's prediction, the measured peak, the time and the outcome; every OOM reaches `oom`,
+which prepares the incident record; every placement move reaches `moved`. At the end of each step
+(`step_done`) the records of that step get its index and name and the inputs' completions, the
+monitor fills in the step's memory record and writes them (run directory), counts them
+(Prometheus), feeds the alarms and keeps the summary; the stack's `on_step` callbacks (a
+validator's wandb logging) then receive the same step record. Fields and units: docs/TELEMETRY.md.
 
 Step attribution: records made between two step ends belong to the step that ends next; a caller
 that runs forward passes of several steps at once (the service's batching) gets them attributed to
@@ -23,21 +24,23 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from rewardstack.memory.observers import MemoryObserver, PlacementMove
+from rewardstack.memory.peaks import PeakWindow
+from rewardstack.memory.snapshot import MemorySnapshot, take_snapshot
+from rewardstack.stepobservers import StepObserver, StepReport
 from rewardstack.telemetry.alarms import Alarms
 from rewardstack.telemetry.incidents import History, cuda_allocator_stats, describe_input
 from rewardstack.telemetry.metrics import Metrics
 from rewardstack.telemetry.rundir import RunDir
-from rewardstack.telemetry.snapshot import MemorySnapshot, PeakWindow, take_snapshot
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.memory.costmodel import CostModel
     from rewardstack.memory.guard import OomRecord
-    from rewardstack.stack import RewardStack, StepResult
+    from rewardstack.stack import RewardStack
 
 log = logging.getLogger("rewardstack.telemetry")
 
@@ -52,23 +55,6 @@ def owner(model: str) -> str:
     return model.split("[", 1)[0]
 
 
-def declared_growth(stack: Any) -> dict[str, int]:
-    """Bytes of the stack's bounded, expected growth: the diversity history (until it is full).
-
-    Any object of the stack's state or scorers with a `history` tensor counts, on the host or the
-    device where that tensor lives. The alarms subtract it before looking for a trend.
-    """
-    out = {"host": 0, "device": 0}
-    state = getattr(stack, "state", None)
-    seen: set[int] = set()
-    for obj in [getattr(state, "diversity", None), *getattr(stack, "scorers", {}).values()]:
-        h = getattr(obj, "history", None)
-        if isinstance(h, torch.Tensor) and id(h) not in seen:
-            seen.add(id(h))
-            out["host" if h.device.type == "cpu" else "device"] += h.numel() * h.element_size()
-    return out
-
-
 @dataclass
 class _Pending:
     """An OOM seen during the step, written as an incident when the step's inputs are known."""
@@ -77,8 +63,10 @@ class _Pending:
     snapshot: Any = None
 
 
-class Monitor:
+class Monitor(MemoryObserver, StepObserver):
     """Records model calls, steps, placement moves and OOMs; see the module docstring."""
+
+    wants_records = True
 
     def __init__(
         self,
@@ -108,7 +96,6 @@ class Monitor:
         self._fallback_next: set[tuple[str, tuple[int, ...]]] = set()
         self._stack: Any = None
         self._memory: Any = None
-        self._step_done: tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], list[_Pending], Any] | None = None
         self._last_retries: int | None = None
         # What the summary keeps (bounded: aggregates and the top calls, never every record).
         self.steps = 0
@@ -132,21 +119,17 @@ class Monitor:
         kwargs.setdefault("budget_bytes", mem.budget_bytes)
         m = cls(**kwargs)
         m._stack, m._memory = stack, mem
-        mem.observer = m
-        stack.on_step.insert(0, m._after_step)  # first: later callbacks see its additions
-        m._watch_placement()
+        mem.subscribe(m)
+        stack.step_observers.append(m)
         m._start_record(stack)
         return m
 
     def detach(self) -> None:
         """Stop observing the stack (records already made stay)."""
-        if self._memory is not None and self._memory.observer is self:
-            self._memory.observer = None
-        if self._stack is not None and self._after_step in self._stack.on_step:
-            self._stack.on_step.remove(self._after_step)
-        pl = getattr(self._memory, "placement", None)
-        if pl is not None and getattr(pl, "_telemetry_monitor", None) is self:
-            del pl.ensure, pl._telemetry_monitor  # the class's own `ensure` again
+        if self._memory is not None:
+            self._memory.unsubscribe(self)
+        if self._stack is not None and self in self._stack.step_observers:
+            self._stack.step_observers.remove(self)
         self.history.stop()
 
     def _start_record(self, stack: Any) -> None:
@@ -168,28 +151,6 @@ class Monitor:
         # On the simulated device only activations are counted; on CUDA the weights are allocated too.
         return self.budget_bytes + ((snap.allocated or 0) if snap.source == "cuda" else 0)
 
-    def _watch_placement(self) -> None:
-        """Time every swap placement makes (the manager's placement may be rebuilt: checked per call)."""
-        pl = getattr(self._memory, "placement", None)
-        if pl is None or getattr(pl, "_telemetry_monitor", None) is self:
-            return
-        original = type(pl).ensure
-
-        def ensure(name: str) -> Any:
-            before = pl.swaps  # a total: swap_log is a bounded ring buffer
-            t0, p0 = time.time(), time.perf_counter()
-            d = original(pl, name)
-            if pl.swaps > before:
-                seconds = time.perf_counter() - p0
-                for ev in list(pl.swap_log)[-(pl.swaps - before):]:
-                    self._move(ev.name, "in", pl.decisions[ev.name].bytes, seconds, t0)
-                    for victim in ev.evicted:
-                        self._move(victim, "out", pl.decisions[victim].bytes, None, t0)
-            return d
-
-        pl.ensure = ensure
-        pl._telemetry_monitor = self
-
     def _move(self, model: str, direction: str, nbytes: int, seconds: float | None, t0: float) -> None:
         rec = {"type": "placement", "model": model, "direction": direction, "bytes": int(nbytes),
                "seconds": seconds, "time": t0}
@@ -201,7 +162,11 @@ class Monitor:
                 self.metrics.swaps.labels(model=model).inc()
 
     # -- the memory manager's observer --------------------------------------------------------
-    def wrap(
+    def moved(self, move: PlacementMove) -> None:
+        """A placement move: one `placement` record, attributed to the step it happens in."""
+        self._move(move.model, move.direction, move.bytes, move.seconds, move.time)
+
+    def batch(
         self,
         name: str,
         lengths: Sequence[int],
@@ -210,7 +175,6 @@ class Monitor:
         on_host: bool = False,
     ) -> Callable[[list[int]], Sequence[Any]]:
         """`forward`, recording one `call` record per batch it runs (the manager's hook)."""
-        self._watch_placement()
         lengths = [int(x) for x in lengths]
         n_inputs = len(lengths)
 
@@ -230,7 +194,7 @@ class Monitor:
                 outcome = "ok"
                 return values
             except torch.OutOfMemoryError:
-                outcome = "oom"  # `on_oom` replaces it with what the guard did next
+                outcome = "oom"  # `oom` replaces it with what the guard did next
                 raise
             finally:
                 seconds = time.perf_counter() - p0
@@ -252,7 +216,7 @@ class Monitor:
         with self._lock:
             self._calls.append(rec)
 
-    def on_oom(self, rec: "OomRecord") -> None:
+    def oom(self, rec: "OomRecord") -> None:
         """An OOM the guard handled: settle the call's outcome and prepare the incident record."""
         outcome = OUTCOMES.get(rec.action, rec.action)
         call = None
@@ -307,8 +271,9 @@ class Monitor:
         return d
 
     # -- steps ------------------------------------------------------------------------------
-    def step_record(self, stack: Any, result: "StepResult") -> dict[str, Any]:
-        """Close the step: attribute its records to it and build its step record (no side effects)."""
+    def step_done(self, report: StepReport) -> None:
+        """Close the step: attribute its records to it, fill in its record, then write, count, alarm."""
+        stack, result, record = report.stack, report.result, report.record
         event = result.event
         index = int(getattr(stack, "steps_scored", self.steps + 1))
         name = event.get("name")
@@ -349,30 +314,19 @@ class Monitor:
                 comp = live[i] if mapped is not None and i < len(live) else None
                 inputs.append(describe_input(i, length, comp, completions[comp] if comp is not None else None))
             p.record["inputs"] = inputs
-        snap = take_snapshot(self.device, self.tracker)
+        mem = getattr(stack, "memory", None)
+        same = mem is not None and self.device == mem.device and self.tracker is mem.tracker
+        snap = report.snapshot if same else take_snapshot(self.device, self.tracker)
         peaks = [c["start_bytes"] + c["peak_bytes"] for c in calls if c["peak_bytes"] is not None and c["start_bytes"] is not None]
-        record = {
-            "type": "step", "step": index, "name": name, "time": time.time(), "seconds": event.get("step_length"),
-            "completions": len(completions), "statuses": dict(Counter(statuses)),
-            "model_statuses": {k: dict(Counter(v)) for k, v in event.get("model_statuses", {}).items()},
-            "models": models, "calls": len(calls), "ooms": sum(m["ooms"] for m in models.values()),
-            "peak_bytes": max(peaks) if peaks else None, "rest": snap.to_dict(),
-            "budget_bytes": self.budget_bytes, "budget_line_bytes": self.budget_line(snap),
-            "declared": declared_growth(stack), "alarms": [],
-        }
+        record.update({
+            "step": index, "completions": len(completions), "models": models, "calls": len(calls),
+            "ooms": sum(m["ooms"] for m in models.values()), "peak_bytes": max(peaks) if peaks else None,
+            "rest": snap.to_dict(), "budget_bytes": self.budget_bytes, "budget_line_bytes": self.budget_line(snap),
+        })
         if self._memory is not None:  # the card's whole account (telemetry/card.py)
             from rewardstack.telemetry.card import card_account
 
             record["card"] = card_account(self._memory, snap, max((m["peak_bytes"] or 0 for m in models.values()), default=None))
-        self._step_done = (record, calls, moves, pending, (result, snap))
-        return record
-
-    def _after_step(self, record: dict[str, Any]) -> None:
-        """The monitor's own `on_step` callback: write, count, alarm, summarize."""
-        if self._step_done is None or self._step_done[0] is not record:
-            return
-        record, calls, moves, pending, (result, snap) = self._step_done
-        self._step_done = None
         self.steps += 1
         trends = self.alarms.observe(record["step"], snap, record["declared"])
         for t in trends:
@@ -500,91 +454,3 @@ class Monitor:
             self.run_dir.timeline({"type": "end", "time": time.time(), "steps": self.steps})
             self.run_dir.write_summary(self.summary())
             self.run_dir.close()
-
-
-def step_record(stack: Any, result: "StepResult") -> dict[str, Any]:
-    """The memory record of the step just scored (what `RewardStack.on_step` callbacks receive).
-
-    With a monitor attached it is the monitor's step record; without one, the same fields from a
-    snapshot taken now (no per-model breakdown: nothing watched the calls).
-    """
-    mon = getattr(getattr(stack, "memory", None), "observer", None)
-    if isinstance(mon, Monitor):
-        return mon.step_record(stack, result)
-    mem = stack.memory
-    snap = take_snapshot(mem.device, mem.tracker)
-    event = result.event
-    statuses = event.get("statuses", [])
-    return {
-        "type": "step", "step": int(stack.steps_scored), "name": event.get("name"), "time": time.time(),
-        "seconds": event.get("step_length"), "completions": len(statuses), "statuses": dict(Counter(statuses)),
-        "model_statuses": {k: dict(Counter(v)) for k, v in event.get("model_statuses", {}).items()},
-        "models": {}, "calls": None, "ooms": None, "peak_bytes": None, "rest": snap.to_dict(),
-        "budget_bytes": mem.budget_bytes, "budget_line_bytes": None, "declared": declared_growth(stack), "alarms": [],
-    }
-
-
-def notify_step(stack: Any, result: "StepResult") -> dict[str, Any]:
-    """Build the step's memory record and hand it to every `on_step` callback (the stack's hook)."""
-    record = step_record(stack, result)
-    for callback in list(stack.on_step):
-        callback(record)
-    return record
-
-
-def open_telemetry(
-    stack: Any,
-    *,
-    run_dir: str | Path | None = None,
-    metrics_port: int | None = None,
-    settings: Any = None,
-) -> "Telemetry | None":
-    """Telemetry for a scoring command: the run directory and/or metrics endpoint asked for.
-
-    `run_dir` and `metrics_port` (command-line flags) override the `[telemetry]` table (`settings`,
-    the stack config's by default). Neither set: None, nothing is watched.
-    """
-    settings = settings if settings is not None else getattr(stack.config, "telemetry", None)
-    if run_dir is None and settings is not None and settings.run_dir:
-        base = stack.config.source.parent if getattr(stack.config, "source", None) else Path.cwd()
-        run_dir = base / settings.run_dir
-    if metrics_port is None and settings is not None:
-        metrics_port = getattr(settings, "metrics_port", None)
-    if run_dir is None and metrics_port is None:
-        return None
-    return Telemetry(stack, run_dir=run_dir, metrics_port=metrics_port, settings=settings)
-
-
-class Telemetry:
-    """A monitor with its run directory, metrics and endpoint, opened and closed together."""
-
-    def __init__(self, stack: Any, *, run_dir: str | Path | None, metrics_port: int | None, settings: Any = None,
-                 registry: Any = None) -> None:
-        from rewardstack.errors import ConfigError
-        from rewardstack.settings import TelemetrySettings
-        from rewardstack.telemetry.metrics import metrics_for, serve
-
-        s = settings if settings is not None else TelemetrySettings()
-        rd = RunDir(run_dir, max_bytes=s.max_bytes, keep_incidents=s.keep_incidents,
-                    keep_snapshots=s.keep_snapshots) if run_dir is not None else None
-        alarms = Alarms(window=s.leak_window, warmup=s.leak_warmup, leak_bytes_per_step=s.leak_bytes_per_step,
-                        host_leak_bytes_per_step=s.host_leak_bytes_per_step,
-                        fragmentation_bytes_per_step=s.fragmentation_bytes_per_step)
-        self.server = None
-        if metrics_port is not None:
-            try:
-                self.server = serve(metrics_port, reg=registry)
-            except OSError as e:  # the port is taken, or not ours to bind
-                if rd is not None:
-                    rd.close()
-                raise ConfigError("telemetry.metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {e}") from e
-            log.info("metrics on http://%s:%d/metrics", self.server.host, self.server.port)
-        self.monitor = Monitor.attach(stack, run_dir=rd, metrics=metrics_for(registry), alarms=alarms,
-                                      history_entries=s.history_entries)
-
-    def close(self) -> None:
-        """Finish the run directory and stop the endpoint."""
-        self.monitor.close()
-        if self.server is not None:
-            self.server.close()
-            self.server = None

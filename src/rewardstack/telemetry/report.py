@@ -68,7 +68,8 @@ class RunData:
 
 
 # -- plots ------------------------------------------------------------------------------------
-def _plt():  # noqa: ANN202
+def pyplot():  # noqa: ANN202
+    """matplotlib's pyplot, headless, with the report's style (the card picture shares it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: no display, no GUI toolkit
@@ -78,17 +79,25 @@ def _plt():  # noqa: ANN202
     return plt
 
 
-def _colors(models: list[str]) -> dict[str, Any]:
-    plt = _plt()
+def model_colors(models: list[str]) -> dict[str, Any]:
+    """One stable colour per model, the same in every picture of the report."""
+    plt = pyplot()
     cmap = plt.get_cmap("tab10" if len(models) <= 10 else "tab20")
     return {m: cmap(i % cmap.N) for i, m in enumerate(models)}
 
 
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    """Lay out, write and close one figure (every plot of the report ends so)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
 def plot_memory(d: RunData, path: Path) -> None:
     """Memory at rest per step, each call's peak by model, every OOM, the budget line; host RSS below."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
-    colors = _colors(d.models())
+    colors = model_colors(d.models())
     rest = [(s["time"] - d.t0, s["rest"].get("allocated")) for s in d.steps if s.get("rest", {}).get("allocated") is not None]
     if rest:
         ax.step([t for t, _ in rest], [v / MIB for _, v in rest], where="post", color="black", lw=1.5, label="allocated at rest (after each step)")
@@ -115,14 +124,12 @@ def plot_memory(d: RunData, path: Path) -> None:
     ax2.set_ylim(bottom=0)  # from 0: a few MiB of wiggle must not look like a leak
     ax2.set_ylabel("host RSS (MiB)")
     ax2.set_xlabel("time since the run started (s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_peak_by_model(d: RunData, path: Path) -> None:
     """Highest and median call peak per model."""
-    plt = _plt()
+    plt = pyplot()
     models = d.models()
     peaks = {m: [c["peak_bytes"] / MIB for c in d.calls if c["model"] == m and c.get("peak_bytes") is not None] for m in models}
     models = [m for m in models if peaks[m]]
@@ -143,14 +150,12 @@ def plot_peak_by_model(d: RunData, path: Path) -> None:
         ax.text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("peak above memory at the call's start (MiB)")
     ax.set_title("Peak memory by model (per planned batch)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
     """Per model: measured peak against padded tokens (batch x length), prediction drawn over it."""
-    plt = _plt()
+    plt = pyplot()
     models = [m for m in d.models() if any(c.get("peak_bytes") is not None for c in d.calls if c["model"] == m)]
     n = max(1, len(models))
     cols = min(3, n)
@@ -174,16 +179,14 @@ def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
     if not models:
         axes.flat[0].text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=axes.flat[0].transAxes)
     fig.suptitle("Measured peak against padded tokens per model, the cost model's prediction for each call in red")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_step_time(d: RunData, path: Path) -> None:
     """Seconds per step inside each model's calls, and the rest of the step."""
-    plt = _plt()
+    plt = pyplot()
     models = sorted({m for s in d.steps for m in s.get("models", {})})
-    colors = _colors(models)
+    colors = model_colors(models)
     fig, ax = plt.subplots(figsize=(13, 4.5))
     xs = [s["step"] for s in d.steps]
     series = {m: [s.get("models", {}).get(m, {}).get("seconds", 0.0) for s in d.steps] for m in models}
@@ -202,14 +205,12 @@ def plot_step_time(d: RunData, path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("time (s)")
     ax.set_title("Step time split by model (time inside each model's forward passes)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_statuses(d: RunData, path: Path) -> None:
     """Completions per status, step after step (from the events, which are never dropped)."""
-    plt = _plt()
+    plt = pyplot()
     counts = [Counter(e.get("statuses", [])) for e in d.events]
     statuses = [s for s in STATUS_COLORS if any(c[s] for c in counts)] + sorted({s for c in counts for s in c} - set(STATUS_COLORS))
     fig, ax = plt.subplots(figsize=(13, 4.2))
@@ -224,9 +225,7 @@ def plot_statuses(d: RunData, path: Path) -> None:
     ax.set_xlabel("step (line of events.jsonl)")
     ax.set_ylabel("completions (count)")
     ax.set_title("Completions by status over time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 # -- the summary ------------------------------------------------------------------------------

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from rewardstack.fileio import atomic_write_json, jsonable
 
 log = logging.getLogger("rewardstack.telemetry")
 
@@ -31,17 +32,6 @@ SUMMARY = "summary.json"
 INCIDENTS = "incidents"
 SNAPSHOT_SUFFIX = ".snapshot.pickle"
 _SEGMENT = re.compile(r"timeline\.(\d{6})\.jsonl$")
-
-
-def jsonable(x: Any) -> Any:
-    """Strict JSON values: NaN and infinities become null (as in the events `score` writes)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    return x
 
 
 def dumps(record: dict[str, Any]) -> str:
@@ -110,17 +100,13 @@ class RunDir:
             except Exception as e:  # noqa: BLE001 - forensics must not stop scoring
                 log.warning("could not write the allocator snapshot: %s", e)
         path = self.incident_dir / (stem + ".json")
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(jsonable(record), ensure_ascii=False, indent=1), encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_json(path, record)
         self._enforce()
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """Replace summary.json atomically."""
-        tmp = self.path / (SUMMARY + ".tmp")
-        tmp.write_text(json.dumps(jsonable(summary), ensure_ascii=False, indent=1), encoding="utf-8")
-        tmp.replace(self.path / SUMMARY)
+        atomic_write_json(self.path / SUMMARY, summary)
 
     def close(self) -> None:
         """Flush and close the files."""

@@ -8,8 +8,7 @@ device, the tensor-bytes tracker (`rewardstack.memory.tracker`); the process's r
 its high-water mark are read on both. A figure that cannot be measured is None and left out of the
 record, never guessed.
 
-`PeakWindow` measures the peak of one stretch of work (a model call) above what was live when it
-opened, with the same two sources.
+The peak of one stretch of work (a model call, a step) is `rewardstack.memory.peaks.PeakWindow`.
 """
 
 from __future__ import annotations
@@ -177,51 +176,3 @@ def take_snapshot(
         snap = MemorySnapshot(time=time.time(), source="host")
     snap.host_rss, snap.host_rss_peak = host_memory()
     return snap
-
-
-class PeakWindow:
-    """Peak bytes of a stretch of work above what was live when it opened.
-
-    CUDA: resets the allocator's peak and reads `max_memory_allocated`. CPU: a window of the
-    tracker, when the tracker counts the current thread (a model run in host memory has no device
-    peak: None; with `watch=True`, a step's window, the peak of the calls inside that count). Use
-    as a context manager; read `start`, `peak` and `peak_increase` after.
-    """
-
-    def __init__(self, device: torch.device, tracker: TensorBytesTracker | None, *, watch: bool = False) -> None:
-        self.device = device
-        self.tracker = tracker
-        self.watch = watch  # a stretch of several calls (a step): watch the tracker without entering it
-        self.start: int | None = None
-        self.peak: int | None = None
-        self._cm: Any = None
-        self._window: Any = None
-
-    @property
-    def peak_increase(self) -> int | None:
-        """Peak bytes above the start (None when nothing was measured)."""
-        if self.start is None or self.peak is None:
-            return None
-        return self.peak - self.start
-
-    def __enter__(self) -> "PeakWindow":
-        if self.tracker is not None:
-            if self.tracker.is_active():  # never start counting a thread that runs in host memory
-                self._cm = self.tracker.window("call")
-                self._window = self._cm.__enter__()
-                self.start = self._window.start_bytes
-            elif self.watch:  # the calls inside enter the tracker themselves
-                self._cm = self.tracker.watch("step")
-                self._window = self._cm.__enter__()
-                self.start = self._window.start_bytes
-        elif self.device.type == "cuda":  # pragma: no cover - CUDA-only path
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.start = torch.cuda.memory_allocated(self.device)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._cm is not None:
-            self._cm.__exit__(*exc)
-            self.peak = self._window.peak_bytes
-        elif self.start is not None:  # pragma: no cover - CUDA-only path
-            self.peak = torch.cuda.max_memory_allocated(self.device)

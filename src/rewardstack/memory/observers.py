@@ -1,0 +1,59 @@
+"""What the memory layer tells its subscribers: runs, batches, OOMs and placement moves.
+
+The memory layer knows nothing of who listens (telemetry, replay, a benchmark): a subscriber
+derives from `MemoryObserver`, overrides the hooks it needs and is added with
+`MemoryManager.subscribe`. Hooks run inside the scoring loop and must never raise into it.
+
+- `run(name, lengths)`: a context manager around one `MemoryManager.run` call (placement, the
+  shared prefix, every batch): replay's per-model peak.
+- `batch(name, lengths, forward, cost, on_host)`: returns the forward function to run for each
+  batch the guard runs (split halves and CPU fallbacks included), e.g. `forward` timed and
+  measured: the telemetry's call records.
+- `oom(record)`: an out-of-memory error the guard handled (`OomRecord`, with what it did next).
+- `moved(move)`: placement moved a model's weights onto the device or off it (`PlacementMove`).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack.memory.costmodel import CostModel
+    from rewardstack.memory.guard import OomRecord
+
+Forward = Callable[[list[int]], Sequence[Any]]
+
+
+@dataclass
+class PlacementMove:
+    """One model's weights moved by placement."""
+
+    model: str
+    direction: str
+    """`in` (swapped onto the device) or `out` (evicted for another)."""
+    bytes: int
+    seconds: float | None
+    """Wall time of the swap that moved it in (None for an eviction, timed with its swap-in)."""
+    time: float
+    """When the swap began (seconds since the epoch)."""
+
+
+class MemoryObserver:
+    """A subscriber of the memory layer; every hook does nothing unless overridden."""
+
+    def run(self, name: str, lengths: Sequence[int]) -> AbstractContextManager[Any]:
+        """Context around one `MemoryManager.run` call of model run `name`."""
+        return nullcontext()
+
+    def batch(self, name: str, lengths: Sequence[int], forward: Forward, cost: "CostModel",
+              on_host: bool) -> Forward:
+        """The forward function to run each batch of this run with (default: `forward` as is)."""
+        return forward
+
+    def oom(self, record: "OomRecord") -> None:
+        """An OOM the guard handled."""
+
+    def moved(self, move: PlacementMove) -> None:
+        """A placement move."""
