@@ -17,7 +17,6 @@ bench/RESULTS.md (their own section, kept by later full runs).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -19,7 +19,6 @@ per-position loop can afford on CI's two cores. The scorer's memory profile is k
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 import torch
