@@ -42,6 +42,8 @@ def test_long_text_tokenized_prints_no_length_warning(standins: Path, caplog: py
     from transformers import AutoTokenizer
 
     silence_moot_warnings()
+    # transformers' verbosity is process-wide: a test before this one may have run `-q` in process.
+    caplog.set_level(logging.WARNING, logger="transformers")
     tok = AutoTokenizer.from_pretrained(str(standins / "rlhf_reward_model"))
     tok.model_max_length = 512  # as the OpenAssistant scorer bounds it
     ids = tok(" ".join(["word"] * 3 * tok.model_max_length))["input_ids"]

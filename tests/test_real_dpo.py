@@ -50,7 +50,7 @@ def close(a: float, b: float, dtype: str) -> bool:
     """
     tol = TOL * max(1.0, abs(a), abs(b))
     if dtype == "float16" and b != 0.0:
-        tol = max(tol, 2.0 ** (math.floor(math.log2(abs(b))) - 10))  # one float16 step at |b|
+        tol = max(tol, 2 * 2.0 ** (math.floor(math.log2(abs(b))) - 10))  # two float16 steps at |b|
     return abs(a - b) <= tol
 
 

@@ -12,7 +12,7 @@ from rewardstack.config import load_config
 from rewardstack.replay import pathological as path
 from rewardstack.stack import RewardStack, Step
 
-SCORED = {"ok", "truncated"}
+SCORED = {"ok", "truncated", "cut"}  # cut: scored on the first [input] max_chars characters
 
 
 def _config(root: Path, tmp_path: Path) -> Path:

@@ -64,8 +64,11 @@ BUDGET = 48 * 1024**2
 
 def test_long_completions_are_planned_without_oom_and_fitting_scores_are_unchanged(standins, tmp_path) -> None:  # noqa: ANN001
     budget = BUDGET
-    planned = RewardStack(standin_config(standins, tmp_path / "a", memory_budget=budget), load_state=False)
-    free = RewardStack(standin_config(standins, tmp_path / "b"), load_state=False)
+    # The 100,000-character input must reach the models (past the default [input] max_chars it
+    # would be cut before any of them): this test is of the memory plan for long inputs.
+    long_input = {"input": {"max_chars": 200_000}}
+    planned = RewardStack(standin_config(standins, tmp_path / "a", memory_budget=budget, **long_input), load_state=False)
+    free = RewardStack(standin_config(standins, tmp_path / "b", **long_input), load_state=False)
     assert planned.memory.tracker is not None and planned.memory.budget_bytes == budget
     steps = _steps(1, 2, 6, long_chars=100_000)
     for step in steps:

@@ -41,8 +41,8 @@ def completions(n: int = 100, seed: int = 21) -> list[tuple[str, str]]:
     for k in range(15):
         a, b = rng.sample(range(len(ps)), 2)
         out.append((f"pair{k}", ps[a] + " " + ps[b]))
-    for k in range(3):  # 10 to 22 passages: about 400 to 1,300 tokens, most past the 512-token bound
-        picks = rng.sample(range(len(ps)), 10 + 6 * k)
+    for k in range(3):  # 20 to 32 passages: about 700 to 1,500 tokens, past the 512-token bound
+        picks = rng.sample(range(len(ps)), 20 + 6 * k)
         out.append((f"long{k}", " ".join(ps[j] for j in picks)))
     out += [
         ("repeat_the_600", ("the " * 600).strip()),
