@@ -38,19 +38,20 @@ TOL = 1e-4
 _REFERENCE: dict[str, dict[str, float]] = {}
 
 
-def close(a: float, b: float, dtype: str) -> bool:
-    """Equal within 1e-4 relative (absolute below 1); in float16 also within one float16 step of `b`.
+FLOAT16_TOL = 2e-3  # docs/SEMANTICS.md: agreement within 2e-3 relative in float16
 
-    The reference's float16 reward is a float16 number: its resolution is 2^-10 relative (a step of
-    0.002 at -3.9), ten times coarser than 1e-4, so "within 1e-4" there can only mean "the same
-    float16 value or its neighbour". The scorer's log-sum-exp is taken in float32 (docs/SEMANTICS.md,
-    departure 3) and, with the prefix cache, its body's float16 matmuls run on other shapes, so a
-    sum that falls near a rounding boundary can land one step away (seen on this set, prefix cache:
-    -3.94140625 against -3.943359375; full sequences: -5.671875 against -5.66796875).
+
+def close(a: float, b: float, dtype: str) -> bool:
+    """Equal within 1e-4 relative (absolute below 1) in float32; in float16 within the float16
+    tolerance docs/SEMANTICS.md states for every scorer, 2e-3 relative.
+
+    The reference's float16 reward is a float16 number (a step of 0.002 at -3.9, twenty times 1e-4),
+    and the scorer's float16 body runs other shapes (the prefix cache, batching), so its sums land a
+    few float16 steps from the reference's: seen on this set, one to three steps, on a different
+    completion each run (cut4 -3.9414 vs -3.9434, passage40 -3.9434 vs -3.9395, passage20 -3.9063
+    vs -3.9004: 1.5e-3 relative). 1e-4 in float16 is not reachable, and is not claimed.
     """
-    tol = TOL * max(1.0, abs(a), abs(b))
-    if dtype == "float16" and b != 0.0:
-        tol = max(tol, 2 * 2.0 ** (math.floor(math.log2(abs(b))) - 10))  # two float16 steps at |b|
+    tol = (FLOAT16_TOL if dtype == "float16" else TOL) * max(1.0, abs(a), abs(b))
     return abs(a - b) <= tol
 
 
