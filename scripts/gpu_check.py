@@ -254,6 +254,14 @@ def swap_phase(names: list[str], mods: dict[str, tuple], weights: int, dry: bool
     phase_done("5 swaps", t, swapped=swapped, budget=budget, swap_seconds=[round(x, 3) for x in times])
 
 
+def reference_deberta(mods: dict[str, tuple], cfg: Any) -> tuple:  # pragma: no cover - CUDA-only path
+    """The OpenAssistant DeBERTa as the reference ran it, in float32: the stack's own modules when
+    the stack runs it in float32 (the default), else a float32 build of its architecture."""
+    if S.model_dtype("rlhf_reward_model", cfg) == "float32":
+        return mods["rlhf_reward_model"]
+    return build_on_gpu("rlhf_reward_model", S.load_arch(S.model_path("rlhf_reward_model", cfg)), "float32")
+
+
 def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, dry: bool) -> None:
     """6. A real CUDA OOM survived with nothing lost: four DeBERTa reference inputs, each simulated
     at 45% of what the card has left, in one batch; the guard must hit a real OOM, split, and give
@@ -268,9 +276,7 @@ def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, d
     if dry:
         phase_done("6 oom recovery", t, length=length)
         return
-    deberta = mods["rlhf_reward_model"]  # pragma: no cover - CUDA-only path
-    if S.model_dtype("rlhf_reward_model", cfg) != "float32":
-        deberta = build_on_gpu("rlhf_reward_model", S.load_arch(S.model_path("rlhf_reward_model", cfg)), "float32")
+    deberta = reference_deberta(mods, cfg)  # pragma: no cover - CUDA-only path
     m = deberta[0]
     g = torch.Generator().manual_seed(6)
     rows = [torch.randint(5, m.config.vocab_size, (length,), generator=g).tolist() for _ in range(4)]
@@ -496,9 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reference OpenAssistant call: {left / GIB:.2f} GiB left on the card; simulated OOM from {n_oom} tokens "
           f"(peak {S.reference_need('rlhf_reward_model', n_oom).peak_bytes / GIB:.2f} GiB)", flush=True)
     if not dry and "rlhf_reward_model" in mods:  # pragma: no cover - CUDA-only path
-        deberta = mods["rlhf_reward_model"]
-        if S.model_dtype("rlhf_reward_model", cfg) != "float32":
-            deberta = build_on_gpu("rlhf_reward_model", S.load_arch(S.model_path("rlhf_reward_model", cfg)), "float32")
+        deberta = reference_deberta(mods, cfg)
         for length, expect_oom in ((n_oom, True), (int(n_oom * 0.9), False)):
             try:
                 measured_peak(lambda: scorer_pass("rlhf_reward_model", deberta, 1, length, 0, "cuda"))
