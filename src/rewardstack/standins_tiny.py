@@ -11,7 +11,7 @@ rest), not models, so it needs the same code paths at a fraction of the arithmet
 - **Same architecture class, tiny shape.** Each checkpoint is rebuilt from its own `config.json`
   (the class named in `architectures`, loaded by the scorers exactly as before) with one layer,
   hidden size 16, one head; what the family needs stays (GPT-J's rotary dims, DeBERTa's relative
-  attention, LLaMA's grouped KV heads, the 8k DPO context). Parameters whose shape did not change
+  attention (at 32 position buckets), LLaMA's grouped KV heads, the 8k DPO context). Parameters whose shape did not change
   (classifier biases, such as the NSFW stand-in's threshold bias) are carried over; Dahoas's value
   head is rewritten at the new width.
 - **A real WordPiece tokenizer with a small vocabulary.** The same BERT tokenizer (normalizer,
@@ -45,6 +45,10 @@ _SHAPE = {
     "num_attention_heads": TINY_HEADS, "n_head": TINY_HEADS, "num_key_value_heads": 1,
     "intermediate_size": TINY_INTERMEDIATE, "head_dim": TINY_HIDDEN // TINY_HEADS,
     "rotary_dim": 4,  # GPT-J rotates part of each head
+    # DeBERTa's relative attention builds [B, H, L, 2 x buckets] tables in both directions and
+    # gathers them to L x L: at 256 buckets that was the largest kernel time of a tiny soak step.
+    # 32 buckets keep the same code path (log-bucketed positions past 16) at an eighth of the work.
+    "position_buckets": 32,
 }
 
 

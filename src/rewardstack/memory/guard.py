@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from rewardstack.memory.tracker import tensors_in
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -130,7 +131,7 @@ class _RaiseAfter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
-        if not self.fired and any(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
+        if not self.fired and tensors_in(out):
             self.seen += 1
             if self.seen >= self.after:
                 self.fired = True

@@ -11,9 +11,8 @@ import threading
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from rewardstack.memory.tracker import TensorBytesTracker, storage_of
+from rewardstack.memory.tracker import TensorBytesTracker, storage_of, tensors_in
 from rewardstack.planning.archs import SimulationError
 
 
@@ -30,15 +29,13 @@ class SimTracker(TensorBytesTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if func in _VALUE_READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return _answer(self, func, args[0])  # one mode, not two: every op pays for each mode
-        flat_in, _ = tree_flatten((args, kwargs or {}))
-        inputs = {id(s) for t in flat_in if isinstance(t, torch.Tensor) and (s := storage_of(t)) is not None}
+        inputs = {id(s) for s in map(storage_of, tensors_in((args, kwargs or {}))) if s is not None}
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                st = storage_of(t)
-                if st is not None and id(st) not in inputs and st.nbytes() > self.largest[0]:
-                    where = self.module_stack[-1] if self.module_stack else ""
-                    self.largest = (int(st.nbytes()), str(func), tuple(t.shape), where)
+        for t in tensors_in(out):
+            st = storage_of(t)
+            if st is not None and id(st) not in inputs and st.nbytes() > self.largest[0]:
+                where = self.module_stack[-1] if self.module_stack else ""
+                self.largest = (int(st.nbytes()), str(func), tuple(t.shape), where)
         return out
 
 

@@ -94,7 +94,7 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"{m['slope_bytes_per_step']:.2f} bytes/step (limit {m['max_slope']:g}), range {m['rest_bytes_min']}..{m['rest_bytes_max']}; "
         + (f"RSS slope {rss:.0f} bytes/step (limit {m['max_rss_slope']:g}"
            + ("" if m.get("span_steps", 0) >= RSS_MIN_SPAN else f"; not judged: segments span {m.get('span_steps', 0):.0f} "
-              f"steps, under {RSS_MIN_SPAN}") + "), range {m['rss_bytes_min'] / 2**20:.0f}.."
+              f"steps, under {RSS_MIN_SPAN}") + f"), range {m['rss_bytes_min'] / 2**20:.0f}.."
            f"{m['rss_bytes_max'] / 2**20:.0f} MiB" if rss is not None else "RSS not measured"),
         f"  comparison with the clean run: events {c['events']}/{c['expected']}, missing {c['missing']}, duplicated "
         f"{c['duplicates']}, in order {c['in_order']}; values differing {c['mismatched_values']} (beyond {TOL:g}); "

@@ -44,7 +44,7 @@ from rewardstack.scorers.attention import AttentionChoice
 from rewardstack.scorers.attention import install as install_attention
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.charbound import head_for_tokens
-from rewardstack.scorers.common import sane_max_length
+from rewardstack.scorers.common import pad_rows, sane_max_length
 from rewardstack.scorers.dpo_chunks import ChunkPolicy, tune_chunk
 from rewardstack.scorers.dpo_numerics import (  # noqa: F401 - re-exported: the scorer's numerics
     LOW,
@@ -177,9 +177,7 @@ class DpoScorer(Scorer):
         c = runner.length
         h, _ = runner.run([x[c:] for x in ids])
         n = torch.tensor([len(x) for x in ids], device=device)
-        padded = torch.full((len(ids), int(n.max())), self.pad_id, dtype=torch.long)
-        for k, x in enumerate(ids):
-            padded[k, : len(x)] = torch.tensor(x)
+        padded = pad_rows(ids, self.pad_id)[0]
         hidden_at = lambda s, p: runner.rows(h, s, p)  # noqa: E731
         out = chunked_logprobs(
             hidden_at, self.logit_head, padded.to(device), torch.tensor(list(plens), device=device), n,

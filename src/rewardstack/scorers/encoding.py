@@ -16,6 +16,7 @@ import torch
 
 from rewardstack.memory.guard import Outcome
 from rewardstack.scorers.base import Runtime, Status
+from rewardstack.scorers.common import pad_rows
 
 SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 says 1e30) is not believed
 # Families whose position ids start at padding_idx + 1: two position rows are never usable.
@@ -86,15 +87,8 @@ def pad_batch(
     types: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device."""
-    n, width = len(rows), max(1, max(len(r) for r in rows))
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    tt = torch.zeros((n, width), dtype=torch.long) if types is not None else None
-    for j, r in enumerate(rows):
-        ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[j, : len(r)] = 1
-        if tt is not None and types is not None:
-            tt[j, : len(r)] = torch.tensor(types[j], dtype=torch.long)
+    ids, mask = pad_rows(rows, pad_id)
+    tt = pad_rows(types, 0, width=ids.shape[1])[0] if types is not None else None
     device = model_device(model)
     batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
     if tt is not None and accepts(model, "token_type_ids"):

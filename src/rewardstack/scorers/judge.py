@@ -24,7 +24,7 @@ import torch
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
-from rewardstack.scorers.common import sane_max_length
+from rewardstack.scorers.common import pad_rows, sane_max_length
 from rewardstack.scorers.kvcache import choose_path, greedy_tokens
 from rewardstack.scorers.prefix import dummy_ids, model_device, save_standin_tokenizer
 from rewardstack.models import JUDGE
@@ -117,12 +117,7 @@ class JudgeScorer(Scorer):
     def generate(self, ids: list[list[int]]) -> list[str]:
         """Greedy 2-token continuations of left-padded inputs, decoded without special tokens."""
         device = model_device(self.model)
-        width = max(len(x) for x in ids)
-        batch = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(ids), width), dtype=torch.long)
-        for k, x in enumerate(ids):
-            batch[k, width - len(x) :] = torch.tensor(x)
-            mask[k, width - len(x) :] = 1
+        batch, mask = pad_rows(ids, self.pad_id, left=True)
         if not self.use_cache:
             new = greedy_tokens(self.model, batch.to(device), mask.to(device), NEW_TOKENS, self.pad_id)
             return self.tokenizer.batch_decode(new, skip_special_tokens=True)
@@ -130,7 +125,7 @@ class JudgeScorer(Scorer):
             input_ids=batch.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS,
             do_sample=False, pad_token_id=self.pad_id,
         )
-        return self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        return self.tokenizer.batch_decode(out[:, batch.shape[1]:], skip_special_tokens=True)
 
     def score(self, request: ScoreRequest) -> ScoreResult:
         res = ScoreResult.failed_only(request)

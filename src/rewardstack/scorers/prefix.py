@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from rewardstack.scorers.common import pad_rows
+
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     """Length of the longest token prefix common to all `seqs`, leaving each at least one token.
@@ -123,11 +125,7 @@ class PrefixRunner:
         st = self.state()
         b = len(suffixes)
         s = max(len(x) for x in suffixes)
-        ids = torch.full((b, s), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((b, s), dtype=torch.long)
-        for k, x in enumerate(suffixes):
-            ids[k, : len(x)] = torch.tensor(list(x), dtype=torch.long)
-            mask[k, : len(x)] = 1
+        ids, mask = pad_rows(suffixes, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
         kwargs: dict = {}
         if st.length:
@@ -145,10 +143,7 @@ class PrefixRunner:
         if accepts(self.body, "position_ids"):  # ALiBi models may not take them
             kwargs["position_ids"] = pos
         if types is not None:
-            tt = torch.zeros((b, s), dtype=torch.long)
-            for k, t in enumerate(types):
-                tt[k, : len(t)] = torch.tensor(list(t), dtype=torch.long)
-            kwargs["token_type_ids"] = tt.to(device)
+            kwargs["token_type_ids"] = pad_rows(types, 0, width=s)[0].to(device)
         out = self.body(input_ids=ids, attention_mask=attn, **kwargs)
         return out.last_hidden_state, mask.bool()
 
