@@ -594,8 +594,13 @@ class RewardStack:
         started = time.time()
         results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
         embeddings: list[dict[str, list[Embedding]]] = [{} for _ in parsed]
+        # The models in the order they run: while one runs, its successor is prefetched (a swapped
+        # model's weights copied on the side stream, CUDA only), so the copy overlaps the passes.
+        order = [n for n in (*REWARD_MODELS, *MASKS) if n in self.scorers and self.scorers[n].modules()]
+        upcoming = dict(zip(order, order[1:]))
         for name in REWARD_MODELS:
             if name in self.scorers:
+                self.memory.up_next = upcoming.get(name)
                 for view, res in zip(views, results):
                     step = view.step
                     res[name] = view.mark(self.run_scorer(name, ScoreRequest(step.prompt, step.completions, step.name)), mask=False)
@@ -603,6 +608,7 @@ class RewardStack:
             scorer = self.scorers.get(name)
             if scorer is None or isinstance(scorer, Blacklist):
                 continue
+            self.memory.up_next = upcoming.get(name)
             for view, res, emb in zip(views, results, embeddings):
                 step = view.step
                 base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
@@ -611,6 +617,7 @@ class RewardStack:
                     emb[name] = view.mark_embeddings(self.embed(scorer, request))
                 else:
                     res[name] = view.mark(self.run_scorer(name, request), mask=True)
+        self.memory.up_next = None  # a pass outside the step (a profile) prefetches nothing
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
         # The step as read goes on (blacklist, best, event): nothing past max_chars is kept or echoed.

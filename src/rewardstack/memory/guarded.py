@@ -69,6 +69,11 @@ class GuardedRun:
         if self.placement is not None and owner in self.placement.names():
             self.placement.ensure(owner)
             on_host = self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
+            if self.up_next is not None and self.up_next != owner and self.up_next in self.placement.names():
+                # After this model is on the card, so the copy cannot evict it: on CUDA with pinned
+                # host copies the next model's weights move on the side stream while this one
+                # computes; elsewhere `prefetch` declines and `ensure` moves it when it runs.
+                self.placement.prefetch(self.up_next)
         cost = self.cost_model(name)
         if prepare is not None:
             self._prepare(name, prepare, on_host)

@@ -93,6 +93,8 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
         self.non_torch_bytes = 0
         self.fallbacks_total = 0  # inputs scored by a CPU fallback
         self.placement: Placement | None = None
+        self.up_next: str | None = None
+        """The model the stack runs after the current one: prefetched once the current one is placed."""
         self.budget: Budget | None = None
         # Telemetry (rewardstack.telemetry.monitor.Monitor): sees every batch the guard runs and
         # every OOM; None: nothing is recorded.
