@@ -106,11 +106,13 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
 
     @classmethod
     def for_config(cls, cfg: Any, *, recalibrate: bool = False) -> "MemoryManager":
-        """The manager a stack built from `cfg` uses: its device and margin, and the calibration
-        cache beside the config file (`<config>.calibration.json`; none for a config built in code)."""
+        """The manager a stack built from `cfg` uses: its device and margin, and the config's
+        calibration cache (`[memory] calibration_file`, else in the config's home folder,
+        `rewardstack.paths.calibration_file`; none for a config built in code)."""
         from rewardstack.memory.calibration import cache_path_for
 
-        path = cache_path_for(getattr(cfg, "source", None))
+        memory = getattr(cfg, "memory", None)
+        path = cache_path_for(getattr(cfg, "source", None), getattr(memory, "calibration_file", None))
         cache = CalibrationCache(path, recalibrate=recalibrate) if path is not None or recalibrate else None
         return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache)
 
