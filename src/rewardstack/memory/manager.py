@@ -68,8 +68,11 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
         simulate: bool | None = None,
         calibration: CalibrationCache | None = None,
         snapshot: Callable[[torch.device], DeviceSnapshot] | None = None,
+        profile_limit_s: float | None = None,
     ) -> None:
         self.device = torch.device(device)
+        self.profile_limit_s = profile_limit_s
+        """Time cap of a profile asked for mid-run (`[memory] profile_seconds`; None: none)."""
         self.budget_bytes = budget_bytes
         self.margin = margin
         self.injector = injector
@@ -114,7 +117,8 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
         memory = getattr(cfg, "memory", None)
         path = cache_path_for(getattr(cfg, "source", None), getattr(memory, "calibration_file", None))
         cache = CalibrationCache(path, recalibrate=recalibrate) if path is not None or recalibrate else None
-        return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache)
+        return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache,
+                   profile_limit_s=getattr(memory, "profile_seconds", None))
 
     def describe_model(self, model_cfg: Any) -> None:
         """Record what a scorer's fits depend on (its config entry, and local checkpoints' files),
