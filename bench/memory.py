@@ -190,7 +190,10 @@ def huge_completion_row(chars: int = HUGE_CHARS, budget: int | None = None) -> N
             cfg.write_text(text, encoding="utf-8")
             import shutil
 
-            shutil.copy(warm.with_name("stack-warm.calibration.json"), cfg.with_name(cfg.stem + ".calibration.json"))
+            from rewardstack.paths import calibration_file  # each config's cache, in its folder of the home
+
+            calibration_file(cfg).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(calibration_file(warm), calibration_file(cfg))
             wall, rss, events = _score_rss(cfg, path, root / f"ev-{len(rows)}.jsonl")
             status = events[1]["statuses"][3]
             rows.append((label, wall, rss, status))

@@ -1,7 +1,7 @@
 """Start-up time with and without saved cost models: the calibration cache's benchmark.
 
 Builds the offline stand-in stack twice from a config file in a fresh folder: the first start
-profiles every model and saves the fits beside the config (`stack.calibration.json`); the second
+profiles every model and saves the fits in the config's home (`$REWARDSTACK_HOME/stack-<hash>/calibration/`); the second
 reads them and profiles nothing. Each start runs in a fresh process (a restart) and times the
 stack's construction inside it. Prints both times, the time spent profiling, and their ratio.
 

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
+import os
+import shutil
+import tempfile
+
+import pytest
 
 from rewardstack import config as config_mod
 from rewardstack import models
+
+
+_HOME: dict[str, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One temporary $REWARDSTACK_HOME for the whole session (subprocesses inherit it): no test writes
+    the operator's ~/.cache/rewardstack, and stacks built from one config file still share one
+    calibration cache across tests, as restarts would. The real checkpoints stay where they were
+    fetched ($REWARDSTACK_REAL_CACHE, pinned before the home moves)."""
+    from rewardstack.realmodels import CACHE_ENV, default_cache
+
+    os.environ.setdefault(CACHE_ENV, str(default_cache()))
+    _HOME["path"] = os.environ["REWARDSTACK_HOME"] = tempfile.mkdtemp(prefix="rewardstack-test-home-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "path" in _HOME:
+        shutil.rmtree(_HOME.pop("path"), ignore_errors=True)
 
 
 def use_builder(monkeypatch: pytest.MonkeyPatch, name: str, builder: str) -> None:
@@ -53,7 +75,7 @@ def standin_config(root, state_dir, **top):  # noqa: ANN001, ANN003, ANN201
     """A StackConfig over the stand-ins with every model on (all five reward models weighted).
 
     Its source is the stand-ins' stack.toml, so every stack built from it shares one calibration
-    cache (stack.calibration.json): the session profiles each model once, as a restart would.
+    cache (in the session's $REWARDSTACK_HOME): the session profiles each model once, as a restart would.
     """
     import tomllib
 

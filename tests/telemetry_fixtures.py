@@ -4,20 +4,26 @@
 plain tensor computation whose activations are exactly `BYTES_PER_TOKEN` per padded token, so the
 simulated device sees a known peak. Class attributes switch on the behaviours under test:
 `extra_on_call` (allocate `EXTRA_BYTES` more in that call only, 1-based), `leak_per_step` (keep
-that many bytes on the device after every step) and `max_batch`.
+that many bytes on the device after every step), `max_batch` and `profile_in_step` (in that
+score call, 1-based, ask the manager mid-run for a profile of `SLOW_SHAPES` at `SLOW_SECONDS` a
+shape, under the manager's `profile_limit_s`, as DPO's chunk policy does under a tight budget).
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
 
 from rewardstack import config as config_mod
 from conftest import use_builder
+from rewardstack.memory.costmodel import ProfileCapped
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
+SLOW_SECONDS = 0.1
+SLOW_SHAPES = [(1, 8), (1, 16), (1, 32), (2, 32), (1, 64), (2, 64)]
 BYTES_PER_TOKEN = 4096  # float32 x 1024 features
 EXTRA_BYTES = 64 * 1024**2
 CHARS_PER_TOKEN = 4
@@ -35,11 +41,13 @@ class HogScorer(Scorer):
     extra_on_call: int | None = None
     leak_per_step: int = 0
     max_batch: int | None = None
+    profile_in_step: int | None = None
 
     def __init__(self, name: str, runtime: Runtime) -> None:
         self.name = name
         self.runtime = runtime
         self.calls = 0
+        self.score_calls = 0
         self.kept: list[torch.Tensor] = []
         self.passes: list[tuple[list[int], int]] = []  # (indices, padded length) of every pass it ran
         runtime.memory.calibrate(name, lambda b, n: self._pass(b, n), max_length=64,
@@ -51,6 +59,17 @@ class HogScorer(Scorer):
         return (x * 2).sum(dim=(1, 2))
 
     def score(self, request: ScoreRequest) -> ScoreResult:
+        self.score_calls += 1
+        if self.score_calls == self.profile_in_step:
+            def slow(b: int, n: int) -> torch.Tensor:
+                time.sleep(SLOW_SECONDS)
+                return self._pass(b, n)
+
+            mem = self.runtime.memory
+            try:
+                mem.calibrate(f"{self.name}[slow]", slow, max_length=64, shapes=SLOW_SHAPES, limit_s=mem.profile_limit_s)
+            except ProfileCapped:
+                pass  # the hog keeps its load-time cost model, as DPO keeps its measured chunk
         res = ScoreResult.failed_only(request)
         live = request.live()
         lengths = [tokens(request.completions[i] or "") for i in live]
@@ -90,7 +109,7 @@ HOG = "rlhf_reward_model"  # the model slot the hog takes (a reward model with w
 def hog_config(tmp_path, fake_registry, monkeypatch):  # noqa: ANN001, ANN201
     """A CPU stack config: the hog as `rlhf_reward_model`, fakes for the other models."""
     use_builder(monkeypatch, HOG, "telemetry_fixtures:build_hog")
-    for attr in ("extra_on_call", "leak_per_step", "max_batch"):
+    for attr in ("extra_on_call", "leak_per_step", "max_batch", "profile_in_step"):
         monkeypatch.setattr(HogScorer, attr, getattr(HogScorer, attr))
     return lambda **top: config_mod.from_dict({"device": "cpu", "state_dir": str(tmp_path / "state"), **top})
 

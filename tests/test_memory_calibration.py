@@ -18,6 +18,7 @@ import torch
 from causal_fixtures import make_runtime
 from rewardstack.config import ModelConfig
 from rewardstack.memory import MemoryManager
+from rewardstack import paths
 from rewardstack.memory.calibration import CalibrationCache, cache_path_for
 from rewardstack.memory.costmodel import CostModel, profile_shapes
 from rewardstack.memory.planner import plan_batches
@@ -124,7 +125,9 @@ def test_a_restart_reads_saved_cost_models_and_does_not_profile(standins, tmp_pa
     first = RewardStack.from_config(str(path), load_state=False)
     assert first.memory.profiled == ["rlhf_reward_model"]
     cache = cache_path_for(path)
-    assert cache is not None and cache.exists() and cache.parent == tmp_path  # beside the config
+    # In the config's own folder of rewardstack's home (the suite's temporary $REWARDSTACK_HOME).
+    assert cache is not None and cache.exists() and cache == paths.calibration_file(path)
+    assert cache.is_relative_to(paths.home()) and not cache.is_relative_to(tmp_path)
     assert not (Path(first.config.state_dir) / cache.name).exists()  # not in the scoring state
     second = RewardStack.from_config(str(path), load_state=False)
     assert second.memory.profiled == [] and second.memory.calibration.hits == 1

@@ -116,7 +116,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Cap
     assert main(["plan", "--config", str(config), "--device-memory", "4GiB", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     # The simulated peaks were kept on disk, per architecture: a second run reads them, same plan.
-    assert list((tmp_path / "home" / "simulate").glob("*.json"))
+    assert list((tmp_path / "home" / "plan-cache").glob("*.json"))
     S._CACHE.clear()
     assert main(["plan", "--config", str(config), "--device-memory", "4GiB", "--json", str(tmp_path / "again.json")]) == 0
     capsys.readouterr()

@@ -20,14 +20,15 @@ CALL = {"type", "model", "time", "seconds", "batch", "padded_length", "padded_to
         "predicted_bytes", "peak_bytes", "start_bytes", "error_ratio", "outcome", "on_host", "fallback", "injected",
         "step", "step_name", "completions", "longest"}
 STEP = {"type", "step", "name", "time", "seconds", "completions", "statuses", "model_statuses", "models", "calls",
-        "ooms", "peak_bytes", "rest", "budget_bytes", "budget_line_bytes", "declared", "alarms", "card"}
+        "ooms", "peak_bytes", "rest", "budget_bytes", "budget_line_bytes", "declared", "alarms", "card",
+        "profiling_seconds", "profiles"}
 STEP_MODEL = {"calls", "seconds", "peak_bytes", "predicted_bytes", "ooms"}
 START = {"type", "time", "device", "source", "budget_bytes", "budget", "budget_line_bytes", "rest", "cost_models", "models"}
 END = {"type", "time", "steps"}
 TRACKER_SNAPSHOT = {"time", "source", "allocated", "reserved", "active", "inactive_split", "peak", "num_alloc_retries",
                     "num_ooms", "host_rss", "host_rss_peak"}
 SUMMARY = {"started", "updated", "device", "budget_bytes", "steps", "completions", "models", "top_calls", "ooms",
-           "incidents", "incident_files", "swaps", "alarms", "rest"}
+           "incidents", "incident_files", "swaps", "alarms", "rest", "profiling"}
 OUTCOMES = {"ok", "split", "cpu_fallback", "oom", "error"}
 
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from rewardstack.argtypes import positive_int
 from rewardstack.errors import InputError
 from rewardstack.fileio import read_steps
-from rewardstack.paths import default_home
+from rewardstack import paths
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -29,6 +29,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from rewardstack.cli_errors import check_folder, check_input_file, check_output_file
     from rewardstack.runner import run_score
 
+    args.run_dir = paths.run_dir_for(args.run_dir, args.config, "score")  # a bare --run-dir: a new one in the home
     check_input_file(args.input)  # ordinary mistakes found before any model loads
     check_output_file(args.output)
     check_folder(args.run_dir, "--run-dir")
@@ -95,7 +96,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rewardstack.stack import RewardStack, Step
     from rewardstack.standins import make_standins
 
-    home = Path(args.dir) if args.dir else default_home() / "standins"
+    home = Path(args.dir) if args.dir else paths.standins()
     print(f"stand-in models in {home} (built on first use)", file=sys.stderr)
     config_path = make_standins(home)
     cfg = load_config(config_path)
@@ -162,9 +163,17 @@ def add_input_flags(p: argparse.ArgumentParser) -> None:
                    "line (overrides [input] max_completions, default 256)")
 
 
+HOME_EPILOG = """\
+where files go (README "Where files go"): everything a command is not told where to put lands
+under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/, and one
+folder per config file, <config stem>-<hash>/ with state/ (unless the config states state_dir),
+calibration/cache.json (unless [memory] calibration_file) and runs/ (soak, bare --run-dir)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `rewardstack` command."""
-    p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0], epilog=HOME_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
     p.add_argument("-q", "--quiet", action="count", default=0,
@@ -177,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
     s.add_argument("--output", required=True, help="events, one per line ('-' for stdout)")
     s.add_argument("--save-every", type=positive_int, default=1, help="commit state and events every N steps (and at the end); a rerun resumes after the last commit")
-    s.add_argument("--run-dir", help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md)")
+    s.add_argument("--run-dir", nargs="?", const=paths.BARE_RUN_DIR, metavar="DIR",
+                   help="write timeline.jsonl, events.jsonl, incidents/, summary.json here (docs/TELEMETRY.md); "
+                        "bare --run-dir: a new folder score-<time> under $REWARDSTACK_HOME/<config stem>-<hash>/runs "
+                        "(default: [telemetry] run_dir, else none)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
     add_memory_flags(s)
     add_input_flags(s)

@@ -15,18 +15,22 @@ Layout (keys of `[models.*]` are the spec's event names):
     enabled = true
 
 A model left out of the file takes its default; `weight = 0` or `enabled = false` turns it off.
-Relative local paths are resolved against the config file's folder.
+Relative local paths are resolved against the config file's folder. A config that states no
+`state_dir` keeps its state in its own folder of rewardstack's home (`rewardstack.paths`:
+`$REWARDSTACK_HOME/<stem>-<hash>/state`), not in whatever folder the command runs from.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rewardstack import paths
 from rewardstack.errors import ConfigError
 from rewardstack.lockfile import apply_lock
 from rewardstack.models import ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, option_keys, parse_options, spec
@@ -83,8 +87,9 @@ class StackConfig:
 
     device: str = "cpu"
     """Torch device the models run on: `cpu`, `cuda`, `cuda:0`, ..."""
-    state_dir: str = "state"
-    """Folder for state that outlives the process (normalizer statistics, diversity history)."""
+    state_dir: str = field(default_factory=lambda: str(paths.state_dir(None)),
+                           metadata={"shown_default": "$REWARDSTACK_HOME/<config stem>-<hash>/state"})
+    """Folder for state that outlives the process (normalizer statistics, diversity history); relative to the config file. Unset: $REWARDSTACK_HOME/<config stem>-<hash>/state (rewardstack.paths)."""
     memory_budget: int | None = None
     """Activation budget in bytes. On CUDA, None means total memory x utilization minus weights minus headroom; on CPU, None means unlimited."""
     gpu_utilization: float = 0.9
@@ -226,6 +231,8 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
     tables = {name: parse_table(cls, data.get(name), name) for name, cls in TABLES.items()}
     if tables["telemetry"].run_dir is not None:
         tables["telemetry"].run_dir = _resolve_dir(tables["telemetry"].run_dir, base)
+    if tables["memory"].calibration_file is not None:
+        tables["memory"].calibration_file = _resolve_dir(tables["memory"].calibration_file, base)
     if tables["service"].tokens_file is not None:
         tables["service"].tokens_file = _resolve_dir(tables["service"].tokens_file, base)
     if "device" in top and not isinstance(top["device"], str):
@@ -234,6 +241,9 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
         if not isinstance(top["state_dir"], str) or not top["state_dir"]:
             raise ConfigError("state_dir", "must be a non-empty string")
         top["state_dir"] = _resolve_dir(top["state_dir"], base)
+    else:
+        top["state_dir"] = str(paths.state_dir(source))
+        _warn_of_old_state(top["state_dir"])
     for key in ("memory_budget", "headroom_bytes"):
         v = top.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
@@ -249,6 +259,20 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
         parts = ", ".join(f"{n}={cfg.models[n].weight:g}" for n in REWARD_MODELS if cfg.models[n].weight)
         raise ConfigError("models.*.weight", f"reward model weights must sum to 1, got {total:g} ({parts})")
     return cfg
+
+
+def _warn_of_old_state(default: str) -> None:
+    """Name a state left in ./state by an older rewardstack (whose default that was), once per folder:
+    silently starting a fresh state would reset the normalizer statistics."""
+    old = Path.cwd() / "state"
+    if (old / "state.safetensors").exists() and old.resolve() not in _WARNED and not Path(default).exists():
+        _WARNED.add(old.resolve())
+        log.warning("%s holds a state, but a config without state_dir now keeps its state in %s: "
+                    "set state_dir = %r in the config to keep using the old one", old, default, str(old.resolve()))
+
+
+_WARNED: set[Path] = set()
+log = logging.getLogger("rewardstack.config")
 
 
 def _resolve_dir(path: str, base: Path | None) -> str:

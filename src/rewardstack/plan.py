@@ -357,9 +357,9 @@ def cmd_plan(args: Any) -> int:
     """`rewardstack plan`: print the table (and write --json)."""
     from rewardstack.settings import parse_bytes
 
-    from rewardstack.paths import default_home
+    from rewardstack.paths import plan_cache
 
-    cache = None if args.no_cache else str(default_home() / "simulate")
+    cache = None if args.no_cache else str(plan_cache())
     size = parse_bytes(args.device_memory, key="--device-memory") if args.device_memory else None
     table, plan = run_plan(args.config, size, args.dtype, args.json, cache)
     print(table)

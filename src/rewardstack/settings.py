@@ -154,7 +154,8 @@ def explain_table(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
     for f in fields(cls):  # type: ignore[arg-type]
         default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
         kind = "bytes" if f.metadata.get("bytes") else getattr(hints[f.name], "__name__", str(hints[f.name]).replace("typing.", ""))
-        rows.append((f"{prefix}.{f.name}", kind, repr(default), docs.get(f.name, "")))
+        shown = f.metadata.get("shown_default", repr(default))  # a default computed from the config: its rule
+        rows.append((f"{prefix}.{f.name}", kind, shown, docs.get(f.name, "")))
     return rows
 
 
@@ -173,6 +174,10 @@ class MemorySettings:
 
     device_memory: int | None = byte_field(None)
     """Behave as on a card of this size (e.g. "40GiB"): budget, placement and a hard cap on CUDA; on CPU the simulated device's size. Unset: the real card (CUDA) or `memory_budget` (CPU)."""
+    profile_seconds: float = field(default=30.0, metadata={"check": _positive})
+    """Time cap of a profile a tight budget asks for mid-run, inside a step (DPO's smaller logits chunk): past it the profile stops, the setting is not used and the inputs it would have saved are cut (status `truncated`). Load-time profiles have none."""
+    calibration_file: str | None = None
+    """The calibration cache: fitted cost models reused at start (relative to the config file). Unset: $REWARDSTACK_HOME/<config stem>-<hash>/calibration/cache.json (rewardstack.paths); none for a config built in code."""
 
 
 @dataclass
@@ -180,7 +185,7 @@ class TelemetrySettings:
     """`[telemetry]`: the run directory, its size cap, metrics and alarms."""
 
     run_dir: str | None = None
-    """Folder for timeline.jsonl, events.jsonl, incidents/ and summary.json (relative to the config file). Unset: no run directory unless a command's --run-dir gives one."""
+    """Folder for timeline.jsonl, events.jsonl, incidents/ and summary.json (relative to the config file). Unset: no run directory unless a command's --run-dir gives one (a bare --run-dir: a new folder under $REWARDSTACK_HOME/<config stem>-<hash>/runs)."""
     max_bytes: int = byte_field(256 * 1024**2, check=_positive)
     """Cap on the run directory's timeline and incidents together (rotated, oldest first); the events are never dropped."""
     keep_incidents: int = field(default=50, metadata={"check": _positive})

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from rewardstack.memory.calibration import calibration_key, environment
-from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
+from rewardstack.memory.costmodel import CostModel, ProfileCapped, profile, profile_shapes
+from rewardstack.memory.observers import ProfileRecord
 from rewardstack.memory.peaks import PeakWindow
 from rewardstack.memory.tracker import TensorBytesTracker
 
@@ -39,6 +40,7 @@ class Calibrating:
         max_tokens: int | None = None,
         tune: Callable[[], dict[str, Any]] | None = None,
         apply: Callable[[dict[str, Any]], None] | None = None,
+        limit_s: float | None = None,
     ) -> CostModel:
         """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
 
@@ -52,6 +54,10 @@ class Calibrating:
         `apply(settings)` hands them, or the cached ones, back to the scorer.
         `shapes` may be a function of those settings (a tuned pass size decides how wide the
         profiled batches must reach); its qualified name then stands for it in the cache key.
+        `limit_s` caps the profile's time (a profile asked for mid-run, inside a step): past it
+        `costmodel.ProfileCapped` is raised, nothing is fitted or cached, and the caller keeps a
+        setting it has a cost model for. Every profile that runs is told to the observers
+        (`ProfileRecord`: the telemetry's `profiling` records).
 
         With a calibration cache and a known model (`model_keys`), a fit saved under the same key
         is reused without profiling. Inside `deferred_calibration()` the work is queued until
@@ -86,9 +92,19 @@ class Calibrating:
                     shapes_ = list(grid_of(settings))
                 else:
                     shapes_ = grid if grid is not None else profile_shapes(max_length, max_batch, use_chunk, max_tokens)
-                cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows)
+                began = time.time()
+                try:
+                    cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows,
+                                   limit_s=limit_s)
+                except ProfileCapped as e:
+                    self.calibration_seconds += time.perf_counter() - started
+                    self._publish_profile(ProfileRecord(name, name.split("[", 1)[0], began, time.perf_counter() - started,
+                                                        len(shapes_), e.measured, True, limit_s))
+                    raise
                 self.profiled.append(name)
                 self.calibration_seconds += time.perf_counter() - started
+                self._publish_profile(ProfileRecord(name, name.split("[", 1)[0], began, time.perf_counter() - started,
+                                                    len(shapes_), len(shapes_), False, limit_s))
                 if self.calibration is not None and key is not None:
                     self.calibration.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
             self.set_cost_model(name, cost)
@@ -104,6 +120,10 @@ class Calibrating:
         if self.placement is not None and owner in self.placement.names():
             self.placement.ensure(owner)  # a profile after start-up (DPO's smaller chunk) runs where scoring does
         return work()
+
+    def _publish_profile(self, record: ProfileRecord) -> None:
+        for o in list(self.observers):
+            o.profiled(record)
 
     def _calibration_key(self, name: str, args: dict[str, Any]) -> str | None:
         owner = name.split("[", 1)[0]

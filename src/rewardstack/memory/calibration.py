@@ -1,4 +1,4 @@
-"""The calibration cache: fitted cost models (and tuned settings) saved beside the config, reused at start.
+"""The calibration cache: fitted cost models (and tuned settings) saved in the config's home, reused at start.
 
 Profiling every model at every start costs a forward pass per profiled shape per model (minutes for
 the full stack on a card). The fits depend only on what was profiled and where, so each one is
@@ -10,8 +10,10 @@ stored under a key made of:
 
 A later start with the same key reads the fit instead of profiling; any change to one of these, or
 `--recalibrate`, profiles again (and overwrites the entry). The file is JSON, written atomically,
-separate from the scoring state (`state_dir`): deleting it only costs the next start its profile
-runs. A damaged file is logged and ignored (the start profiles), never an error.
+at `$REWARDSTACK_HOME/<config stem>-<hash>/calibration/cache.json` (`rewardstack.paths`; the
+config's `[memory] calibration_file` overrides), separate from the scoring state (`state_dir`):
+deleting it only costs the next start its profile runs. A damaged file is logged and ignored (the
+start profiles), never an error.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 
+from rewardstack import paths
 from rewardstack.fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.memory")
@@ -53,12 +56,15 @@ def calibration_key(model: dict[str, Any], profile: dict[str, Any], env: dict[st
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
 
-def cache_path_for(config_source: Path | str | None) -> Path | None:
-    """`stack.toml` -> `stack.calibration.json` beside it; None for a config built in code."""
+def cache_path_for(config_source: Path | str | None, explicit: str | Path | None = None) -> Path | None:
+    """The calibration cache of a config: `explicit` (its `[memory] calibration_file`) if set, else
+    `paths.calibration_file(config)` in rewardstack's home; None for a config built in code (its fits
+    stay in memory: it has no file to key a home by that a later start would find again)."""
+    if explicit is not None:
+        return Path(explicit)
     if config_source is None:
         return None
-    p = Path(config_source)
-    return p.with_name(p.stem + ".calibration.json")
+    return paths.calibration_file(config_source)
 
 
 class CalibrationCache:

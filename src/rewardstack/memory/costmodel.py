@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -245,26 +246,52 @@ def profile_shapes(
     return [(b, l) for l in lengths for b in batches if b == 1 or max_tokens is None or b * l <= max_tokens]
 
 
+class ProfileCapped(RuntimeError):
+    """A profile stopped by its time cap before its last shape (`profile(..., limit_s=)`)."""
+
+    def __init__(self, measured: int, shapes: int, seconds: float, limit_s: float) -> None:
+        super().__init__(f"profile stopped after {measured} of {shapes} shapes ({seconds:.1f}s; cap {limit_s:g}s)")
+        self.measured, self.shapes, self.seconds, self.limit_s = measured, shapes, seconds, limit_s
+
+
 def profile(
     run: Callable[[int, int], object],
     measure: Callable[[Callable[[], object]], int],
     shapes: Sequence[tuple[int, int]],
     chunk: int | None = None,
     chunk_rows: bool = False,
+    *,
+    limit_s: float | None = None,
 ) -> CostModel:
     """Measure `run(B, L)` at each shape with `measure` (returns peak bytes) and fit a cost model.
 
     A shape that runs out of (real) memory is skipped and logged: the profile must not crash the
     load on a device that is already tight; the plan then simply never reaches that shape's size.
+
+    `limit_s` caps the profile's wall time: before each shape its time is predicted from the last
+    shape's seconds per token (the grid grows, so the last shape is the closest in size), and the
+    profile raises `ProfileCapped` rather than start a shape that would end past the cap (or once
+    the cap has passed). A shape already running is never interrupted, so the bound is the cap
+    plus one shape's misprediction. A capped profile fits nothing: the planner admits nothing past
+    the largest measured shape, so a half grid would silently cut the long inputs it was run for.
     """
     samples: list[tuple[int, int, int]] = []
     skipped: list[tuple[int, int]] = []
-    for b, l in shapes:
+    started = time.perf_counter()
+    rate: float | None = None  # seconds per token of the last shape
+    for k, (b, l) in enumerate(shapes):
+        if limit_s is not None and k > 0:
+            elapsed = time.perf_counter() - started
+            predicted = rate * b * l if rate is not None else 0.0
+            if elapsed + predicted > limit_s:
+                raise ProfileCapped(len(samples), len(shapes), elapsed, limit_s)
+        t0 = time.perf_counter()
         peak: int | None = None
         try:
             peak = measure(lambda b=b, l=l: run(b, l))
         except torch.OutOfMemoryError:
             skipped.append((b, l))
+        rate = (time.perf_counter() - t0) / max(1, b * l)
         if peak is None:  # outside the except block: its frames no longer pin the tensors
             gc.collect()
             continue

@@ -68,8 +68,11 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
         simulate: bool | None = None,
         calibration: CalibrationCache | None = None,
         snapshot: Callable[[torch.device], DeviceSnapshot] | None = None,
+        profile_limit_s: float | None = None,
     ) -> None:
         self.device = torch.device(device)
+        self.profile_limit_s = profile_limit_s
+        """Time cap of a profile asked for mid-run (`[memory] profile_seconds`; None: none)."""
         self.budget_bytes = budget_bytes
         self.margin = margin
         self.injector = injector
@@ -108,13 +111,16 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
 
     @classmethod
     def for_config(cls, cfg: Any, *, recalibrate: bool = False) -> "MemoryManager":
-        """The manager a stack built from `cfg` uses: its device and margin, and the calibration
-        cache beside the config file (`<config>.calibration.json`; none for a config built in code)."""
+        """The manager a stack built from `cfg` uses: its device and margin, and the config's
+        calibration cache (`[memory] calibration_file`, else in the config's home folder,
+        `rewardstack.paths.calibration_file`; none for a config built in code)."""
         from rewardstack.memory.calibration import cache_path_for
 
-        path = cache_path_for(getattr(cfg, "source", None))
+        memory = getattr(cfg, "memory", None)
+        path = cache_path_for(getattr(cfg, "source", None), getattr(memory, "calibration_file", None))
         cache = CalibrationCache(path, recalibrate=recalibrate) if path is not None or recalibrate else None
-        return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache)
+        return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache,
+                   profile_limit_s=getattr(memory, "profile_seconds", None))
 
     def describe_model(self, model_cfg: Any) -> None:
         """Record what a scorer's fits depend on (its config entry, and local checkpoints' files),

@@ -11,6 +11,8 @@ derives from `MemoryObserver`, overrides the hooks it needs and is added with
   measured: the telemetry's call records.
 - `oom(record)`: an out-of-memory error the guard handled (`OomRecord`, with what it did next).
 - `moved(move)`: placement moved a model's weights onto the device or off it (`PlacementMove`).
+- `profiled(record)`: a profile pass set ran (`ProfileRecord`): at load, or asked for mid-run by a
+  budget (DPO's smaller logits chunk), with how long it took and whether its time cap stopped it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,27 @@ class PlacementMove:
     """When the swap began (seconds since the epoch)."""
 
 
+@dataclass
+class ProfileRecord:
+    """One profile (a grid of dummy passes fitting a cost model) that ran, cache hits excepted."""
+
+    name: str
+    """The calibration's name, e.g. `dpo_reward_model[chunk=64]`."""
+    model: str
+    """The model it profiles (the name before any `[setting]`)."""
+    time: float
+    """When it began (seconds since the epoch)."""
+    seconds: float
+    shapes: int
+    """(batch, length) shapes it meant to measure."""
+    measured: int
+    """Shapes it measured before it ended (fewer than `shapes` when capped)."""
+    capped: bool
+    """Stopped by its time cap: no cost model came of it and the setting is not used."""
+    limit_s: float | None
+    """Its time cap (None: none, a load-time profile)."""
+
+
 class MemoryObserver:
     """A subscriber of the memory layer; every hook does nothing unless overridden."""
 
@@ -57,3 +80,6 @@ class MemoryObserver:
 
     def moved(self, move: PlacementMove) -> None:
         """A placement move."""
+
+    def profiled(self, record: ProfileRecord) -> None:
+        """A profile ran (at load, or mid-run for a setting the budget asked for)."""

@@ -23,5 +23,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="run every model in this dtype")
     p.add_argument("--json", default=None, help="also write the plan as JSON to this path")
     p.add_argument("--no-cache", action="store_true",
-                   help="simulate everything again (default: reuse $REWARDSTACK_HOME/simulate, keyed by the code and versions)")
+                   help="simulate everything again (default: reuse $REWARDSTACK_HOME/plan-cache, shared by every config, keyed by the code and versions)")
     p.set_defaults(func=_plan)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rewardstack import paths
+
 
 def _replay(args: argparse.Namespace) -> int:
     from rewardstack.replay.replay import cmd_replay
@@ -25,7 +27,9 @@ def add_parsers(sub: Any) -> None:
                    help="completions.log (or its folder with rotated files), a run's parquet file, or step/event JSONL")
     r.add_argument("--config", required=True, help="stack config (TOML)")
     r.add_argument("--budget", help="replay under this memory budget: bytes or a size such as 24GiB (CPU: simulated device)")
-    r.add_argument("--run-dir", help="write the run directory (timeline, events, summary.json with the report) here")
+    r.add_argument("--run-dir", nargs="?", const=paths.BARE_RUN_DIR, metavar="DIR",
+                   help="write the run directory (timeline, events, summary.json with the report) here; bare "
+                        "--run-dir: a new folder replay-<time> under $REWARDSTACK_HOME/<config stem>-<hash>/runs")
     r.add_argument("--steps", help="steps A:B by 0-based position in the log (B excluded; A: and :B work)")
     r.add_argument("--top", type=int, default=3, help="inputs to name behind each model's peak (default 3)")
     r.add_argument("--no-reference", action="store_true", help="skip the full-size simulation of the reference's need")

@@ -45,6 +45,7 @@ from rewardstack.memory.observers import MemoryObserver
 from rewardstack.memory.peaks import PeakWindow
 from rewardstack.replay.readers import RunStep, read_run
 from rewardstack.models import spec
+from rewardstack.paths import run_dir_for
 
 log = logging.getLogger("rewardstack.replay")
 
@@ -434,7 +435,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if torch.device(cfg.device).type == "cuda":  # pragma: no cover - CUDA-only path
                 _cap_cuda(budget, cfg.device)
         stack = RewardStack(cfg, load_state=False)
-        run_dir = Path(args.run_dir) if args.run_dir else None
+        given = run_dir_for(args.run_dir, args.config, "replay")  # a bare --run-dir: a new one in the home
+        run_dir = Path(given) if given is not None else None
         telemetry = None
         own_events = None
         if run_dir is not None:

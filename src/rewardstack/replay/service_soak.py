@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rewardstack import paths
 from rewardstack.replay.comparison import same
 from rewardstack.replay.supervisor import MALLOC_ENV
 
@@ -220,7 +221,7 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
     from rewardstack.state import StateStore
 
     cfg = load_config(args.config)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("soak-runs") / time.strftime("service-%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "service-soak")
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     per_ns = {f"soak-{k}": [s.to_dict() for s in soak_steps(args.steps, args.completions, seed=args.seed + k,

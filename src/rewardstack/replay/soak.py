@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rewardstack import paths
+
 # Kept free of heavy imports: the CLI's parser reads the flags below without loading torch.
 DEFAULT_MAX_SLOPE = 1024.0
 """Tracked bytes at rest: growth per step above which the soak fails (docs/REPLAY.md says why)."""
@@ -51,7 +53,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     from rewardstack.state import StateStore
 
     cfg = load_config(args.config)  # fails here, clearly, before any process starts
-    run_dir = Path(args.run_dir) if args.run_dir else Path("soak-runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "soak")
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     steps = soak_steps(args.steps, args.completions, seed=args.seed, pathological=args.pathological)
@@ -101,7 +103,7 @@ def add_arguments(s: Any) -> None:
     s.add_argument("--budget", help="memory budget: bytes or a size such as 24GiB (CPU: simulated device)")
     s.add_argument("--faults", type=float, default=0.0, help="share of forward passes that get an injected OOM (0.1 = 10%%)")
     s.add_argument("--kills", type=int, default=0, help="times the supervisor SIGKILLs the scoring process (the server with --service) and restarts it")
-    s.add_argument("--run-dir", help="folder for the soak's files and summary.json (default: a new folder under ./soak-runs)")
+    s.add_argument("--run-dir", help="folder for the soak's files and summary.json (default: a new folder soak-<time> under $REWARDSTACK_HOME/<config stem>-<hash>/runs)")
     s.add_argument("--seed", type=int, default=0, help="seed of the workload, the faults and the kill moments")
     s.add_argument("--pathological", action="store_true", help="mix pathological inputs into the steps (rewardstack.replay.pathological)")
     s.add_argument("--max-slope", type=float, default=DEFAULT_MAX_SLOPE,

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from rewardstack.memory.costmodel import CostModel
+from rewardstack.memory.costmodel import CostModel, ProfileCapped
 from rewardstack.scorers.attention import MIN_BLOCK, AttentionChoice
 from rewardstack.scorers.dpo_numerics import LogitHead, chunked_logprobs
 
@@ -85,6 +85,8 @@ class ChunkPolicy:
         self.tuned_rows = attention.rows
         self.timings: dict[int, float] = {}
         self.costs: dict[tuple[int, int | None], CostModel] = {}
+        self.capped: set[tuple[int, int | None]] = set()
+        """Settings whose mid-run profile hit `memory.profile_limit_s`: never profiled again in this process."""
 
     def apply(self, settings: dict) -> None:
         """The tuned logits chunk, measured now or read from the calibration cache."""
@@ -108,6 +110,7 @@ class ChunkPolicy:
         self.use(self.tuned_chunk, self.tuned_rows)
         cap = self._cap()
         chunk, rows = self.tuned_chunk, self.tuned_rows
+        good = (chunk, rows)  # the smallest setting tried that has a measured cost model
         base = self.costs[(self.tuned_chunk, self.tuned_rows)]
         while cap < longest and (chunk > MIN_CHUNK or (rows is not None and rows > MIN_BLOCK)):
             if rows is not None and rows > MIN_BLOCK:
@@ -119,16 +122,27 @@ class ChunkPolicy:
             memory.cost_models[self.name] = CostModel.from_dict({**base.to_dict(), "chunk": chunk})
             if rows == self.tuned_rows and self._cap() < longest and chunk > MIN_CHUNK:
                 continue  # even the guess says no: try the next chunk without profiling this one
-            self.use(chunk, rows)
+            if (chunk, rows) in self.capped or not self.use(chunk, rows):
+                break  # its profile hit the time cap (now or before): smaller ones cost as much
+            good = (chunk, rows)
             cap = self._cap()
-        self.use(chunk, rows)
-        return cap
+        self.use(*good)
+        return self._cap()
 
     def _cap(self) -> int:
         return min(self.max_len, self.memory.length_cap(self.name, self.max_len))
 
-    def use(self, chunk: int, rows: int | None) -> None:
-        """Run with `chunk` logits rows and `rows` attention rows, and the cost model measured at them."""
+    def use(self, chunk: int, rows: int | None) -> bool:
+        """Run with `chunk` logits rows and `rows` attention rows, and the cost model measured at them.
+
+        A setting without one is profiled now, inside the step, under the manager's time cap
+        (`profile_limit_s`, `[memory] profile_seconds`). Why a cap rather than profiling every
+        setting at load: which settings a budget needs depends on the step's longest input and on
+        what is live then (the shared prefix), so profiling them all at load would spend the worst
+        case's minutes (three profiles, 880 s on a loaded 2-core CPU) at every cold start for
+        settings most runs never need; the cap bounds the step instead, and a profile that ends is
+        cached like the load-time ones, so it is paid once per machine. Returns False (nothing
+        changed: the previous setting stays) when the cap stopped the profile."""
         memory = self.memory
         key0 = (self.tuned_chunk, self.tuned_rows)
         if key0 not in self.costs:  # the calibration's fit, however it was made
@@ -138,8 +152,21 @@ class ChunkPolicy:
             self.attention.set_rows(rows)
         if (chunk, rows) not in self.costs:
             what = f"the {chunk}-row logits chunk" + (f" and {rows}-row attention blocks" if rows is not None else "")
-            log.info("%s: profiling %s the budget needs", self.name, what)
-            self.costs[(chunk, rows)] = memory.calibrate(
-                self.calibration_name(chunk, rows), self.profile, max_length=self.calib_len, max_batch=16,
-                chunk=chunk, chunk_rows=True)
+            limit = getattr(memory, "profile_limit_s", None)
+            log.info("%s: profiling %s the budget needs%s", self.name, what,
+                     f" (at most {limit:g}s)" if limit is not None else "")
+            previous = memory.cost_models.get(self.name)
+            try:
+                self.costs[(chunk, rows)] = memory.calibrate(
+                    self.calibration_name(chunk, rows), self.profile, max_length=self.calib_len, max_batch=16,
+                    chunk=chunk, chunk_rows=True, limit_s=limit)
+            except ProfileCapped as e:
+                self.capped.add((chunk, rows))
+                log.warning("%s: profiling %s stopped at its %gs cap ([memory] profile_seconds) after %d of %d "
+                            "shapes: not used; inputs the budget cannot hold at the larger setting are cut",
+                            self.name, what, e.limit_s, e.measured, e.shapes)
+                if previous is not None:
+                    memory.cost_models[self.name] = previous
+                return False
         memory.cost_models[self.name] = self.costs[(chunk, rows)]
+        return True

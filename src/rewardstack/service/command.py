@@ -36,7 +36,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-namespaces", type=int, help=docs.get("max_namespaces"))
     s.add_argument("--tokens-file", help=docs.get("tokens_file"))
     s.add_argument("--run-dir", help="telemetry run directory: timeline, events, incidents, summary (default [telemetry].run_dir)")
-    s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir)")
+    s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir, else "
+                   "$REWARDSTACK_HOME/<config stem>-<hash>/state)")
     s.set_defaults(func=cmd_serve)
 
 

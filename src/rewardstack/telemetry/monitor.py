@@ -5,7 +5,9 @@
 The manager hands it every forward function it runs under the OOM guard (`batch`), so each batch
 the guard runs (split halves and CPU fallbacks included) gets a `call` record with its shape, the
 cost model's prediction, the measured peak, the time and the outcome; every OOM reaches `oom`,
-which prepares the incident record; every placement move reaches `moved`. At the end of each step
+which prepares the incident record; every placement move reaches `moved`; every profile (a cost
+model measured mid-run, as a tight budget asks of DPO) reaches `profiled` and becomes a
+`profiling` record, its seconds counted in the step's `profiling_seconds`. At the end of each step
 (`step_done`) the records of that step get its index and name and the inputs' completions, the
 monitor fills in the step's memory record and writes them (run directory), counts them
 (Prometheus), feeds the alarms and keeps the summary; the stack's `on_step` callbacks (a
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from rewardstack.memory.observers import MemoryObserver, PlacementMove
+from rewardstack.memory.observers import MemoryObserver, PlacementMove, ProfileRecord
 from rewardstack.memory.peaks import PeakWindow
 from rewardstack.memory.snapshot import MemorySnapshot, take_snapshot
 from rewardstack.stepobservers import StepObserver, StepReport
@@ -92,6 +94,7 @@ class Monitor(MemoryObserver, StepObserver):
         self._lock = threading.Lock()
         self._calls: list[dict[str, Any]] = []
         self._moves: list[dict[str, Any]] = []
+        self._profiles: list[dict[str, Any]] = []
         self._pending: list[_Pending] = []
         self._fallback_next: set[tuple[str, tuple[int, ...]]] = set()
         self._stack: Any = None
@@ -106,6 +109,7 @@ class Monitor(MemoryObserver, StepObserver):
         self.incident_files: list[str] = []
         self.incidents = 0
         self.swaps = 0
+        self.profiling = {"count": 0, "capped": 0, "seconds": 0.0}
         self.last_rest: dict[str, Any] | None = None
         self.closed = False
 
@@ -165,6 +169,14 @@ class Monitor(MemoryObserver, StepObserver):
     def moved(self, move: PlacementMove) -> None:
         """A placement move: one `placement` record, attributed to the step it happens in."""
         self._move(move.model, move.direction, move.bytes, move.seconds, move.time)
+
+    def profiled(self, record: ProfileRecord) -> None:
+        """A profile ran: one `profiling` record, attributed to the step it happens in."""
+        rec = {"type": "profiling", "name": record.name, "model": record.model, "time": record.time,
+               "seconds": record.seconds, "shapes": record.shapes, "measured": record.measured,
+               "capped": record.capped, "limit_s": record.limit_s}
+        with self._lock:
+            self._profiles.append(rec)
 
     def batch(
         self,
@@ -283,6 +295,7 @@ class Monitor(MemoryObserver, StepObserver):
         with self._lock:
             calls, self._calls = self._calls, []
             moves, self._moves = self._moves, []
+            profiles, self._profiles = self._profiles, []
             pending, self._pending = self._pending, []
         models: dict[str, dict[str, Any]] = {}
         for c in calls:
@@ -306,6 +319,11 @@ class Monitor(MemoryObserver, StepObserver):
             m["ooms"] += c["outcome"] in ("split", "cpu_fallback", "oom")
         for m in moves:
             m["step"], m["step_name"] = index, name
+        for pr in profiles:
+            pr["step"], pr["step_name"] = index, name
+            self.profiling["count"] += 1
+            self.profiling["capped"] += int(pr["capped"])
+            self.profiling["seconds"] += pr["seconds"]
         for p in pending:
             p.record["step"], p.record["step_name"] = index, name
             mapped = len(live) if p.record["indices"] and max(p.record["indices"]) < len(live) else None
@@ -322,6 +340,8 @@ class Monitor(MemoryObserver, StepObserver):
             "step": index, "completions": len(completions), "models": models, "calls": len(calls),
             "ooms": sum(m["ooms"] for m in models.values()), "peak_bytes": max(peaks) if peaks else None,
             "rest": snap.to_dict(), "budget_bytes": self.budget_bytes, "budget_line_bytes": self.budget_line(snap),
+            # Time spent profiling inside the step (outside every model call): its own band in the report.
+            "profiling_seconds": sum(pr["seconds"] for pr in profiles), "profiles": len(profiles),
         })
         if self._memory is not None:  # the card's whole account (telemetry/card.py)
             from rewardstack.telemetry.card import card_account
@@ -349,6 +369,8 @@ class Monitor(MemoryObserver, StepObserver):
                 rd.timeline(c)
             for m in moves:
                 rd.timeline(m)
+            for pr in profiles:
+                rd.timeline(pr)
             for p in pending:
                 rd.timeline({"type": "oom", "step": p.record["step"], "model": p.record["model"],
                              "time": p.record["time"], "action": p.record["action"], "file": p.record.get("file"),
@@ -432,6 +454,7 @@ class Monitor(MemoryObserver, StepObserver):
             "ooms": sum(m["ooms_recovered"] + m["ooms_lost"] for m in self.models.values()),
             "incidents": self.incidents, "incident_files": list(self.incident_files),
             "swaps": self.swaps, "alarms": self.alarms.verdict(), "rest": self.last_rest,
+            "profiling": dict(self.profiling),
         }
 
     def close(self) -> None:
@@ -443,9 +466,12 @@ class Monitor(MemoryObserver, StepObserver):
         if self.run_dir is not None:
             with self._lock:
                 calls, self._calls = self._calls, []
+                profiles, self._profiles = self._profiles, []
                 pending, self._pending = self._pending, []
             for c in calls:  # forward passes of a step that never ended (an interrupted run)
                 self.run_dir.timeline({**c, "step": None})
+            for pr in profiles:
+                self.run_dir.timeline({**pr, "step": None})
             for p in pending:
                 p.record.setdefault("step", None)
                 p.record.setdefault("inputs", [describe_input(i, n, None, None)

@@ -30,6 +30,7 @@ PLOTS = [
     ("step_time_by_model.png", "Step time split by model"),
     ("completions_by_status.png", "Completions by status over time"),
 ]
+PROFILING_COLOR = "#bcbd22"  # olive: neither a model's colour nor the grey of the rest of the step
 STATUS_COLORS = {"ok": "#2ca02c", "truncated": "#1f77b4", "failed": "#7f7f7f", "oom": "#d62728", "error": "#ff7f0e"}
 
 
@@ -47,6 +48,7 @@ class RunData:
         self.ooms = [r for r in records if r.get("type") == "oom"]
         self.moves = [r for r in records if r.get("type") == "placement"]
         self.alarms = [r for r in records if r.get("type") == "alarm"]
+        self.profiles = [r for r in records if r.get("type") == "profiling"]
         events = self.root / EVENTS
         self.events = list(read_jsonl(events)) if events.exists() else []
         summary = self.root / SUMMARY
@@ -114,8 +116,14 @@ def plot_memory(d: RunData, path: Path) -> None:
         y = budget / MIB if budget is not None else max((v for _, v in rest), default=0) / MIB
         ax.scatter([c["time"] - d.t0 for c in oom_calls], [y] * len(oom_calls), marker="X", s=90, color="red",
                    edgecolor="black", zorder=5, label=f"OOM ({len(oom_calls)})")
+    for k, p in enumerate(d.profiles):  # a cost-model profile inside a run: the time it held the step
+        start = p["time"] - d.t0
+        for a in (ax, ax2):
+            a.axvspan(start, start + (p.get("seconds") or 0.0), color=PROFILING_COLOR, alpha=0.25, lw=0,
+                      label=f"profiling ({len(d.profiles)}, {sum(q.get('seconds') or 0.0 for q in d.profiles):.1f} s)"
+                      if k == 0 and a is ax else None)
     ax.set_ylabel("device memory (MiB)")
-    ax.set_title("Device memory over time (simulated device on CPU): at rest, each model call's peak, OOMs")
+    ax.set_title("Device memory over time (simulated device on CPU): at rest, each model call's peak, OOMs, profiling")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: never over the data
     rss = [(s["time"] - d.t0, s["rest"].get("host_rss")) for s in d.steps if s.get("rest", {}).get("host_rss") is not None]
     if rss:
@@ -190,21 +198,28 @@ def plot_step_time(d: RunData, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(13, 4.5))
     xs = [s["step"] for s in d.steps]
     series = {m: [s.get("models", {}).get(m, {}).get("seconds", 0.0) for s in d.steps] for m in models}
-    other = [max(0.0, (s.get("seconds") or 0.0) - sum(series[m][i] for m in models)) for i, s in enumerate(d.steps)]
+    # A profile runs inside the step but outside every model call: its own band, not the grey rest.
+    prof = profiling_by_step(d)
+    profiling = [prof.get(s["step"], 0.0) for s in d.steps]
+    other = [max(0.0, (s.get("seconds") or 0.0) - sum(series[m][i] for m in models) - profiling[i])
+             for i, s in enumerate(d.steps)]
+    bands = [(m, series[m], colors[m]) for m in models]
+    if any(profiling):
+        bands.append((f"profiling (cost model, {sum(profiling):.1f} s)", profiling, PROFILING_COLOR))
+    bands.append(("outside model calls", other, "#dddddd"))
     if xs:
         if len(xs) <= 80:
             bottom = [0.0] * len(xs)
-            for m in models:
-                ax.bar(xs, series[m], bottom=bottom, color=colors[m], label=m, width=0.8)
-                bottom = [b + v for b, v in zip(bottom, series[m])]
-            ax.bar(xs, other, bottom=bottom, color="#dddddd", label="outside model calls", width=0.8)
+            for label, vals, color in bands:
+                ax.bar(xs, vals, bottom=bottom, color=color, label=label, width=0.8)
+                bottom = [b + v for b, v in zip(bottom, vals)]
         else:
-            ax.stackplot(xs, *[series[m] for m in models], other, labels=[*models, "outside model calls"],
-                         colors=[*[colors[m] for m in models], "#dddddd"])
+            ax.stackplot(xs, *[v for _, v, _ in bands], labels=[label for label, _, _ in bands],
+                         colors=[c for _, _, c in bands])
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("time (s)")
-    ax.set_title("Step time split by model (time inside each model's forward passes)")
+    ax.set_title("Step time split by model (time inside each model's forward passes), profiling and the rest")
     _save(plt, fig, path)
 
 
@@ -226,6 +241,18 @@ def plot_statuses(d: RunData, path: Path) -> None:
     ax.set_ylabel("completions (count)")
     ax.set_title("Completions by status over time")
     _save(plt, fig, path)
+
+
+def profiling_by_step(d: RunData) -> dict[Any, float]:
+    """Seconds of profiling per step: the `profiling` records, else the step records' own sums."""
+    out: dict[Any, float] = defaultdict(float)
+    for p in d.profiles:
+        out[p.get("step")] += p.get("seconds") or 0.0
+    if not out:
+        for s in d.steps:
+            if s.get("profiling_seconds"):
+                out[s["step"]] = float(s["profiling_seconds"])
+    return out
 
 
 # -- the summary ------------------------------------------------------------------------------
@@ -288,7 +315,16 @@ def summarize(d: RunData) -> dict[str, list[str]]:
         for m, v in sorted((s.get("models") or {}).items()):
             if v.get("cost_model_mean_abs_error") is not None:
                 cost.append(f"{m}: mean |error| {100 * v['cost_model_mean_abs_error']:.1f}%")
+    profiling = []
+    for p in d.profiles:
+        how = (f"stopped at its {p.get('limit_s'):g} s cap after {p.get('measured')} of {p.get('shapes')} shapes: not used"
+               if p.get("capped") else f"{p.get('shapes')} shapes")
+        profiling.append(f"step {p.get('step')} {p.get('name')}: {p.get('seconds', 0.0):.1f} s profiling, {how}")
+    if profiling:
+        profiling.insert(0, f"{len(d.profiles)} profiles inside steps, {sum(p.get('seconds') or 0.0 for p in d.profiles):.1f} s "
+                            f"in all, {sum(1 for p in d.profiles if p.get('capped'))} stopped at the cap ([memory] profile_seconds)")
     return {"Run": run, "Top inputs behind the peaks": peaks or ["no measured peaks"], "OOMs": ooms,
+            "Profiling inside steps": profiling or ["none: every cost model came from the load-time calibration"],
             "Leak verdict": leak, "Cost model error (measured vs predicted peak)": cost or ["no predictions to compare"]}
 
 
