@@ -39,6 +39,7 @@ class Calibrating:
         max_tokens: int | None = None,
         tune: Callable[[], dict[str, Any]] | None = None,
         apply: Callable[[dict[str, Any]], None] | None = None,
+        prefix_run: Callable[[int, int, int], Any] | None = None,
     ) -> CostModel:
         """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
 
@@ -52,6 +53,8 @@ class Calibrating:
         `apply(settings)` hands them, or the cached ones, back to the scorer.
         `shapes` may be a function of those settings (a tuned pass size decides how wide the
         profiled batches must reach); its qualified name then stands for it in the cache key.
+        `prefix_run(B, L, P)`: the pass after a shared prefix of P tokens (a causal scorer's
+        `PrefixRunner`); profiled too, it lets `run(prefix=)` predict such passes below the bound.
 
         With a calibration cache and a known model (`model_keys`), a fit saved under the same key
         is reused without profiling. Inside `deferred_calibration()` the work is queued until
@@ -64,6 +67,8 @@ class Calibrating:
         args = {"max_length": int(max_length), "max_batch": int(max_batch),
                 "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": chunk,
                 "chunk_rows": chunk_rows, "max_tokens": max_tokens, "tuned": tune is not None}
+        if prefix_run is not None:  # only then: the other scorers' cached fits keep their keys
+            args["prefixed"] = True
 
         def work() -> CostModel:
             key = self._calibration_key(name, args)
@@ -86,7 +91,8 @@ class Calibrating:
                     shapes_ = list(grid_of(settings))
                 else:
                     shapes_ = grid if grid is not None else profile_shapes(max_length, max_batch, use_chunk, max_tokens)
-                cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows)
+                cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows,
+                               prefix_run=prefix_run)
                 self.profiled.append(name)
                 self.calibration_seconds += time.perf_counter() - started
                 if self.calibration is not None and key is not None:

@@ -173,6 +173,7 @@ class Monitor(MemoryObserver, StepObserver):
         forward: Callable[[list[int]], Sequence[Any]],
         cost: "CostModel",
         on_host: bool = False,
+        prefix: int = 0,
     ) -> Callable[[list[int]], Sequence[Any]]:
         """`forward`, recording one `call` record per batch it runs (the manager's hook)."""
         lengths = [int(x) for x in lengths]
@@ -198,7 +199,7 @@ class Monitor(MemoryObserver, StepObserver):
                 raise
             finally:
                 seconds = time.perf_counter() - p0
-                predicted = int(cost.predict(b, length)) if b else 0
+                predicted = int(cost.predict(b, length, prefix)) if b else 0
                 peak = window.peak_increase
                 self._add_call({
                     "type": "call", "model": name, "time": t0, "seconds": seconds, "batch": b,
