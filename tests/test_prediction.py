@@ -108,7 +108,7 @@ def test_planned_batches_are_the_rectangles_that_run() -> None:
 
 def test_prefix_prediction_bounds() -> None:
     """Never above the whole-length bound; a rate measured from a prefixed pass covers that pass."""
-    cost = CostModel(b=100.0, samples=[(4, 512, 0)])
+    cost = CostModel(b=100.0, samples=[(4, 64, 0), (4, 512, 0)])
     assert cost.predict(4, 512, prefix=300) == cost.predict(4, 512)  # no measured rate: the bound
     cost.fit_prefix([(4, 512, 256, 4 * 256 * 100 + 4 * 256 * 40)])
     assert cost.prefix_rate == pytest.approx(40.0)
@@ -117,3 +117,5 @@ def test_prefix_prediction_bounds() -> None:
     assert CostModel.from_dict(cost.to_dict()).predict(4, 512, 256) == cost.predict(4, 512, 256)
     assert prefix_profile_shapes([(1, 64), (8, 64), (1, 512), (4, 512)]) == [
         (1, 64, 32), (1, 512, 256), (4, 512, 256), (4, 512, 448), (8, 64, 32)]
+    # A suffix shorter than any profiled length is charged at the shortest one, never extrapolated.
+    assert cost.predict(4, 100, 90) == pytest.approx(4 * 64 * 100 + 4 * 36 * 40)

@@ -25,8 +25,9 @@ logit rows, while the prefix adds each row's copy of its keys and values. The pr
 one-token prefix (the largest case for a length), so `predict(B, L)` is that upper bound;
 `predict(B, L, prefix=P)` with a measured `prefix_rate` (bytes per row per prefix token, the
 largest seen in passes profiled with long prefixes, `fit_prefix`) is
-min(bytes(B, L), bytes(B, L - P) + prefix_rate*B*P): never above the bound, and never below what
-the prefixed profile passes measured. Charging the bound to every call over-predicted
+min(bytes(B, L), bytes(B, S) + prefix_rate*B*(L - S)), S = L - P but never below the shortest
+profiled length: never above the bound, never below what the prefixed profile passes measured,
+and never a fit extrapolated below the lengths it measured. Charging the bound to every call over-predicted
 Reciprocate's calls by 1.5-2.6x on a 100-token prompt.
 
 A fit is only trusted where it was measured: `admits(B, L)` is false for a batch longer, wider or
@@ -120,8 +121,13 @@ class CostModel:
         full = self._bytes(batch, length)
         if prefix <= 0 or self.prefix_rate is None or length <= 1:
             return full
-        prefix = min(int(prefix), length - 1)
-        return min(full, self._bytes(batch, length - prefix) + self.prefix_rate * batch * prefix)
+        # The suffix is never taken shorter than the shortest profiled length: below it the fit
+        # was never measured (a long prompt and a five-token completion would extrapolate).
+        floor = min((l for _, l, _ in self.samples), default=1)
+        suffix = max(length - int(prefix), floor, 1)
+        if suffix >= length:
+            return full
+        return min(full, self._bytes(batch, suffix) + self.prefix_rate * batch * (length - suffix))
 
     def _bytes(self, batch: float, length: float) -> float:
         return float(sum(k * x for k, x in zip(self.coefficients(), _features(batch, length, self.chunk, self.chunk_rows))))
