@@ -119,3 +119,19 @@ def test_prefix_prediction_bounds() -> None:
         (1, 64, 32), (1, 512, 256), (4, 512, 256), (4, 512, 448), (8, 64, 32)]
     # A suffix shorter than any profiled length is charged at the shortest one, never extrapolated.
     assert cost.predict(4, 100, 90) == pytest.approx(4 * 64 * 100 + 4 * 36 * 40)
+
+
+def test_lone_input_is_predicted_unpadded(tmp_path: Path) -> None:
+    """An encoder's batch of one runs without a mask: its prediction is the unpadded pass's."""
+    from rewardstack.scorers import classifier
+
+    folder = tmp_path / "nsfw"
+    entry = classifier.make_nsfw_standin(folder)
+    runtime = make_runtime()
+    scorer = classifier.build_nsfw(model_config("nsfw_filter", folder, entry), runtime)
+    calls = Calls(runtime.memory.tracker)
+    runtime.memory.subscribe(calls)
+    rng = random.Random(3)
+    scorer.score(ScoreRequest("p", [text(rng, 4000)]))  # one input, cut into 512-token windows
+    lone = [(p, m) for b, _, p, m in calls.calls if b == 1]
+    assert lone and all(abs(m - p) / p <= 0.05 for p, m in lone), lone

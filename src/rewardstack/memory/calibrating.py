@@ -40,6 +40,7 @@ class Calibrating:
         tune: Callable[[], dict[str, Any]] | None = None,
         apply: Callable[[dict[str, Any]], None] | None = None,
         prefix_run: Callable[[int, int, int], Any] | None = None,
+        lone_run: Callable[[int], Any] | None = None,
     ) -> CostModel:
         """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
 
@@ -55,6 +56,7 @@ class Calibrating:
         profiled batches must reach); its qualified name then stands for it in the cache key.
         `prefix_run(B, L, P)`: the pass after a shared prefix of P tokens (a causal scorer's
         `PrefixRunner`); profiled too, it lets `run(prefix=)` predict such passes below the bound.
+        `lone_run(L)`: one unpadded input (an encoder drops the mask then); fits batches of one.
 
         With a calibration cache and a known model (`model_keys`), a fit saved under the same key
         is reused without profiling. Inside `deferred_calibration()` the work is queued until
@@ -69,6 +71,8 @@ class Calibrating:
                 "chunk_rows": chunk_rows, "max_tokens": max_tokens, "tuned": tune is not None}
         if prefix_run is not None:  # only then: the other scorers' cached fits keep their keys
             args["prefixed"] = True
+        if lone_run is not None:
+            args["lone"] = True
 
         def work() -> CostModel:
             key = self._calibration_key(name, args)
@@ -92,7 +96,7 @@ class Calibrating:
                 else:
                     shapes_ = grid if grid is not None else profile_shapes(max_length, max_batch, use_chunk, max_tokens)
                 cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows,
-                               prefix_run=prefix_run)
+                               prefix_run=prefix_run, lone_run=lone_run)
                 self.profiled.append(name)
                 self.calibration_seconds += time.perf_counter() - started
                 if self.calibration is not None and key is not None:

@@ -30,6 +30,12 @@ profiled length: never above the bound, never below what the prefixed profile pa
 and never a fit extrapolated below the lengths it measured. Charging the bound to every call over-predicted
 Reciprocate's calls by 1.5-2.6x on a 100-token prompt.
 
+A lone input is never padded, so an encoder runs it without an attention mask (sdpa drops an
+all-ones mask), while the profile's batches carry one padded position so that the mask is built as
+in real batches. With a `lone` model (fitted to unpadded single-input passes, `profile(lone_run=)`)
+`predict(1, L)` is that pass's: the padded profile charged a 512-token NSFW input 20% more than
+it took (its [1, 1, L, L] mask).
+
 A fit is only trusted where it was measured: `admits(B, L)` is false for a batch longer, wider or
 with more tokens than the largest profiled shape (as vLLM sizes its cache from a profile run at the
 maximum batched shape), and the planner never builds such a batch.
@@ -83,6 +89,7 @@ class CostModel:
     clean: int = 0  # batches run without an OOM since trust was last lowered
     prefix_rate: float | None = None  # bytes per row per shared-prefix token; None: not measured
     prefix_samples: list[tuple[int, int, int, int]] = field(default_factory=list)  # (B, L, prefix, bytes)
+    lone: "CostModel | None" = None  # batches of one, measured unpadded; None: the padded fit's
 
     def extents(self) -> tuple[int, int, int] | None:
         """(largest batch, longest length, most tokens B*L) profiled; None when nothing was measured."""
@@ -108,6 +115,8 @@ class CostModel:
         self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (v * factor for v in self.coefficients())
         if self.prefix_rate is not None:
             self.prefix_rate *= factor
+        if self.lone is not None:
+            self.lone.scale(factor)
         return self
 
     def predict(self, batch: int, length: int, prefix: int = 0) -> float:
@@ -118,6 +127,8 @@ class CostModel:
         """
         if batch <= 0 or length <= 0:
             return 0.0
+        if batch == 1 and self.lone is not None and prefix <= 0:
+            return self.lone._bytes(1, length)
         full = self._bytes(batch, length)
         if prefix <= 0 or self.prefix_rate is None or length <= 1:
             return full
@@ -200,6 +211,8 @@ class CostModel:
         prefixed = (f"; shared prefix P: min(bytes(B, L), bytes(B, L-P) + {self.prefix_rate:.3g}*B*P), "
                     f"{len(self.prefix_samples)} prefixed passes, max error {self.prefix_error():.1%}"
                     if self.prefix_rate is not None else "")
+        if self.lone is not None:
+            prefixed += f"; alone (unpadded): {self.lone.describe().split(' (trust')[0]}, max error {self.lone.max_error():.1%}"
         return (
             f"bytes = {self.a:.3g} + {self.b:.3g}*B*L + {self.c:.3g}*B*L^2{extra} "
             f"(trust {self.trust:.2f}, {len(self.samples)} shapes {shapes}, "
@@ -212,7 +225,7 @@ class CostModel:
             "a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e, "f": self.f,
             "g": self.g, "h": self.h, "chunk": self.chunk, "chunk_rows": self.chunk_rows,
             "trust": self.trust, "samples": self.samples, "prefix_rate": self.prefix_rate,
-            "prefix_samples": self.prefix_samples,
+            "prefix_samples": self.prefix_samples, "lone": self.lone.to_dict() if self.lone is not None else None,
         }
 
     @classmethod
@@ -225,6 +238,7 @@ class CostModel:
             samples=[(int(b), int(l), int(m)) for b, l, m in d.get("samples", [])],
             prefix_rate=float(d["prefix_rate"]) if d.get("prefix_rate") is not None else None,
             prefix_samples=[(int(b), int(l), int(p), int(m)) for b, l, p, m in d.get("prefix_samples", [])],
+            lone=cls.from_dict(d["lone"]) if d.get("lone") else None,
         )
 
 
@@ -345,12 +359,14 @@ def profile(
     chunk: int | None = None,
     chunk_rows: bool = False,
     prefix_run: Callable[[int, int, int], Callable[[], object]] | None = None,
+    lone_run: Callable[[int], object] | None = None,
 ) -> CostModel:
     """Measure `run(B, L)` at each shape with `measure` (returns peak bytes) and fit a cost model.
 
     `prefix_run(B, L, P)`: runs a shared prefix of P tokens and returns the pass over the rest of
     the B x L batch; that pass is measured at `prefix_profile_shapes(shapes)` to fit the model's
-    `prefix_rate`.
+    `prefix_rate`. `lone_run(L)`: one unpadded input of L tokens, measured at every length
+    profiled alone, fitted as the model's `lone`.
     A shape that runs out of (real) memory is skipped and logged: the profile must not crash the
     load on a device that is already tight; the plan then simply never reaches that shape's size.
     """
@@ -368,4 +384,9 @@ def profile(
         if skipped:
             log.warning("profile: prefixed passes %s ran out of memory and were skipped", skipped)
         cost.fit_prefix(prefixed)  # type: ignore[arg-type]
+    if lone_run is not None:
+        alone = sorted({(1, l) for b, l, _ in samples if b == 1})
+        measured, skipped = _measure_all(alone, lambda b, l: lambda: lone_run(l), measure)
+        if measured:
+            cost.lone = CostModel().fit(measured)  # type: ignore[arg-type]  # `admits` is the main fit's
     return cost
