@@ -51,12 +51,13 @@ def _steps(n: int = 2, completions: int = 16) -> list[tuple[str, list[str | None
     return [(text(rng, 400), [text(rng, k) for k in heavy_tailed_lengths(rng, completions)]) for _ in range(n)]
 
 
-def _errors(build: Any, budget: int | None = None) -> tuple[list[float], int, list[tuple[int, int, float, int]]]:
+def _errors(build: Any, budget: int | None = None, steps: tuple[int, int] = (2, 16)
+            ) -> tuple[list[float], int, list[tuple[int, int, float, int]]]:
     runtime = make_runtime(budget)
     scorer = build(runtime)
     calls = Calls(runtime.memory.tracker)
     runtime.memory.subscribe(calls)
-    for prompt, comps in _steps():
+    for prompt, comps in _steps(*steps):
         scorer.score(ScoreRequest(prompt, comps))
     errs = [abs(m - p) / p for _, _, p, m in calls.calls if p > 0]
     return errs, runtime.memory.ooms_total, calls.calls
@@ -66,7 +67,7 @@ def _errors(build: Any, budget: int | None = None) -> tuple[list[float], int, li
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
     root = tmp_path_factory.mktemp("standins")
     return {"reciprocate": (root / "reciprocate", reciprocate.make_standin(root / "reciprocate")),
-            "dpo": (root / "dpo", dpo.make_standin(root / "dpo", max_length=512))}
+            "dpo": (root / "dpo", dpo.make_standin(root / "dpo"))}  # the 8k stand-in of the stack
 
 
 def _reciprocate(folders: dict[str, tuple[Path, dict]]) -> Any:
@@ -83,7 +84,8 @@ def _dpo(folders: dict[str, tuple[Path, dict]]) -> Any:
 @pytest.mark.parametrize("scorer", ["reciprocate", "dpo"])
 def test_prefix_scorer_predictions_within_15_percent(folders: dict[str, tuple[Path, dict]], scorer: str) -> None:
     build = _reciprocate(folders) if scorer == "reciprocate" else _dpo(folders)
-    errs, ooms, calls = _errors(build)
+    # DPO: one step of 48 (its batches then mix short and long inputs, as the bench's 50 do).
+    errs, ooms, calls = _errors(build, steps=(2, 16) if scorer == "reciprocate" else (1, 48))
     assert ooms == 0
     assert statistics.fmean(errs) <= 0.15, calls
     # Conservative where it matters: no call ran past its prediction by more than the planner's

@@ -298,14 +298,18 @@ def profile_shapes(
 ) -> list[tuple[int, int]]:
     """A small grid of (batch, length) shapes for a profile run, up to `max_length`.
 
-    Five lengths spread geometrically (short inputs matter: most completions are short) times
-    three batch sizes: up to 15 passes, enough to separate all six terms with room to spare.
+    Lengths spread geometrically, every halving of `max_length` (short inputs matter: most
+    completions are short), times three batch sizes: enough to separate every term.
     `max_tokens` drops the shapes wider than that many tokens (B*L), except batches of one: every
     length up to `max_length` is always measured. The planner then admits nothing beyond the
     largest shape kept (`CostModel.admits`).
     """
     top = max(1, int(max_length))
-    picks = [max(8, top // 32), top // 8, top // 4, top // 2, top]
+    # Every halving of the bound down to 1/256 of it (at least 16 tokens): a heavy-tailed workload
+    # lives mostly far below the bound, and a grid of 256, 1024, ... 8192 (DPO) left its inputs
+    # of 100-600 tokens to a fit across a 4x gap; the short shapes cost little to profile. The
+    # shortest length also bounds how short a prefixed prediction's suffix may be taken.
+    picks = [max(8, top // 32)] + [top >> k for k in range(9) if (top >> k) >= 16]
     if chunk and chunk < top:
         picks += [max(1, chunk // 2), chunk]  # both sides of the chunk's knee
     lengths = sorted({max(1, min(top, v)) for v in picks})

@@ -204,7 +204,7 @@ class Monitor(MemoryObserver, StepObserver):
                 self._add_call({
                     "type": "call", "model": name, "time": t0, "seconds": seconds, "batch": b,
                     "padded_length": length, "padded_tokens": b * length, "lengths": [lengths[i] for i in idx],
-                    "inputs": list(idx), "n_inputs": n_inputs, "predicted_bytes": predicted,
+                    "inputs": list(idx), "n_inputs": n_inputs, "predicted_bytes": predicted, "prefix_tokens": int(prefix),
                     "peak_bytes": peak, "start_bytes": window.start,
                     "error_ratio": (peak - predicted) / predicted if peak is not None and predicted > 0 and outcome == "ok" else None,
                     "outcome": outcome, "on_host": bool(on_host or fallback or peak is None), "fallback": fallback,
