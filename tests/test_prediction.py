@@ -81,6 +81,7 @@ def _dpo(folders: dict[str, tuple[Path, dict]]) -> Any:
                                                                                           "logits_chunk": 128}), rt)
 
 
+@pytest.mark.slow  # two stand-in profiles (DPO's up to 8,192 tokens): tens of seconds on 2 cores
 @pytest.mark.parametrize("scorer", ["reciprocate", "dpo"])
 def test_prefix_scorer_predictions_within_15_percent(folders: dict[str, tuple[Path, dict]], scorer: str) -> None:
     build = _reciprocate(folders) if scorer == "reciprocate" else _dpo(folders)
@@ -96,6 +97,7 @@ def test_prefix_scorer_predictions_within_15_percent(folders: dict[str, tuple[Pa
     assert all(m <= p / 0.9 for _, _, p, m in calls), calls
 
 
+@pytest.mark.slow
 def test_budgeted_reciprocate_packs_without_oom(folders: dict[str, tuple[Path, dict]]) -> None:
     errs, ooms, calls = _errors(_reciprocate(folders), budget=3 * 2**20)
     assert ooms == 0
