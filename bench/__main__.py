@@ -4,6 +4,7 @@ On the same heavy-tailed workload (9 steps x 50 completions, one of 40,000 chara
 stand-in weights:
 1. throughput of the full default stack: rewardstack, the literal per-completion reference (on a
    subset of steps), `transformers.pipeline` for the classifiers, and the forward-pass floor;
+   and per model the cost model's prediction error over the same workload (`bench.prediction`);
 2. DPO on both stand-ins (the tiny vocabulary-bound one and the proportioned one) with its floor
    and floor-plus-head rows;
 3. start-up: process start to first score, cold (profiling every model), warm (saved cost models)
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench import causal, curves, fullstack, results
+from bench import causal, curves, fullstack, prediction, results
 from bench.common import MiB
 from rewardstack.workload import heavy_tailed_steps
 
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         stage("full stack: rewardstack, reference, pipelines, floor")
         # 1. full stack
         st = fullstack.measure(root, steps, ref_idx, device=args.device, repeats=1 if q else REPEATS)
+        stage("prediction error per model (the same workload, tracker on)")
+        pred_rows = prediction.measure(root, steps)
         stage("DPO on both stand-ins")
         dpo_rows: list[list[str]] = []
         prop = {"n_embd": 128, "n_layer": 2, "n_head": 2} if q else {"n_embd": 512, "n_layer": 8, "n_head": 8}
@@ -159,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         pipe_n = st.n
         say(f"classifiers: rewardstack {pipe_n / st.ours_classifiers_s:.1f} c/s vs transformers.pipeline (batch 16) "
             f"{pipe_n / sum(st.pipeline_s.values()):.1f} c/s")
+    say()
+    for line in prediction.lines(pred_rows, None):
+        say(line)
     ratio = st.stack_s / st.floor_total
     # Start-up counts on both sides: rewardstack's warm start against the floor's (the imports and
     # the plain loading of the same checkpoints, which no program scoring with them can skip).

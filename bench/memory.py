@@ -9,7 +9,8 @@ of the stand-in stack, each with its own cost model and profile run. Then the wh
 and prints the tracker's peak against that budget. Last, hostile input: one 50 MB completion through
 `rewardstack score` (spaced words, and one 50 MB word) against the same steps without it: wall time,
 peak RSS of the `score` process and the completion's status (`--row huge-completion` runs only that
-row; target: under 1.5x the memory, in seconds, status `cut`). Every number is measured.
+row; target: under 1.5x the memory, in seconds, status `cut`). `--row prediction`: only the
+per-model prediction error over the bench workload (`bench.prediction`). Every number is measured.
 """
 
 from __future__ import annotations
@@ -210,10 +211,15 @@ def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--row", choices=("huge-completion",), help="run only this row")
+    ap.add_argument("--row", choices=("huge-completion", "prediction"), help="run only this row")
     args = ap.parse_args()
     if args.row == "huge-completion":
         huge_completion_row()
+        return
+    if args.row == "prediction":  # the per-model prediction error over the bench workload
+        from bench import prediction
+
+        prediction.main([])
         return
     from transformers.utils import logging as hf_logging
 

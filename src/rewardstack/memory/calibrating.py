@@ -41,6 +41,8 @@ class Calibrating:
         tune: Callable[[], dict[str, Any]] | None = None,
         apply: Callable[[dict[str, Any]], None] | None = None,
         limit_s: float | None = None,
+        prefix_run: Callable[[int, int, int], Any] | None = None,
+        lone_run: Callable[[int], Any] | None = None,
     ) -> CostModel:
         """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
 
@@ -58,6 +60,9 @@ class Calibrating:
         `costmodel.ProfileCapped` is raised, nothing is fitted or cached, and the caller keeps a
         setting it has a cost model for. Every profile that runs is told to the observers
         (`ProfileRecord`: the telemetry's `profiling` records).
+        `prefix_run(B, L, P)`: the pass after a shared prefix of P tokens (a causal scorer's
+        `PrefixRunner`); profiled too, it lets `run(prefix=)` predict such passes below the bound.
+        `lone_run(L)`: one unpadded input (an encoder drops the mask then); fits batches of one.
 
         With a calibration cache and a known model (`model_keys`), a fit saved under the same key
         is reused without profiling. Inside `deferred_calibration()` the work is queued until
@@ -70,6 +75,10 @@ class Calibrating:
         args = {"max_length": int(max_length), "max_batch": int(max_batch),
                 "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": chunk,
                 "chunk_rows": chunk_rows, "max_tokens": max_tokens, "tuned": tune is not None}
+        if prefix_run is not None:  # only then: the other scorers' cached fits keep their keys
+            args["prefixed"] = True
+        if lone_run is not None:
+            args["lone"] = True
 
         def work() -> CostModel:
             key = self._calibration_key(name, args)
@@ -95,7 +104,7 @@ class Calibrating:
                 began = time.time()
                 try:
                     cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows,
-                                   limit_s=limit_s)
+                                   limit_s=limit_s, prefix_run=prefix_run, lone_run=lone_run)
                 except ProfileCapped as e:
                     self.calibration_seconds += time.perf_counter() - started
                     self._publish_profile(ProfileRecord(name, name.split("[", 1)[0], began, time.perf_counter() - started,

@@ -32,7 +32,7 @@ from rewardstack.fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.memory")
 
-FORMAT = 1
+FORMAT = 2  # 2: prefixed and lone passes, the denser length grid
 
 
 def device_name(device: torch.device | str) -> str:

@@ -18,6 +18,24 @@ in a short profile run (`profile`); `trust` (<= 1) shrinks the budget a model ma
 after its predictions were proved wrong by an OOM, and grows back after a run of clean batches
 (`record_clean`), so a few OOMs do not keep batches small forever.
 
+A pass that runs after a shared prefix (the causal scorers' `PrefixRunner`: the step's common
+prompt runs once, its keys and values live before the batches are planned) costs less than a
+pass over the whole length: only the suffix's tokens make hidden states, MLP temporaries and
+logit rows, while the prefix adds each row's copy of its keys and values. The profile runs with a
+one-token prefix (the largest case for a length), so `predict(B, L)` is that upper bound;
+`predict(B, L, prefix=P)` with a measured `prefix_rate` (bytes per row per prefix token, the
+largest seen in passes profiled with long prefixes, `fit_prefix`) is
+min(bytes(B, L), bytes(B, S) + prefix_rate*B*(L - S)), S = L - P but never below the shortest
+profiled length: never above the bound, never below what the prefixed profile passes measured,
+and never a fit extrapolated below the lengths it measured. Charging the bound to every call over-predicted
+Reciprocate's calls by 1.5-2.6x on a 100-token prompt.
+
+A lone input is never padded, so an encoder runs it without an attention mask (sdpa drops an
+all-ones mask), while the profile's batches carry one padded position so that the mask is built as
+in real batches. With a `lone` model (fitted to unpadded single-input passes, `profile(lone_run=)`)
+`predict(1, L)` is that pass's: the padded profile charged a 512-token NSFW input 20% more than
+it took (its [1, 1, L, L] mask).
+
 A fit is only trusted where it was measured: `admits(B, L)` is false for a batch longer, wider or
 with more tokens than the largest profiled shape (as vLLM sizes its cache from a profile run at the
 maximum batched shape), and the planner never builds such a batch.
@@ -70,6 +88,9 @@ class CostModel:
     chunk: int | None = None
     chunk_rows: bool = False  # the chunk spans the batch's rows: g*min(B*L, chunk)
     clean: int = 0  # batches run without an OOM since trust was last lowered
+    prefix_rate: float | None = None  # bytes per row per shared-prefix token; None: not measured
+    prefix_samples: list[tuple[int, int, int, int]] = field(default_factory=list)  # (B, L, prefix, bytes)
+    lone: "CostModel | None" = None  # batches of one, measured unpadded; None: the padded fit's
 
     def extents(self) -> tuple[int, int, int] | None:
         """(largest batch, longest length, most tokens B*L) profiled; None when nothing was measured."""
@@ -93,13 +114,51 @@ class CostModel:
     def scale(self, factor: float) -> "CostModel":
         """Multiply every coefficient (tests under-fit a model on purpose with this)."""
         self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (v * factor for v in self.coefficients())
+        if self.prefix_rate is not None:
+            self.prefix_rate *= factor
+        if self.lone is not None:
+            self.lone.scale(factor)
         return self
 
-    def predict(self, batch: int, length: int) -> float:
-        """Predicted peak bytes of one forward pass over a (batch, length) padded rectangle."""
+    def predict(self, batch: int, length: int, prefix: int = 0) -> float:
+        """Predicted peak bytes of one forward pass over a (batch, length) padded rectangle.
+
+        `prefix`: that many of the `length` tokens are a shared prefix run before the pass (see the
+        module docstring); without a measured `prefix_rate` it changes nothing.
+        """
         if batch <= 0 or length <= 0:
             return 0.0
+        if batch == 1 and self.lone is not None and prefix <= 0:
+            return self.lone._bytes(1, length)
+        full = self._bytes(batch, length)
+        if prefix <= 0 or self.prefix_rate is None or length <= 1:
+            return full
+        # The suffix is never taken shorter than the shortest profiled length: below it the fit
+        # was never measured (a long prompt and a five-token completion would extrapolate).
+        floor = min((l for _, l, _ in self.samples), default=1)
+        suffix = max(length - int(prefix), floor, 1)
+        if suffix >= length:
+            return full
+        return min(full, self._bytes(batch, suffix) + self.prefix_rate * batch * (length - suffix))
+
+    def _bytes(self, batch: float, length: float) -> float:
         return float(sum(k * x for k, x in zip(self.coefficients(), _features(batch, length, self.chunk, self.chunk_rows))))
+
+    def fit_prefix(self, samples: Sequence[tuple[int, int, int, int]]) -> "CostModel":
+        """Set `prefix_rate` from passes measured after a long shared prefix: (B, L, prefix, bytes).
+
+        The rate is the largest per-row, per-prefix-token excess of a measured pass over the fit
+        at its suffix length, so the prefixed prediction covers every such pass measured.
+        """
+        rates = [max(0.0, (m - self._bytes(b, l - p)) / (b * p)) for b, l, p, m in samples if b > 0 and 0 < p < l]
+        self.prefix_rate = max(rates) if rates else None
+        self.prefix_samples = [tuple(int(v) for v in s) for s in samples]  # type: ignore[misc]
+        return self
+
+    def prefix_error(self) -> float:
+        """The largest relative error of the prefixed prediction over the prefixed passes measured."""
+        errs = [abs(self.predict(b, l, p) - m) / max(m, 1) for b, l, p, m in self.prefix_samples]
+        return max(errs) if errs else 0.0
 
     def fit(self, samples: Sequence[tuple[int, int, int]]) -> "CostModel":
         """Non-negative least-squares fit of the coefficients to measured (B, L, bytes) samples.
@@ -150,10 +209,15 @@ class CostModel:
             f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"min(B*L,{self.chunk})" if self.chunk_rows else f"B*min(L,{self.chunk})"), (self.h, f"min(B*L,{self.chunk})*(L-{self.chunk})+")) if v
         )
         shapes = sorted({(b, l) for b, l, _ in self.samples})
+        prefixed = (f"; shared prefix P: min(bytes(B, L), bytes(B, L-P) + {self.prefix_rate:.3g}*B*P), "
+                    f"{len(self.prefix_samples)} prefixed passes, max error {self.prefix_error():.1%}"
+                    if self.prefix_rate is not None else "")
+        if self.lone is not None:
+            prefixed += f"; alone (unpadded): {self.lone.describe().split(' (trust')[0]}, max error {self.lone.max_error():.1%}"
         return (
             f"bytes = {self.a:.3g} + {self.b:.3g}*B*L + {self.c:.3g}*B*L^2{extra} "
             f"(trust {self.trust:.2f}, {len(self.samples)} shapes {shapes}, "
-            f"max fit error {self.max_error():.1%})"
+            f"max fit error {self.max_error():.1%}{prefixed})"
         )
 
     def to_dict(self) -> dict:
@@ -161,7 +225,8 @@ class CostModel:
         return {
             "a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e, "f": self.f,
             "g": self.g, "h": self.h, "chunk": self.chunk, "chunk_rows": self.chunk_rows,
-            "trust": self.trust, "samples": self.samples,
+            "trust": self.trust, "samples": self.samples, "prefix_rate": self.prefix_rate,
+            "prefix_samples": self.prefix_samples, "lone": self.lone.to_dict() if self.lone is not None else None,
         }
 
     @classmethod
@@ -172,6 +237,9 @@ class CostModel:
             f=float(d.get("f", 0.0)), g=float(d.get("g", 0.0)), h=float(d.get("h", 0.0)), chunk=d.get("chunk"),
             chunk_rows=bool(d.get("chunk_rows", False)),
             samples=[(int(b), int(l), int(m)) for b, l, m in d.get("samples", [])],
+            prefix_rate=float(d["prefix_rate"]) if d.get("prefix_rate") is not None else None,
+            prefix_samples=[(int(b), int(l), int(p), int(m)) for b, l, p, m in d.get("prefix_samples", [])],
+            lone=cls.from_dict(d["lone"]) if d.get("lone") else None,
         )
 
 
@@ -231,14 +299,18 @@ def profile_shapes(
 ) -> list[tuple[int, int]]:
     """A small grid of (batch, length) shapes for a profile run, up to `max_length`.
 
-    Five lengths spread geometrically (short inputs matter: most completions are short) times
-    three batch sizes: up to 15 passes, enough to separate all six terms with room to spare.
+    Lengths spread geometrically, every halving of `max_length` (short inputs matter: most
+    completions are short), times three batch sizes: enough to separate every term.
     `max_tokens` drops the shapes wider than that many tokens (B*L), except batches of one: every
     length up to `max_length` is always measured. The planner then admits nothing beyond the
     largest shape kept (`CostModel.admits`).
     """
     top = max(1, int(max_length))
-    picks = [max(8, top // 32), top // 8, top // 4, top // 2, top]
+    # Every halving of the bound down to 1/256 of it (at least 16 tokens): a heavy-tailed workload
+    # lives mostly far below the bound, and a grid of 256, 1024, ... 8192 (DPO) left its inputs
+    # of 100-600 tokens to a fit across a 4x gap; the short shapes cost little to profile. The
+    # shortest length also bounds how short a prefixed prediction's suffix may be taken.
+    picks = [max(8, top // 32)] + [top >> k for k in range(9) if (top >> k) >= 16]
     if chunk and chunk < top:
         picks += [max(1, chunk // 2), chunk]  # both sides of the chunk's knee
     lengths = sorted({max(1, min(top, v)) for v in picks})
@@ -254,6 +326,45 @@ class ProfileCapped(RuntimeError):
         self.measured, self.shapes, self.seconds, self.limit_s = measured, shapes, seconds, limit_s
 
 
+def prefix_profile_shapes(shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(B, L, prefix) passes that measure the shared prefix's cost, from a profile grid.
+
+    At the three longest lengths, the widest batch profiled there and a batch of one, each with a
+    prefix of half the length; at the longest, also one of seven eighths (a long prompt and a
+    short completion, the common case). A handful of passes, inside the profiled extents.
+    """
+    lengths = sorted({l for _, l in shapes if l >= 8})[-3:]
+    out: set[tuple[int, int, int]] = set()
+    for l in lengths:
+        widest = max(b for b, ll in shapes if ll == l)
+        for b in {1, widest}:
+            out.add((b, l, l // 2))
+    if lengths:
+        top = lengths[-1]
+        out.add((max(b for b, ll in shapes if ll == top), top, top - max(1, top // 8)))
+    return sorted(out)
+
+
+def _measure_all(items: Sequence[tuple[int, ...]], make: Callable[..., Callable[[], object]],
+                 measure: Callable[[Callable[[], object]], int]) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Peaks of `measure(make(*item))` per item: (items with their peak appended, items that ran
+    out of memory). `make` runs before the measurement (a shared prefix's pass) and returns what
+    is measured."""
+    samples: list[tuple[int, ...]] = []
+    skipped: list[tuple[int, ...]] = []
+    for item in items:
+        peak: int | None = None
+        try:
+            peak = measure(make(*item))
+        except torch.OutOfMemoryError:
+            skipped.append(item)
+        if peak is None:  # outside the except block: its frames no longer pin the tensors
+            gc.collect()
+            continue
+        samples.append((*item, int(peak)))
+    return samples, skipped
+
+
 def profile(
     run: Callable[[int, int], object],
     measure: Callable[[Callable[[], object]], int],
@@ -262,9 +373,15 @@ def profile(
     chunk_rows: bool = False,
     *,
     limit_s: float | None = None,
+    prefix_run: Callable[[int, int, int], Callable[[], object]] | None = None,
+    lone_run: Callable[[int], object] | None = None,
 ) -> CostModel:
     """Measure `run(B, L)` at each shape with `measure` (returns peak bytes) and fit a cost model.
 
+    `prefix_run(B, L, P)`: runs a shared prefix of P tokens and returns the pass over the rest of
+    the B x L batch; that pass is measured at `prefix_profile_shapes(shapes)` to fit the model's
+    `prefix_rate`. `lone_run(L)`: one unpadded input of L tokens, measured at every length
+    profiled alone, fitted as the model's `lone`.
     A shape that runs out of (real) memory is skipped and logged: the profile must not crash the
     load on a device that is already tight; the plan then simply never reaches that shape's size.
 
@@ -300,4 +417,18 @@ def profile(
         log.warning("profile: shapes %s ran out of memory and were skipped", skipped)
     if not samples:
         raise torch.OutOfMemoryError(f"profile: every shape ran out of memory ({skipped})")
-    return CostModel(chunk=chunk, chunk_rows=chunk_rows).fit(samples)
+    cost = CostModel(chunk=chunk, chunk_rows=chunk_rows).fit(samples)  # type: ignore[arg-type]
+    if prefix_run is not None:
+        kept = [(b, l) for b, l, _ in samples]
+        # `prefix_run` runs the prefix and hands back the suffix pass: only that pass is measured,
+        # as scoring runs the prefix (`run(prepare=)`) before its batches are planned and measured.
+        prefixed, skipped = _measure_all(prefix_profile_shapes(kept), prefix_run, measure)
+        if skipped:
+            log.warning("profile: prefixed passes %s ran out of memory and were skipped", skipped)
+        cost.fit_prefix(prefixed)  # type: ignore[arg-type]
+    if lone_run is not None:
+        alone = sorted({(1, l) for b, l, _ in samples if b == 1})
+        measured, skipped = _measure_all(alone, lambda b, l: lambda: lone_run(l), measure)
+        if measured:
+            cost.lone = CostModel().fit(measured)  # type: ignore[arg-type]  # `admits` is the main fit's
+    return cost

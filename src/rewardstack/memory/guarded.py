@@ -34,6 +34,8 @@ class GuardedRun:
         max_batch: int | None = None,
         fallback: Callable[[list[int]], Sequence[Any]] | None = None,
         prepare: Callable[[], Any] | None = None,
+        slack: float | None = None,
+        prefix: int = 0,
     ) -> list[Outcome]:
         """Plan batches for `lengths`, run `forward(indices)` on each under the guard.
 
@@ -45,11 +47,16 @@ class GuardedRun:
         gets a real CPU fallback: its weights move to the host for that input and back, and the
         cost (bytes moved, seconds) is logged; any other model's input gets the `oom` status. A
         model that placement put on the CPU runs in host memory, outside the device budget.
+        `slack`: batches also close where their padding would pass that share (`plan_batches`): a
+        scorer that runs each batch in `padding_groups` passes `PADDING_SLACK`, so the rectangle
+        planned and predicted is the one that runs. `prefix`: that many tokens of every input
+        are a shared prefix `prepare` runs once (`CostModel.predict(prefix=)`).
         """
         with ExitStack() as observed:
             for o in list(self.observers):  # e.g. replay's per-model peak window
                 observed.enter_context(o.run(name, lengths))
-            return self._run(name, lengths, forward, max_batch=max_batch, fallback=fallback, prepare=prepare)
+            return self._run(name, lengths, forward, max_batch=max_batch, fallback=fallback, prepare=prepare, slack=slack,
+                             prefix=prefix)
 
     def _run(
         self,
@@ -60,6 +67,8 @@ class GuardedRun:
         max_batch: int | None,
         fallback: Callable[[list[int]], Sequence[Any]] | None,
         prepare: Callable[[], Any] | None,
+        slack: float | None = None,
+        prefix: int = 0,
     ) -> list[Outcome]:
         if not lengths:
             return []
@@ -81,9 +90,10 @@ class GuardedRun:
         if budget != float("inf"):
             # Bytes already live on the device (kept outputs, prefix caches) are not free.
             budget = max(0.0, budget - self.live_bytes())
-        batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True)
+        batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True,
+                               slack=slack, prefix=prefix)
         for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
-            forward = o.batch(name, lengths, forward, cost, on_host)
+            forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix)
         if fallback is None and not on_host and self._cpu_ok(owner):
             fallback = self._cpu_fallback(owner, forward)
 

@@ -6,7 +6,7 @@ derives from `MemoryObserver`, overrides the hooks it needs and is added with
 
 - `run(name, lengths)`: a context manager around one `MemoryManager.run` call (placement, the
   shared prefix, every batch): replay's per-model peak.
-- `batch(name, lengths, forward, cost, on_host)`: returns the forward function to run for each
+- `batch(name, lengths, forward, cost, on_host, prefix=)`: returns the forward function to run for each
   batch the guard runs (split halves and CPU fallbacks included), e.g. `forward` timed and
   measured: the telemetry's call records.
 - `oom(record)`: an out-of-memory error the guard handled (`OomRecord`, with what it did next).
@@ -71,8 +71,11 @@ class MemoryObserver:
         return nullcontext()
 
     def batch(self, name: str, lengths: Sequence[int], forward: Forward, cost: "CostModel",
-              on_host: bool) -> Forward:
-        """The forward function to run each batch of this run with (default: `forward` as is)."""
+              on_host: bool, prefix: int = 0) -> Forward:
+        """The forward function to run each batch of this run with (default: `forward` as is).
+
+        `prefix`: the inputs' shared prefix tokens, run before the batches (the prediction of a
+        batch is `cost.predict(B, L, prefix)`)."""
         return forward
 
     def oom(self, record: "OomRecord") -> None:

@@ -34,6 +34,7 @@ from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult,
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
+from rewardstack.memory.planner import PADDING_SLACK
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, profile_runner, save_standin_tokenizer, split_prefix
 from rewardstack.models import DAHOAS
 
@@ -175,7 +176,7 @@ class DahoasScorer(Scorer):
                         out[m] = v
             return out
 
-        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch,
+        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch, slack=PADDING_SLACK,
                                            prepare=lambda: [r.state() for r in runners])
         for k, i in enumerate(live):
             a, b = outcomes[k], outcomes[n + k]

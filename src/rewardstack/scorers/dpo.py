@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -58,6 +58,7 @@ from rewardstack.scorers.dpo_numerics import (  # noqa: F401 - re-exported: the 
     lse_inplace,
 )
 from rewardstack.scorers.kvcache import choose_path
+from rewardstack.memory.planner import PADDING_SLACK
 from rewardstack.scorers.prefix import (
     dummy_ids,
     PrefixRunner,
@@ -119,7 +120,7 @@ class DpoScorer(Scorer):
         runtime.memory.calibrate(
             self.name, self._dummy, max_length=self.calib_len, max_batch=16, chunk=self.chunks.chunk, chunk_rows=True,
             tune=(lambda: {"chunk": tune_chunk(self.logit_head, device_of(), max_chunk, self.chunks.timings)}) if tune else None,
-            apply=self.chunks.apply)
+            apply=self.chunks.apply, prefix_run=self._dummy_after_prefix if self.use_prefix else None)
 
     # The chunk policy's figures, as the scorer's (tests and benchmarks read them here).
     @property
@@ -168,8 +169,17 @@ class DpoScorer(Scorer):
 
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens, all but the first row scored."""
+        self._dummy_after_prefix(b, length, 1)()
+
+    def _dummy_after_prefix(self, b: int, length: int, prefix: int) -> Callable[[], object]:
+        """A profile pass whose rows share their first `prefix` tokens, which are the prompt (not
+        scored), as a step's prompt is the shared prefix of its completions: the prefix runs now
+        (as `prepare` runs it), the returned call runs the rest."""
         ids = dummy_ids(self.vocab, b, length)  # random ids: the penalty sees the most columns
-        self._forward(profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.pad_id), ids, [1] * b)
+        runner = profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.pad_id, prefix=prefix)
+        with torch.inference_mode():
+            runner.state()
+        return lambda: self._forward(runner, ids, [max(1, runner.length)] * b)
 
     def _forward(self, runner: PrefixRunner, ids: Sequence[list[int]], plens: Sequence[int]) -> list[float]:
         """Scores of sequences `ids` (full ids, prefix included) run against the runner's prefix."""
@@ -229,13 +239,16 @@ class DpoScorer(Scorer):
             return res
         prefix, _ = split_prefix(ids, self.use_prefix)
         runner = PrefixRunner(self.body, prefix, pad_id=self.pad_id)
+        # The cost model's prefix: profiled as shared tokens that are also unscored prompt rows, so
+        # never more than the prompt (rows past it are scored even where completions share them).
 
         lengths = [len(x) for x in ids]
 
         def forward(batch: list[int]) -> list[float]:
             return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [p] * len(sel)))
 
-        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state)
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
+                                          slack=PADDING_SLACK, prefix=min(runner.length, p))
         for i, o in zip(keep, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status

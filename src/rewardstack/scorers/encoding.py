@@ -127,6 +127,10 @@ def calibrate(
             batch["attention_mask"][-1, -1] = 0
         head(model(**batch), batch["attention_mask"])
 
+    def lone(length: int) -> None:  # a batch of one is never padded: no mask is built
+        batch = pad_batch(model, [[token_id] * length], 0, [[0] * length])
+        head(model(**batch), batch["attention_mask"])
+
     tune = None
     if set_pass_tokens is not None and runtime.device.type == "cpu":
         def tune() -> dict[str, Any]:
@@ -139,7 +143,7 @@ def calibrate(
     def shapes(settings: dict[str, Any]) -> list[tuple[int, int]]:
         return pass_shapes(max_length, int(settings.get("pass_tokens", pass_tokens)))
 
-    runtime.memory.calibrate(name, run, max_length=max_length, shapes=shapes, tune=tune, apply=apply)
+    runtime.memory.calibrate(name, run, max_length=max_length, shapes=shapes, tune=tune, apply=apply, lone_run=lone)
 
 
 def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:

@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from rewardstack.scorers.common import pad_rows
+from rewardstack.memory.planner import padding_groups  # noqa: F401 - the scorers' name for the planner's rule
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -170,35 +171,13 @@ def split_prefix(seqs: Sequence[Sequence[int]], enabled: bool = True) -> tuple[l
     return prefix, [list(s[c:]) for s in seqs]
 
 
-def padding_groups(lengths: Sequence[int], slack: float = 0.25) -> list[list[int]]:
-    """Split a planned batch into groups whose padded rectangle wastes at most `slack` of it.
-
-    The planner packs by memory; with a generous budget it may put a 40-token and an 8,000-token
-    input together, which pays 8,000 positions for both. Splitting further only lowers memory.
-    Returns lists of positions into `lengths`, ascending by length.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    total = 0
-    for i in order:
-        n = max(1, lengths[i])
-        if cur and (len(cur) + 1) * n > (1.0 + slack) * (total + n):
-            groups.append(cur)
-            cur, total = [], 0
-        cur.append(i)
-        total += n
-    if cur:
-        groups.append(cur)
-    return groups
-
-
 def dummy_ids(vocab: int, batch: int, length: int) -> list[list[int]]:
     """Seeded random token ids of shape (batch, length), for the profile runs at load."""
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0)).tolist()
 
 
-def profile_runner(body: torch.nn.Module, ids: list[list[int]], *, enabled: bool, pad_id: int = 0) -> PrefixRunner:
+def profile_runner(body: torch.nn.Module, ids: list[list[int]], *, enabled: bool, pad_id: int = 0,
+                   prefix: int = 1) -> PrefixRunner:
     """The runner of a load-time profile pass: the path scoring takes, prefix cache included.
 
     Every row of `ids` is made to share its first token, which runs as the prefix; the rest runs
@@ -206,13 +185,15 @@ def profile_runner(body: torch.nn.Module, ids: list[list[int]], *, enabled: bool
     for every layer. For a given total length this is the largest the cached path gets (a longer
     prefix only shortens the suffix; the prefix's own keys and values are live before a step's
     batches are planned, see `MemoryManager.run(prepare=)`). `enabled` False: no prefix, as
-    scoring runs then.
+    scoring runs then. `prefix`: share that many first tokens instead (at most all but one), the
+    profile of a pass after a long shared prompt (`CostModel.fit_prefix`).
     """
     if not enabled or not ids or len(ids[0]) < 2:
         return PrefixRunner(body, [], pad_id=pad_id)
+    p = max(1, min(int(prefix), len(ids[0]) - 1))
     for row in ids:
-        row[0] = ids[0][0]
-    return PrefixRunner(body, ids[0][:1], pad_id=pad_id)
+        row[:p] = ids[0][:p]
+    return PrefixRunner(body, ids[0][:p], pad_id=pad_id)
 
 
 def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[int]], Sequence[float]]) -> list[float]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -23,6 +24,7 @@ from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult,
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.common import sane_max_length
+from rewardstack.memory.planner import PADDING_SLACK
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, profile_runner, run_in_groups, save_standin_tokenizer, split_prefix
 from rewardstack.models import RECIPROCATE
 
@@ -98,15 +100,23 @@ class ReciprocateScorer(Scorer):
         self.use_prefix = choose_path(self.name, self.body, int(conf.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
         self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
         calib = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=16, max_tokens=4 * calib)
+        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=16, max_tokens=4 * calib,
+                                 prefix_run=self._dummy_after_prefix if self.use_prefix else None)
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
 
     def _dummy(self, b: int, length: int) -> None:
+        self._dummy_after_prefix(b, length, 1)()
+
+    def _dummy_after_prefix(self, b: int, length: int, prefix: int) -> Callable[[], object]:
+        """A profile pass of B random sequences of `length` tokens sharing their first `prefix`:
+        the prefix runs now (as `prepare` runs it), the returned call runs the rest."""
         ids = dummy_ids(self.model.config.vocab_size, b, length)
-        runner = profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.fill_id)
-        self._forward(runner, ids, [length - 1] * b)
+        runner = profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.fill_id, prefix=prefix)
+        with torch.inference_mode():
+            runner.state()
+        return lambda: self._forward(runner, ids, [length - 1] * b)
 
     def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int],
                  types: list[list[int]] | None = None) -> list[float]:
@@ -145,7 +155,8 @@ class ReciprocateScorer(Scorer):
             return run_in_groups(batch, lengths, lambda sel: self._forward(
                 runner, [ids[j] for j in sel], [pos[j] for j in sel], [types[j] for j in sel] if types is not None else None))
 
-        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state)
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
+                                          slack=PADDING_SLACK, prefix=runner.length)
         for i, o in zip(live, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status

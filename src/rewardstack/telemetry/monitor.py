@@ -185,6 +185,7 @@ class Monitor(MemoryObserver, StepObserver):
         forward: Callable[[list[int]], Sequence[Any]],
         cost: "CostModel",
         on_host: bool = False,
+        prefix: int = 0,
     ) -> Callable[[list[int]], Sequence[Any]]:
         """`forward`, recording one `call` record per batch it runs (the manager's hook)."""
         lengths = [int(x) for x in lengths]
@@ -210,12 +211,12 @@ class Monitor(MemoryObserver, StepObserver):
                 raise
             finally:
                 seconds = time.perf_counter() - p0
-                predicted = int(cost.predict(b, length)) if b else 0
+                predicted = int(cost.predict(b, length, prefix)) if b else 0
                 peak = window.peak_increase
                 self._add_call({
                     "type": "call", "model": name, "time": t0, "seconds": seconds, "batch": b,
                     "padded_length": length, "padded_tokens": b * length, "lengths": [lengths[i] for i in idx],
-                    "inputs": list(idx), "n_inputs": n_inputs, "predicted_bytes": predicted,
+                    "inputs": list(idx), "n_inputs": n_inputs, "predicted_bytes": predicted, "prefix_tokens": int(prefix),
                     "peak_bytes": peak, "start_bytes": window.start,
                     "error_ratio": (peak - predicted) / predicted if peak is not None and predicted > 0 and outcome == "ok" else None,
                     "outcome": outcome, "on_host": bool(on_host or fallback or peak is None), "fallback": fallback,
