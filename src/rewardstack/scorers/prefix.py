@@ -123,6 +123,8 @@ class PrefixRunner:
         st = self.state()
         b = len(suffixes)
         s = max(len(x) for x in suffixes)
+        if runs_whole(st.length, suffixes) and (types is None or self.prefix_types is not None):
+            return self._run_whole(suffixes, types)
         ids = torch.full((b, s), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, s), dtype=torch.long)
         for k, x in enumerate(suffixes):
@@ -152,6 +154,22 @@ class PrefixRunner:
         out = self.body(input_ids=ids, attention_mask=attn, **kwargs)
         return out.last_hidden_state, mask.bool()
 
+    def _run_whole(self, suffixes: Sequence[Sequence[int]],
+                   types: Sequence[Sequence[int]] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run` for unpadded suffixes (see `runs_whole`): prefix + suffix as one causal pass, no cache."""
+        device = model_device(self.body)
+        c = self.length
+        ids = torch.tensor([self.prefix_ids + list(x) for x in suffixes], dtype=torch.long, device=device)
+        kwargs: dict = {}
+        if accepts(self.body, "use_cache"):
+            kwargs["use_cache"] = False
+        if types is not None and self.prefix_types is not None:
+            kwargs["token_type_ids"] = torch.tensor([self.prefix_types + list(t) for t in types],
+                                                    dtype=torch.long, device=device)
+        out = self.body(input_ids=ids, **kwargs)  # no mask, no position ids: as the whole sequence runs
+        h = out.last_hidden_state[:, c:]
+        return h, torch.ones(h.shape[:2], dtype=torch.bool, device=device)
+
     def rows(self, suffix_hidden: torch.Tensor, index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states at absolute `positions` of inputs `index` (in the batch), prefix or suffix.
 
@@ -166,6 +184,20 @@ class PrefixRunner:
             pre = st.hidden[positions.clamp(max=c - 1)]
             out = torch.where(in_suffix.unsqueeze(-1), out, pre)
         return out
+
+
+def runs_whole(prefix_len: int, suffixes: Sequence[Sequence[int]]) -> bool:
+    """Whether `PrefixRunner.run` runs these suffixes whole (prefix included) instead of through the cache.
+
+    Through a cache the suffix's queries sit `prefix_len` positions after the first key, so
+    transformers cannot use attention's causal fast path and builds the whole causal mask
+    [B, 1, S, C + S] as booleans, which sdpa converts to floats: 5 bytes a cell, 320 MiB for one
+    8,192-token completion after a 9-token prompt (docs/LOG.md), inside the kernel where the
+    tracker does not see it. Without padding and without a cache the fast path needs no mask. So
+    a group whose suffixes all have one length, at least the prefix's, runs whole: recomputing
+    the prefix costs no more than the suffix itself. A padded group needs its mask either way.
+    """
+    return prefix_len > 0 and len({len(x) for x in suffixes}) == 1 and len(suffixes[0]) >= prefix_len
 
 
 def split_prefix(seqs: Sequence[Sequence[int]], enabled: bool = True) -> tuple[list[int], list[list[int]]]:
