@@ -79,8 +79,11 @@ class PrefixRunner:
     """
 
     def __init__(self, body: torch.nn.Module, prefix_ids: Sequence[int], *, pad_id: int = 0,
-                 prefix_types: Sequence[int] | None = None) -> None:
+                 prefix_types: Sequence[int] | None = None, whole: bool = True) -> None:
         self.body = body
+        # Unpadded long groups run whole (`runs_whole`); False keeps every group on the cache path
+        # (the load-time profile, which prices the padded batches scoring runs, mask included).
+        self.whole = whole
         self.prefix_ids = list(prefix_ids)
         self.pad_id = pad_id
         # The prefix's token_type_ids, for a scorer whose reference passes the tokenizer's types.
@@ -123,7 +126,7 @@ class PrefixRunner:
         st = self.state()
         b = len(suffixes)
         s = max(len(x) for x in suffixes)
-        if runs_whole(st.length, suffixes) and (types is None or self.prefix_types is not None):
+        if self.whole and runs_whole(st.length, suffixes) and (types is None or self.prefix_types is not None):
             return self._run_whole(suffixes, types)
         ids = torch.full((b, s), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, s), dtype=torch.long)
@@ -249,7 +252,8 @@ def profile_runner(body: torch.nn.Module, ids: list[list[int]], *, enabled: bool
         return PrefixRunner(body, [], pad_id=pad_id)
     for row in ids:
         row[0] = ids[0][0]
-    return PrefixRunner(body, ids[0][:1], pad_id=pad_id)
+    # Its rows are all one length: kept on the cache path, as a padded scoring batch runs.
+    return PrefixRunner(body, ids[0][:1], pad_id=pad_id, whole=False)
 
 
 def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[int]], Sequence[float]]) -> list[float]:
