@@ -13,6 +13,9 @@ that names it, never a traceback that stops the run:
 
 `strict=True` also refuses the bare `NaN` / `Infinity` constants Python's `json` accepts (they are
 not JSON); the step file keeps accepting them because the validator's own logs hold them.
+
+`canonical_chunks` is the other direction, for hashing what was read (`runner.step_hash`): the
+bytes of the canonical `json.dumps`, in pieces, so a huge string is never serialized whole.
 """
 
 from __future__ import annotations
