@@ -61,23 +61,37 @@ def event_line(event: dict[str, Any]) -> str:
     return json.dumps(jsonable(event), ensure_ascii=False, allow_nan=False) + "\n"
 
 
+def is_blank(line: str | bytes) -> bool:
+    """Whether a line holds only whitespace (without `strip()`'s copy of a 50 MB line)."""
+    return not line or line.isspace()
+
+
 def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, Any] | InputError]]:
     """(line number, parsed object or the InputError that says what is wrong), skipping blanks.
 
     Lines may be bytes (a file opened in binary): each is decoded on its own, so a line that is
     not UTF-8 is that line's error and the others are read (rewardstack.jsonio).
-    """
-    from rewardstack.jsonio import parse
 
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    Memory: only the parsed object outlives the read. The raw line is dropped before the JSON
+    parse, whose text is dropped on return, so reading a 50 MB line holds two copies at a time,
+    never three; and the line number is counted here rather than by `enumerate`, whose reused
+    result tuple keeps the last raw line alive while its step is scored.
+    """
+    from rewardstack.jsonio import decode_line, parse
+
+    number = 0
+    for line in lines:
+        number += 1
+        if is_blank(line):
             continue
         try:
-            obj = parse(line, line=number)
+            text = decode_line(line, line=number)
+            del line
+            obj = parse(text, line=number)
         except InputError as e:
             yield number, e
             continue
-        del line  # a huge line is not kept alive (twice: raw and parsed) while its step is scored
+        del text
         yield number, obj
 
 

@@ -13,12 +13,15 @@ that names it, never a traceback that stops the run:
 
 `strict=True` also refuses the bare `NaN` / `Infinity` constants Python's `json` accepts (they are
 not JSON); the step file keeps accepting them because the validator's own logs hold them.
+
+`canonical_chunks` is the other direction, for hashing what was read (`runner.step_hash`): the
+bytes of the canonical `json.dumps`, in pieces, so a huge string is never serialized whole.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterator
 
 from rewardstack.errors import InputError, json_error_message
 
@@ -55,16 +58,20 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def decode_line(data: str | bytes, *, line: int | None = None) -> str:
+    """`data` as text (bytes are decoded as UTF-8), or a JSONInputError naming the first bad byte."""
+    if not isinstance(data, (bytes, bytearray)):
+        return data
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise JSONInputError(f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})", "utf8",
+                             line=line) from None
+
+
 def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, max_depth: int = MAX_DEPTH) -> Any:
     """One JSON document from `data` (bytes are decoded as UTF-8), or a JSONInputError naming why not."""
-    if isinstance(data, (bytes, bytearray)):
-        try:
-            text = bytes(data).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise JSONInputError(f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})", "utf8",
-                                 line=line) from None
-    else:
-        text = data
+    text = decode_line(data, line=line)
     try:
         obj = json.loads(text, parse_constant=_refuse_constant if strict else None)
     except json.JSONDecodeError as e:
@@ -79,3 +86,45 @@ def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, m
 
 
 __all__ = ["JSONInputError", "MAX_DEPTH", "exceeds_depth", "parse"]
+
+
+SLICE_CHARS = 1 << 20
+"""Characters of a long string serialized at a time by `canonical_chunks`."""
+
+
+def canonical_chunks(obj: Any, *, slice_chars: int = SLICE_CHARS) -> Iterator[bytes]:
+    """`json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))` in UTF-8
+    (surrogates passed), byte for byte, in pieces: a string longer than `slice_chars` is escaped
+    and encoded a slice at a time, so hashing a 50 MB completion needs a slice's memory, not
+    three copies of the text. Exact because JSON escapes each code point on its own (a slice
+    boundary never splits an escape), and everything else is `json.dumps`'s own output. Nesting
+    is what `parse` admits (MAX_DEPTH), so the recursion is bounded.
+    """
+    def small(x: Any) -> bytes:
+        return json.dumps(x, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+    if isinstance(obj, str):
+        if len(obj) <= slice_chars:
+            yield small(obj)
+            return
+        yield b'"'
+        for i in range(0, len(obj), slice_chars):
+            yield small(obj[i:i + slice_chars])[1:-1]
+        yield b'"'
+    elif isinstance(obj, (list, tuple)):
+        yield b"["
+        for k, v in enumerate(obj):
+            if k:
+                yield b","
+            yield from canonical_chunks(v, slice_chars=slice_chars)
+        yield b"]"
+    elif isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
+        yield b"{"
+        for k, (key, v) in enumerate(sorted(obj.items(), key=lambda kv: kv[0])):
+            if k:
+                yield b","
+            yield small(key) + b":"
+            yield from canonical_chunks(v, slice_chars=slice_chars)
+        yield b"}"
+    else:  # numbers, booleans, null; a dict with non-string keys (json.dumps converts and sorts them)
+        yield small(obj)

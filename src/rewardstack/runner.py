@@ -46,9 +46,18 @@ class OutputMismatchError(RewardStackError):
 
 
 def step_hash(step: Step) -> str:
-    """A stable hash of everything that determines a step's event (16 hex digits of sha256)."""
-    text = json.dumps(step.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    """A stable hash of everything that determines a step's event (16 hex digits of sha256).
+
+    The hash is of `json.dumps(step.to_dict(), sort_keys=True, ensure_ascii=False,
+    separators=(",", ":"))` in UTF-8 (surrogates passed), fed in pieces (`jsonio.canonical_chunks`)
+    so that a 50 MB completion is not serialized and encoded whole, twice, beside the step.
+    """
+    from rewardstack.jsonio import canonical_chunks
+
+    h = hashlib.sha256()
+    for piece in canonical_chunks(step.to_dict()):
+        h.update(piece)
+    return h.hexdigest()[:16]
 
 
 @dataclass
@@ -238,7 +247,7 @@ def score_file(
     The caller holds the state directory's `StateLock`. `on_result` sees each newly scored step
     and its result (the event gets its `step_hash` before this call).
     """
-    from rewardstack.fileio import event_line, progress as _progress
+    from rewardstack.fileio import event_line, is_blank, progress as _progress
 
     err = err if err is not None else sys.stderr
     in_path = Path(in_path)
@@ -252,7 +261,7 @@ def score_file(
         done = reconcile_output(out_path, journal, report)
     # Binary: each line is decoded on its own, so bytes that are not UTF-8 are that line's error.
     with in_path.open("rb") as f:
-        total = sum(1 for line in f if line.strip())
+        total = sum(1 for line in f if not is_blank(line))
     position = 0  # index of the next good step
     committed = len(done)
     pending: list[str] = []

@@ -82,8 +82,11 @@ class PrefixRunner:
     """
 
     def __init__(self, body: torch.nn.Module, prefix_ids: Sequence[int], *, pad_id: int = 0,
-                 prefix_types: Sequence[int] | None = None) -> None:
+                 prefix_types: Sequence[int] | None = None, whole: bool = True) -> None:
         self.body = body
+        # Unpadded long groups run whole (`runs_whole`); False keeps every group on the cache path
+        # (the load-time profile, which prices the padded batches scoring runs, mask included).
+        self.whole = whole
         self.prefix_ids = list(prefix_ids)
         self.pad_id = pad_id
         # The prefix's token_type_ids, for a scorer whose reference passes the tokenizer's types.
@@ -126,6 +129,8 @@ class PrefixRunner:
         st = self.state()
         b = len(suffixes)
         s = max(len(x) for x in suffixes)
+        if self.whole and runs_whole(st.length, suffixes) and (types is None or self.prefix_types is not None):
+            return self._run_whole(suffixes, types)
         ids, mask = pad_rows(suffixes, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
         kwargs: dict = {}
@@ -148,6 +153,22 @@ class PrefixRunner:
         out = self.body(input_ids=ids, attention_mask=attn, **kwargs)
         return out.last_hidden_state, mask.bool()
 
+    def _run_whole(self, suffixes: Sequence[Sequence[int]],
+                   types: Sequence[Sequence[int]] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run` for unpadded suffixes (see `runs_whole`): prefix + suffix as one causal pass, no cache."""
+        device = model_device(self.body)
+        c = self.length
+        ids = torch.tensor([self.prefix_ids + list(x) for x in suffixes], dtype=torch.long, device=device)
+        kwargs: dict = {}
+        if accepts(self.body, "use_cache"):
+            kwargs["use_cache"] = False
+        if types is not None and self.prefix_types is not None:
+            kwargs["token_type_ids"] = torch.tensor([self.prefix_types + list(t) for t in types],
+                                                    dtype=torch.long, device=device)
+        out = self.body(input_ids=ids, **kwargs)  # no mask, no position ids: as the whole sequence runs
+        h = out.last_hidden_state[:, c:]
+        return h, torch.ones(h.shape[:2], dtype=torch.bool, device=device)
+
     def rows(self, suffix_hidden: torch.Tensor, index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states at absolute `positions` of inputs `index` (in the batch), prefix or suffix.
 
@@ -162,6 +183,29 @@ class PrefixRunner:
             pre = st.hidden[positions.clamp(max=c - 1)]
             out = torch.where(in_suffix.unsqueeze(-1), out, pre)
         return out
+
+
+def runs_whole(prefix_len: int, suffixes: Sequence[Sequence[int]]) -> bool:
+    """Whether `PrefixRunner.run` runs these suffixes whole (prefix included) instead of through the cache.
+
+    Through a cache the suffix's queries sit `prefix_len` positions after the first key, so
+    transformers cannot use attention's causal fast path and builds the whole causal mask
+    [B, 1, S, C + S] as booleans, which sdpa converts to floats: 5 bytes a cell, 320 MiB for one
+    8,192-token completion after a 9-token prompt (docs/LOG.md), inside the kernel where the
+    tracker does not see it. Without padding and without a cache the fast path needs no mask. So
+    a group whose suffixes all have one length, at least `WHOLE_RATIO` times the prefix's, runs
+    whole: recomputing the prefix costs at most an eighth of the suffix. The ratio also keeps the
+    cost model's prediction honest: batches are planned with the prefix counted as cached
+    (`CostModel.predict(prefix=)`), and a whole pass holds at most 1/8 more positions than the
+    suffix it was predicted for, within the planner's margin (0.9), where a suffix as short as
+    the prefix would double them. A padded group needs its mask either way.
+    """
+    return (prefix_len > 0 and len({len(x) for x in suffixes}) == 1
+            and len(suffixes[0]) >= WHOLE_RATIO * prefix_len)
+
+
+WHOLE_RATIO = 8
+"""How many times the shared prefix an unpadded suffix must be to run whole (`runs_whole`)."""
 
 
 def split_prefix(seqs: Sequence[Sequence[int]], enabled: bool = True) -> tuple[list[int], list[list[int]]]:
@@ -193,7 +237,8 @@ def profile_runner(body: torch.nn.Module, ids: list[list[int]], *, enabled: bool
     p = max(1, min(int(prefix), len(ids[0]) - 1))
     for row in ids:
         row[:p] = ids[0][:p]
-    return PrefixRunner(body, ids[0][:p], pad_id=pad_id)
+    # Its rows are all one length: kept on the cache path, as a padded scoring batch runs.
+    return PrefixRunner(body, ids[0][:p], pad_id=pad_id, whole=False)
 
 
 def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[int]], Sequence[float]]) -> list[float]:
