@@ -6,4 +6,4 @@
 source "$(dirname "$0")/_venv.sh" test
 REWARDSTACK_PYTHON=.venv/bin/python bash scripts/fetch-real-models.sh
 .venv/bin/lint-imports --no-cache
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=30 "$@"
