@@ -329,19 +329,25 @@ class ProfileCapped(RuntimeError):
 def prefix_profile_shapes(shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """(B, L, prefix) passes that measure the shared prefix's cost, from a profile grid.
 
-    At the three longest lengths, the widest batch profiled there and a batch of one, each with a
-    prefix of half the length; at the longest, also one of seven eighths (a long prompt and a
-    short completion, the common case). A handful of passes, inside the profiled extents.
+    At the three longest lengths, a batch of one and the narrowest wider batch profiled there,
+    each with a prefix of half the length; at the longest, also one of seven eighths (a long
+    prompt and a short completion, the common case). A handful of passes, inside the profiled
+    extents. The rate is per row, so two batch sizes separate it; the widest batch at the longest
+    length (16 x 8,192 tokens for DPO) would add minutes to a cold start on a CPU for nothing.
     """
     lengths = sorted({l for _, l in shapes if l >= 8})[-3:]
     out: set[tuple[int, int, int]] = set()
+
+    def narrow(l: int) -> int:
+        wider = [b for b, ll in shapes if ll == l and b > 1]
+        return min(wider) if wider else 1
+
     for l in lengths:
-        widest = max(b for b, ll in shapes if ll == l)
-        for b in {1, widest}:
+        for b in {1, narrow(l)}:
             out.add((b, l, l // 2))
     if lengths:
         top = lengths[-1]
-        out.add((max(b for b, ll in shapes if ll == top), top, top - max(1, top // 8)))
+        out.add((narrow(top), top, top - max(1, top // 8)))
     return sorted(out)
 
 
