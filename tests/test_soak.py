@@ -147,6 +147,9 @@ def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys
     # No tensor made on the simulated device outlives its step (a kept activation would show here).
     assert v["memory"]["rest_bytes_max"] == 0
     assert "soak verdict: PASS" in out
+    # The clean run's one process is fitted over (nearly) the whole run and printed.
+    assert v["clean_memory"]["processes"] == 1 and v["clean_memory"]["span_steps"] >= 150
+    assert "clean run's memory at rest" in out
 
 
 def test_verdict_fails_on_each_defect() -> None:
@@ -167,7 +170,11 @@ def test_verdict_fails_on_each_defect() -> None:
         "tracked leak": {"memory": {**memory, "slope_bytes_per_step": 2048.0}},
         "rss leak": {"memory": {**memory, "rss_slope_bytes_per_step": 65536.0}},
         "clean short": {"clean_events": 2}, "no faults": {"ooms": {"injected": 0}},
+        # The clean run's one process is judged too: with many kills it is the only long segment.
+        "clean rss leak": {"clean_memory": {**memory, "rss_slope_bytes_per_step": 65536.0}},
+        "clean tracked leak": {"clean_memory": {**memory, "slope_bytes_per_step": 2048.0}},
     }
+    assert judge(**{**base, "clean_memory": memory})["passed"]
     for name, change in bad.items():
         assert not judge(**{**base, **change})["passed"], name
     # Over short segments the RSS slope is reported, not judged (a process's arena warm-up).

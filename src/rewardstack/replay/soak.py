@@ -84,7 +84,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
     cmp = compare(expected, iter_events(run_dir / "faulted" / "events.jsonl"), clean, f_state, active)
     ooms, statuses = ooms_of(iter_events(run_dir / "faulted" / "events.jsonl"))
     memory = memory_slope(run_dir / "faulted" / "rest.jsonl", len(expected))
+    clean_memory = memory_slope(run_dir / "clean" / "rest.jsonl", len(expected))
     verdict = judge(cmp=cmp, sup=sup, clean_sup=clean_sup, clean_events=clean.count, memory=memory, ooms=ooms,
+                    clean_memory=clean_memory,
                     statuses=statuses, kills_wanted=args.kills, faults=args.faults, max_slope=args.max_slope,
                     max_rss_slope=args.max_rss_slope, steps=len(expected), input_errors=bad_lines,
                     completions_per_step=args.completions, budget=args.budget, threads=threads,

@@ -38,8 +38,13 @@ def ooms_of(events: Iterable[dict[str, Any]]) -> tuple[dict[str, int], Counter[s
 
 def judge(*, cmp: dict[str, Any], sup: dict[str, Any], clean_sup: dict[str, Any], clean_events: int,
           memory: dict[str, Any], ooms: dict[str, int], statuses: Counter[str], kills_wanted: int, faults: float,
-          max_slope: float, max_rss_slope: float, **figures: Any) -> dict[str, Any]:
-    """The verdict dict: every check that fails adds a line to `failures`."""
+          max_slope: float, max_rss_slope: float, clean_memory: dict[str, Any] | None = None,
+          **figures: Any) -> dict[str, Any]:
+    """The verdict dict: every check that fails adds a line to `failures`.
+
+    `clean_memory`: the clean run's fit (`memory_slope` of its one uninterrupted process), judged
+    by the same limits. With many kills no faulted process lives `RSS_MIN_SPAN` steps, so the
+    faulted run's resident set cannot be judged; the clean run's single process always can."""
     failures = []
     if cmp["missing"] or cmp["duplicates"] or not cmp["in_order"] or cmp["events"] != cmp["expected"]:
         failures.append(f"events: {cmp['events']} of {cmp['expected']}, {cmp['missing']} missing, "
@@ -70,12 +75,30 @@ def judge(*, cmp: dict[str, Any], sup: dict[str, Any], clean_sup: dict[str, Any]
     rss = memory.get("rss_slope_bytes_per_step")
     if rss is not None and memory.get("span_steps", 0) >= RSS_MIN_SPAN and rss > max_rss_slope:
         failures.append(f"resident set grows {rss:.0f} bytes/step (limit {max_rss_slope:g})")
+    if clean_memory is not None:
+        if clean_memory["slope_bytes_per_step"] > max_slope:
+            failures.append(f"the clean run's tracked memory at rest grows {clean_memory['slope_bytes_per_step']:.1f} "
+                            f"bytes/step (limit {max_slope:g})")
+        c_rss = clean_memory.get("rss_slope_bytes_per_step")
+        if c_rss is not None and clean_memory.get("span_steps", 0) >= RSS_MIN_SPAN and c_rss > max_rss_slope:
+            failures.append(f"the clean run's resident set grows {c_rss:.0f} bytes/step (limit {max_rss_slope:g})")
+        figures["clean_memory"] = clean_memory
     return {
         "passed": not failures, "failures": failures, "completions": dict(statuses), "ooms": ooms,
         "kills": sup["kills"], "restarts": sup["restarts"], "crashes": sup["crashes"] + clean_sup["crashes"],
         "kill_points": sup["kill_points"], "memory": {**memory, "max_slope": max_slope, "max_rss_slope": max_rss_slope},
         "comparison": cmp, "faults": faults, **figures,
     }
+
+
+def _clean_memory_line(cm: dict[str, Any], m: dict[str, Any]) -> str:
+    """The clean run's memory at rest: one process, the whole run after warm-up."""
+    rss = cm.get("rss_slope_bytes_per_step")
+    judged = cm.get("span_steps", 0) >= RSS_MIN_SPAN
+    return (f"  clean run's memory at rest ({cm['points']} points over {cm.get('span_steps', 0):.0f} steps of one process): "
+            f"tracked slope {cm['slope_bytes_per_step']:.2f} bytes/step; "
+            + (f"RSS slope {rss:.0f} bytes/step (limit {m['max_rss_slope']:g}{'' if judged else '; not judged'}), range "
+               f"{cm['rss_bytes_min'] / 2**20:.0f}..{cm['rss_bytes_max'] / 2**20:.0f} MiB" if rss is not None else "RSS not measured"))
 
 
 def format_verdict(v: dict[str, Any]) -> str:
@@ -93,9 +116,10 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"  memory at rest ({m['basis']}; {m['points']} points, {m.get('processes', '?')} processes): tracked slope "
         f"{m['slope_bytes_per_step']:.2f} bytes/step (limit {m['max_slope']:g}), range {m['rest_bytes_min']}..{m['rest_bytes_max']}; "
         + (f"RSS slope {rss:.0f} bytes/step (limit {m['max_rss_slope']:g}"
-           + ("" if m.get("span_steps", 0) >= RSS_MIN_SPAN else f"; not judged: segments span {m.get('span_steps', 0):.0f} "
+           + ("" if m.get("span_steps", 0) >= RSS_MIN_SPAN else f"; not judged: segments span {m.get('span_steps', 0):.1f} "
               f"steps, under {RSS_MIN_SPAN}") + f"), range {m['rss_bytes_min'] / 2**20:.0f}.."
            f"{m['rss_bytes_max'] / 2**20:.0f} MiB" if rss is not None else "RSS not measured"),
+        *([_clean_memory_line(v["clean_memory"], m)] if v.get("clean_memory") else []),
         f"  comparison with the clean run: events {c['events']}/{c['expected']}, missing {c['missing']}, duplicated "
         f"{c['duplicates']}, in order {c['in_order']}; values differing {c['mismatched_values']} (beyond {TOL:g}); "
         f"float32 batching noise after a split {c['rebatched_values']} {c['rebatched_by_model']} (largest "
