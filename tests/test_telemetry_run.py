@@ -18,7 +18,7 @@ from telemetry_fixtures import BYTES_PER_TOKEN, EXTRA_BYTES, HOG, HogScorer, hog
 # Every field of every record type, as docs/TELEMETRY.md lists them ("?" marks fields that may be absent).
 CALL = {"type", "model", "time", "seconds", "batch", "padded_length", "padded_tokens", "lengths", "inputs", "n_inputs",
         "predicted_bytes", "peak_bytes", "start_bytes", "error_ratio", "outcome", "on_host", "fallback", "injected",
-        "step", "step_name", "completions", "longest"}
+        "step", "step_name", "completions", "longest", "prefix_tokens"}
 STEP = {"type", "step", "name", "time", "seconds", "completions", "statuses", "model_statuses", "models", "calls",
         "ooms", "peak_bytes", "rest", "budget_bytes", "budget_line_bytes", "declared", "alarms", "card",
         "profiling_seconds", "profiles"}
