@@ -171,10 +171,12 @@ def test_verdict_fails_on_each_defect() -> None:
         "rss leak": {"memory": {**memory, "rss_slope_bytes_per_step": 65536.0}},
         "clean short": {"clean_events": 2}, "no faults": {"ooms": {"injected": 0}},
         # The clean run's one process is judged too: with many kills it is the only long segment.
-        "clean rss leak": {"clean_memory": {**memory, "rss_slope_bytes_per_step": 65536.0}},
+        "clean rss leak": {"clean_memory": {**memory, "rss_slope_bytes_per_step": 65536.0, "span_steps": 1500}},
         "clean tracked leak": {"clean_memory": {**memory, "slope_bytes_per_step": 2048.0}},
     }
     assert judge(**{**base, "clean_memory": memory})["passed"]
+    # A short clean run's RSS (its arenas still warming up) is reported, not judged.
+    assert judge(**{**base, "clean_memory": {**memory, "rss_slope_bytes_per_step": 65536.0, "span_steps": 180}})["passed"]
     for name, change in bad.items():
         assert not judge(**{**base, **change})["passed"], name
     # Over short segments the RSS slope is reported, not judged (a process's arena warm-up).
