@@ -109,7 +109,11 @@ def test_rerun_does_nothing_and_a_changed_run_is_scored_again(setup) -> None:  #
 
 def test_a_worker_killed_mid_run_is_replaced_and_the_run_restarted(setup) -> None:  # noqa: ANN001
     root, config, _, pool, _ = setup
-    write_runs(root / "long", 2, n_steps=12)
+    # Long enough that the worker is still scoring when the kill lands: the progress snapshot lags
+    # the worker by up to a report interval, and a kill that arrives after the run finished
+    # restarts nothing (seen in CI with 12 steps of 4, 0.06 s a run).
+    n_steps = 40
+    write_runs(root / "long", 2, n_steps=n_steps, n_completions=24)
     runs = discover_runs([root / "long"])
     # Uninterrupted first (the test above shows a rescore equals each run scored alone).
     assert rescore(runs, config, root / "long-clean", pool=pool, stream=None).ok
@@ -119,7 +123,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_restarted(setup) -> Non
         if killed:
             return
         for run_id, state in snapshot["in_flight"].items():
-            if state and state["attempt"] == 1 and 2 <= state["steps"] < 12:  # some steps scored
+            if state and state["attempt"] == 1 and 2 <= state["steps"] < n_steps // 2:  # some steps scored
                 os.kill(state["worker"]["pid"], signal.SIGKILL)  # the worker process dies mid-run
                 killed[run_id] = state["steps"]
                 return
