@@ -14,9 +14,15 @@ from typing import Any
 
 import httpx
 
-# One reward model and every mask but relevance: the diversity mask's split (embeddings in the
-# stateless part, history in the stateful one) and the blacklist are what the service depends on.
-SERVICE_TOML = """\
+def one_reward_model_toml(state_dir: Path, *, diversity: bool = True, service: str | None = None) -> str:
+    """A stand-in config scoring with the RLHF model alone, every other reward at weight 0.
+
+    With `diversity`, the diversity mask runs on the relevance stand-in's MPNet (its split:
+    embeddings in the stateless part, history in the stateful one, is what the service depends
+    on); `service` is the body of a `[service]` table.
+    """
+    diversity_table = ('path = "relevance_filter/mpnet"\ndtype = "float32"' if diversity else "enabled = false")
+    text = f"""\
 device = "cpu"
 state_dir = "{state_dir}"
 
@@ -31,22 +37,20 @@ weight = 0.0
 [models.relevance_filter]
 enabled = false
 [models.diversity_reward_model]
-path = "relevance_filter/mpnet"
-dtype = "float32"
+{diversity_table}
 [models.nsfw_filter]
 path = "nsfw_filter"
 dtype = "float32"
-
-[service]
-{service}
 """
+    return text if service is None else f"{text}\n[service]\n{service}\n"
 
 
 def write_config(standins: Path, state_dir: Path, tag: str, **service: Any) -> Path:
     """A config beside the stand-ins (their relative paths resolve) with its own state dir."""
     lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in service.items())
     path = standins / f"service-{tag}.toml"
-    path.write_text(SERVICE_TOML.format(state_dir=state_dir, service=lines))
+    # One reward model and every mask but relevance: the service's split state and the blacklist.
+    path.write_text(one_reward_model_toml(state_dir, service=lines))
     return path
 
 

@@ -65,6 +65,24 @@ def test_chunk_over_batch_rows_is_fitted() -> None:
     assert per_sequence.max_error() > 0.05  # the per-sequence form cannot express it
 
 
+def test_a_peak_that_is_the_larger_of_two_phases_is_fitted_as_two_pieces() -> None:
+    # DPO's pass peaks in its body (activations growing with B*L and L^2) or in its logits phase
+    # after it (a flat chunk buffer, the seen-count table per row, the penalty's bookkeeping),
+    # whichever is larger. The coefficients are the DPO stand-in's, as fitted from its profile.
+    chunk = 128
+    body = lambda b, l: 6_640 * b * l + 0.98 * l * l  # noqa: E731
+    head = lambda b, l: 179 * b * l + 179_000 * b + 125_000 * min(b * l, chunk) + 52 * min(b * l, chunk) * max(0, l - chunk)  # noqa: E731
+    truth = lambda b, l: max(body(b, l), head(b, l))  # noqa: E731
+    samples = [(b, l, int(truth(b, l))) for b, l in profile_shapes(8192, 16, chunk=chunk, max_tokens=8192)]
+    cm = CostModel(chunk=chunk, chunk_rows=True).fit(samples)
+    assert cm.alt is not None and cm.max_error() < 0.01, cm.describe()
+    for b, l in [(16, 100), (12, 300), (3, 700), (1, 6000), (5, 1500)]:  # off the grid
+        assert abs(cm.predict(b, l) - truth(b, l)) / truth(b, l) < 0.02, (b, l, cm.predict(b, l), truth(b, l))
+    again = CostModel.from_dict(cm.to_dict())  # the calibration cache keeps both pieces
+    assert again.predict(12, 300) == cm.predict(12, 300)
+    assert "where larger" in cm.describe()
+
+
 def test_check_cost_model_measures_off_grid_shapes_with_the_profile_run() -> None:
     mm = MemoryManager(None)
     run = lambda b, l: torch.ones(b, l, l).softmax(-1).sum()  # noqa: E731

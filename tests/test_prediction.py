@@ -88,10 +88,10 @@ def test_prefix_scorer_predictions_within_15_percent(folders: dict[str, tuple[Pa
     # DPO: one step of 48 (its batches then mix short and long inputs, as the bench's 50 do).
     errs, ooms, calls = _errors(build, steps=(2, 16) if scorer == "reciprocate" else (1, 48))
     assert ooms == 0
-    # DPO on the 8k stand-in measured 15.9% here (2026-12-01): its profile charges the penalty's
-    # upper bound (random ids, every scored token distinct), which natural text stays below; the
-    # 15% target is not met for it yet, and this bound keeps what was reached.
-    assert statistics.fmean(errs) <= (0.15 if scorer == "reciprocate" else 0.20), calls
+    # DPO measured 15.9% here with one sum of terms (2026-12-01), under 15% once its peak was
+    # fitted as the larger of its two phases (`CostModel.alt`). What is left is mostly the
+    # penalty's upper bound (random ids in the profile: every scored token distinct).
+    assert statistics.fmean(errs) <= 0.15, (statistics.fmean(errs), calls)
     # Conservative where it matters: no call ran past its prediction by more than the planner's
     # 10% safety margin leaves room for.
     assert all(m <= p / 0.9 for _, _, p, m in calls), calls

@@ -11,27 +11,7 @@ import pytest
 
 from rewardstack.cli import main
 from rewardstack.quiet import silence_moot_warnings
-
-ONE_MODEL = """\
-device = "cpu"
-state_dir = "{state}"
-
-[models.dpo_reward_model]
-weight = 0.0
-[models.rlhf_reward_model]
-path = "rlhf_reward_model"
-weight = 1.0
-dtype = "float32"
-[models.reciprocate_reward_model]
-weight = 0.0
-[models.relevance_filter]
-enabled = false
-[models.diversity_reward_model]
-enabled = false
-[models.nsfw_filter]
-path = "nsfw_filter"
-dtype = "float32"
-"""
+from service_fixtures import one_reward_model_toml
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -65,7 +45,7 @@ def test_an_ordinary_run_prints_no_warning(standins: Path, tmp_path: Path, capsy
                                            caplog: pytest.LogCaptureFixture) -> None:
     # A completion longer than the model's 512 tokens (cut by the scorer: `truncated`), no budget, no OOM.
     config = standins / "quiet-one-model.toml"
-    config.write_text(ONE_MODEL.format(state=tmp_path / "state"))
+    config.write_text(one_reward_model_toml(tmp_path / "state", diversity=False))
     steps = tmp_path / "steps.jsonl"
     long = " ".join(f"word{i}" for i in range(1500))
     steps.write_text(json.dumps({"name": "augment", "prompt": "Ask a question.",

@@ -32,7 +32,7 @@ from rewardstack.fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.memory")
 
-FORMAT = 2  # 2: prefixed and lone passes, the denser length grid
+FORMAT = 3  # 2: prefixed and lone passes, the denser length grid; 3: two-piece fits (`CostModel.alt`)
 
 
 def device_name(device: torch.device | str) -> str:
