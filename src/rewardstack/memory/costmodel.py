@@ -195,19 +195,14 @@ class CostModel:
         coef = _fit_terms(self.samples, self.chunk, self.chunk_rows)
         self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (float(v) for v in coef)
         self.alt = None
-        if len(self.samples) >= TWO_PIECE_MIN_SAMPLES and self._worst([coef]) > TWO_PIECE_ABOVE:
+        errors = _relative_errors(self.samples, [coef], self.chunk, self.chunk_rows)
+        if len(self.samples) >= TWO_PIECE_MIN_SAMPLES and float(np.abs(errors).max()) > TWO_PIECE_ABOVE:
             two = _fit_two_pieces(self.samples, self.chunk, self.chunk_rows)
-            if two is not None and two[2] < 0.5 * _squared_error(self.samples, [coef], self.chunk, self.chunk_rows):
+            if two is not None and two[2] < 0.5 * float(np.sum(errors**2)):
                 first, second, _ = two
                 self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (float(v) for v in first)
                 self.alt = [float(v) for v in second]
         return self
-
-    def _worst(self, pieces: Sequence[np.ndarray]) -> float:
-        x = np.array([_features(b, l, self.chunk, self.chunk_rows) for b, l, _ in self.samples], dtype=np.float64)
-        y = np.array([m for _, _, m in self.samples], dtype=np.float64)
-        pred = np.max(np.stack([x @ p for p in pieces], 1), 1)
-        return float(np.max(np.abs(pred - y) / np.maximum(y, 1.0)))
 
     def max_error(self) -> float:
         """The largest relative error of the fit over the samples it saw."""
@@ -314,13 +309,13 @@ def _fit_terms(samples: Sequence[tuple[int, int, int]], chunk: int | None, chunk
     return coef
 
 
-def _squared_error(samples: Sequence[tuple[int, int, int]], pieces: Sequence[np.ndarray], chunk: int | None,
-                   chunk_rows: bool) -> float:
-    """Sum of squared relative errors of max(pieces) over `samples`."""
+def _relative_errors(samples: Sequence[tuple[int, int, int]], pieces: Sequence[np.ndarray], chunk: int | None,
+                     chunk_rows: bool) -> np.ndarray:
+    """(max(pieces) - measured) / measured for each of `samples`."""
     x = np.array([_features(b, l, chunk, chunk_rows) for b, l, _ in samples], dtype=np.float64)
     y = np.array([m for _, _, m in samples], dtype=np.float64)
     pred = np.max(np.stack([x @ p for p in pieces], 1), 1)
-    return float(np.sum(((pred - y) / np.maximum(y, 1.0)) ** 2))
+    return (pred - y) / np.maximum(y, 1.0)
 
 
 def _fit_two_pieces(samples: Sequence[tuple[int, int, int]], chunk: int | None,
@@ -354,7 +349,7 @@ def _fit_two_pieces(samples: Sequence[tuple[int, int, int]], chunk: int | None,
             assign = new
         if not pieces:
             continue
-        err = _squared_error(samples, pieces, chunk, chunk_rows)
+        err = float(np.sum(_relative_errors(samples, pieces, chunk, chunk_rows) ** 2))
         if best is None or err < best[2]:
             best = (pieces[0], pieces[1], err)
     return best
