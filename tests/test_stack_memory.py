@@ -85,10 +85,10 @@ def test_long_completions_are_planned_without_oom_and_fitting_scores_are_unchang
         if step is steps[0]:
             # The 100,000-character completion is cut, and that is said, never silent.
             assert got.model_statuses["rlhf_reward_model"][1] == Status.TRUNCATED
-            # DPO scores it with a smaller logits chunk, profiled when the budget asked for it
-            # (extrapolating the tuned chunk's fit ran out of memory here).
+            # DPO cuts it too. Whether it also shrinks its logits chunk first depends on the chunk
+            # tuned at load (by timing: 64 or 128 rows here) and on how tight its fit is; that
+            # mechanism is tested with a fixed chunk in test_dpo's tight-budget test.
             assert got.model_statuses["dpo_reward_model"][1] == Status.TRUNCATED
-            assert planned.scorers["dpo_reward_model"].chunk < planned.scorers["dpo_reward_model"].tuned_chunk
             assert got.statuses[1] == Status.TRUNCATED
     assert planned.memory.ooms_total == len(real_ooms(planned))  # nothing injected: every OOM is a plan's
 
