@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+
 def one_reward_model_toml(state_dir: Path, *, diversity: bool = True, service: str | None = None) -> str:
     """A stand-in config scoring with the RLHF model alone, every other reward at weight 0.
 
