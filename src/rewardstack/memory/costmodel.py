@@ -299,10 +299,16 @@ def _identifiable_terms(
     return terms
 
 
-def _fit_terms(samples: Sequence[tuple[int, int, int]], chunk: int | None, chunk_rows: bool) -> np.ndarray:
-    """One sum of terms fitted to `samples` (the terms they identify; the others 0)."""
+def _design(samples: Sequence[tuple[int, int, int]], chunk: int | None, chunk_rows: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The fit's terms per sample (rows in the order of `TERMS`) and the measured bytes."""
     x = np.array([_features(b, l, chunk, chunk_rows) for b, l, _ in samples], dtype=np.float64)
     y = np.array([m for _, _, m in samples], dtype=np.float64)
+    return x, y
+
+
+def _fit_terms(samples: Sequence[tuple[int, int, int]], chunk: int | None, chunk_rows: bool) -> np.ndarray:
+    """One sum of terms fitted to `samples` (the terms they identify; the others 0)."""
+    x, y = _design(samples, chunk, chunk_rows)
     coef = np.zeros(len(TERMS))
     usable = _identifiable_terms(samples, chunk, chunk_rows)
     coef[usable] = _nnls_relative(x[:, usable], y)
@@ -312,8 +318,7 @@ def _fit_terms(samples: Sequence[tuple[int, int, int]], chunk: int | None, chunk
 def _relative_errors(samples: Sequence[tuple[int, int, int]], pieces: Sequence[np.ndarray], chunk: int | None,
                      chunk_rows: bool) -> np.ndarray:
     """(max(pieces) - measured) / measured for each of `samples`."""
-    x = np.array([_features(b, l, chunk, chunk_rows) for b, l, _ in samples], dtype=np.float64)
-    y = np.array([m for _, _, m in samples], dtype=np.float64)
+    x, y = _design(samples, chunk, chunk_rows)
     pred = np.max(np.stack([x @ p for p in pieces], 1), 1)
     return (pred - y) / np.maximum(y, 1.0)
 
@@ -328,7 +333,7 @@ def _fit_two_pieces(samples: Sequence[tuple[int, int, int]], chunk: int | None,
     split of the grid at a token count and at a length (deterministic, a few dozen tiny fits);
     the best final split wins.
     """
-    x = np.array([_features(b, l, chunk, chunk_rows) for b, l, _ in samples], dtype=np.float64)
+    x, _ = _design(samples, chunk, chunk_rows)
     n = len(samples)
     starts = []
     for key in (lambda s: s[0] * s[1], lambda s: s[1]):
