@@ -4,6 +4,7 @@ the comparison's and the memory fit's judgement; the service soak."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -169,6 +170,7 @@ def test_verdict_fails_on_each_defect() -> None:
         "crash": {"sup": {**sup, "crashes": 1}}, "kill missed": {"kills_wanted": 2},
         "tracked leak": {"memory": {**memory, "slope_bytes_per_step": 2048.0}},
         "rss leak": {"memory": {**memory, "rss_slope_bytes_per_step": 65536.0}},
+        "rss leak over the clean run": {"memory": {**memory, "rss_excess_slope_bytes_per_step": 65536.0}},
         "clean short": {"clean_events": 2}, "no faults": {"ooms": {"injected": 0}},
         # The clean run's one process is judged too: with many kills it is the only long segment.
         "clean rss leak": {"clean_memory": {**memory, "rss_slope_bytes_per_step": 65536.0, "span_steps": 1500}},
@@ -179,6 +181,9 @@ def test_verdict_fails_on_each_defect() -> None:
     assert judge(**{**base, "clean_memory": {**memory, "rss_slope_bytes_per_step": 65536.0, "span_steps": 180}})["passed"]
     for name, change in bad.items():
         assert not judge(**{**base, **change})["passed"], name
+    # Measured over the clean run's curve, young processes' arena warm-up is not a leak.
+    assert judge(**{**base, "memory": {**memory, "rss_slope_bytes_per_step": 65536.0,
+                                       "rss_excess_slope_bytes_per_step": 0.0}})["passed"]
     # Over short segments the RSS slope is reported, not judged (a process's arena warm-up).
     assert judge(**{**base, "memory": {**memory, "rss_slope_bytes_per_step": 65536.0, "span_steps": 40}})["passed"]
 
@@ -216,3 +221,40 @@ def test_memory_slope_sees_a_leak_within_each_process(tmp_path: Path) -> None:
     leaking, flat = memory_slope(write(2048), 100), memory_slope(write(0), 100)
     assert abs(leaking["slope_bytes_per_step"] - 2048) < 1 and flat["slope_bytes_per_step"] == 0
     assert abs(leaking["rss_slope_bytes_per_step"] - 3 * 2048) < 1 and flat["rss_slope_bytes_per_step"] == 0
+
+
+def test_rss_is_judged_over_the_clean_runs_curve(tmp_path: Path) -> None:
+    """Killed processes are young, and a young process's resident set rises steeply and then flattens
+    (arenas warming up): pooled raw, five such processes read as a leak with nothing kept. Over the
+    clean process's curve at the same age they are flat, and 20 KiB kept per step shows as 20 KiB."""
+    from rewardstack.scorers.embedding import HISTORY_MAX
+
+    def curve(age: int) -> int:  # the shape the 10,000-step clean run measured: 420 -> ~490 MiB
+        return int(420 * 2**20 + 70 * 2**20 * (1 - math.exp(-age / 800)))
+
+    def write(name: str, lengths: list[int], offset: int, leak: int) -> Path:
+        path, rows, step = tmp_path / f"{name}.jsonl", [], 0
+        for pid, n in enumerate(lengths, start=1):
+            for age in range(n):
+                step += 1
+                rows.append({"pid": pid, "steps": step, "rest_bytes": 0, "rss_bytes": curve(age) + offset + leak * age,
+                             "history_rows": HISTORY_MAX})
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    clean = write("clean", [2000], 0, 0)
+    lengths = [150, 250, 400, 500, 700]  # 2,000 steps, four kills
+    base = dict(cmp={"events": 1, "expected": 1, "missing": 0, "duplicates": 0, "in_order": True,
+                     "mismatched_values": 0, "unexplained_exclusions": 0, "oom_in_statistics": 0, "oom_gave_up": 0,
+                     "oom_statuses": 0, "normalizers_equal": True, "max_normalizer_diff": 0.0, "steps_in_state": 1},
+                sup={"kills": 4, "restarts": 4, "crashes": 0, "kill_points": []},
+                clean_sup={"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}, clean_events=1,
+                ooms={"injected": 1}, statuses={}, kills_wanted=4, faults=0.1, max_slope=1024, max_rss_slope=16384)
+    healthy = memory_slope(write("healthy", lengths, 6 * 2**20, 0), 2000, reference=clean)
+    assert healthy["rss_slope_bytes_per_step"] > 16384  # raw and pooled, warm-up reads as a leak
+    assert abs(healthy["rss_excess_slope_bytes_per_step"]) < 64
+    assert judge(**base, memory=healthy)["passed"]
+    leaking = memory_slope(write("leaking", lengths, 6 * 2**20, 20 * 1024), 2000, reference=clean)
+    assert abs(leaking["rss_excess_slope_bytes_per_step"] - 20 * 1024) < 64
+    v = judge(**base, memory=leaking)
+    assert not v["passed"] and any("resident set grows" in f for f in v["failures"])

@@ -224,15 +224,28 @@ def _slope(points: list[dict[str, Any]], key: str) -> float | None:
     return sxy / sxx if sxx > 0 else 0.0
 
 
-def memory_slope(rest_path: Path, n_steps: int, *, process_warmup: int | None = None) -> dict[str, Any]:
+def _read_rest(path: Path) -> list[dict[str, Any]]:
+    """The rest log's records (one per committed step), [] when there is none."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def memory_slope(rest_path: Path, n_steps: int, *, process_warmup: int | None = None,
+                 reference: Path | None = None) -> dict[str, Any]:
     """Least-squares slopes of memory at rest (tracked bytes, RSS; bytes per step), pooled within
     each process, after the diversity history is full (else after a warm-up of N/5 steps) and
-    after each process's first `process_warmup` steps (default `PROCESS_WARMUP`, at most N/10)."""
+    after each process's first `process_warmup` steps (default `PROCESS_WARMUP`, at most N/10).
+
+    `reference`: the clean run's rest log. A process's resident set rises steeply and then flattens
+    as its arenas warm up (the 10,000-step clean run: 153 KiB a step over its steps 20-200, 5 KiB
+    over 1,000-3,000, 0.4 KiB over 6,000-10,000), so short processes of a killed run show a steep
+    slope with nothing kept. With a reference, each point's resident set minus the clean process's
+    at the same age (steps since its start) is fitted too (`rss_excess_slope_bytes_per_step`):
+    warm-up common to both cancels, and what the faulted path keeps (per OOM, per restart) grows."""
     from rewardstack.scorers.embedding import HISTORY_MAX
 
     if process_warmup is None:
         process_warmup = min(PROCESS_WARMUP, n_steps // 10)
-    recs = [json.loads(line) for line in rest_path.read_text().splitlines() if line.strip()] if rest_path.exists() else []
+    recs = _read_rest(rest_path)
     first: dict[int, int] = {}
     for r in recs:
         first.setdefault(r["pid"], r["steps"])
@@ -251,7 +264,26 @@ def memory_slope(rest_path: Path, n_steps: int, *, process_warmup: int | None = 
     slope = _slope(pts, "rest_bytes") or 0.0
     rest = [r["rest_bytes"] for r in pts]
     rss = [r["rss_bytes"] for r in pts if r.get("rss_bytes") is not None]
-    return {"slope_bytes_per_step": slope, "points": len(pts), "processes": len(spans), "span_steps": span, "basis": basis,
-            "rest_bytes_min": min(rest) if rest else None, "rest_bytes_max": max(rest) if rest else None,
-            "rss_slope_bytes_per_step": _slope(pts, "rss_bytes"),
-            "rss_bytes_min": min(rss) if rss else None, "rss_bytes_max": max(rss) if rss else None}
+    out = {"slope_bytes_per_step": slope, "points": len(pts), "processes": len(spans), "span_steps": span, "basis": basis,
+           "rest_bytes_min": min(rest) if rest else None, "rest_bytes_max": max(rest) if rest else None,
+           "rss_slope_bytes_per_step": _slope(pts, "rss_bytes"),
+           "rss_bytes_min": min(rss) if rss else None, "rss_bytes_max": max(rss) if rss else None}
+    if reference is not None:
+        out.update(_rss_excess(pts, first, _read_rest(reference)))
+    return out
+
+
+def _rss_excess(pts: list[dict[str, Any]], first: dict[int, int], ref: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fit of each point's resident set minus the reference process's at the same age."""
+    if not ref or len({r["pid"] for r in ref}) != 1:  # the reference is one uninterrupted process
+        return {"rss_excess_slope_bytes_per_step": None, "rss_excess_points": 0}
+    r0 = ref[0]["steps"]
+    at_age = {r["steps"] - r0: r["rss_bytes"] for r in ref if r.get("rss_bytes") is not None}
+    excess = []
+    for r in pts:
+        age = r["steps"] - first[r["pid"]]
+        if r.get("rss_bytes") is not None and age in at_age:
+            excess.append({"pid": r["pid"], "steps": age, "rss_excess": r["rss_bytes"] - at_age[age]})
+    vals = [e["rss_excess"] for e in excess]
+    return {"rss_excess_slope_bytes_per_step": _slope(excess, "rss_excess"), "rss_excess_points": len(excess),
+            "rss_excess_min": min(vals) if vals else None, "rss_excess_max": max(vals) if vals else None}

@@ -83,7 +83,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     clean = EventIndex(run_dir / "clean" / "events.jsonl")
     cmp = compare(expected, iter_events(run_dir / "faulted" / "events.jsonl"), clean, f_state, active)
     ooms, statuses = ooms_of(iter_events(run_dir / "faulted" / "events.jsonl"))
-    memory = memory_slope(run_dir / "faulted" / "rest.jsonl", len(expected))
+    memory = memory_slope(run_dir / "faulted" / "rest.jsonl", len(expected), reference=run_dir / "clean" / "rest.jsonl")
     clean_memory = memory_slope(run_dir / "clean" / "rest.jsonl", len(expected))
     verdict = judge(cmp=cmp, sup=sup, clean_sup=clean_sup, clean_events=clean.count, memory=memory, ooms=ooms,
                     clean_memory=clean_memory,

@@ -36,6 +36,19 @@ def ooms_of(events: Iterable[dict[str, Any]]) -> tuple[dict[str, int], Counter[s
     return ooms, statuses
 
 
+def rss_judged(memory: dict[str, Any]) -> tuple[float | None, str]:
+    """The faulted run's resident-set slope that is judged, and how it was measured.
+
+    Over the clean run's curve where there is one (`memory_slope(reference=...)`): a killed run's
+    processes are young, and a young process's arenas grow steeply and then flatten, so their raw
+    slope pooled reads as a leak with nothing kept (the 10,000-step soak with 20 kills: 29.1 KiB a
+    step raw over 21 processes; -0.9 KiB a step over the clean run's curve)."""
+    excess = memory.get("rss_excess_slope_bytes_per_step")
+    if excess is not None:
+        return excess, " over the clean run's at the same process age"
+    return memory.get("rss_slope_bytes_per_step"), ""
+
+
 CLEAN_RSS_MIN_SPAN = 1000
 """Steps the clean run's fit must span for its resident-set slope to be judged (reported below it)."""
 
@@ -78,9 +91,9 @@ def judge(*, cmp: dict[str, Any], sup: dict[str, Any], clean_sup: dict[str, Any]
         failures.append(f"memory at rest was not judged: {memory['points']} points after warm-up")
     if memory["slope_bytes_per_step"] > max_slope:
         failures.append(f"tracked memory at rest grows {memory['slope_bytes_per_step']:.1f} bytes/step (limit {max_slope:g})")
-    rss = memory.get("rss_slope_bytes_per_step")
+    rss, judged_as = rss_judged(memory)
     if rss is not None and memory.get("span_steps", 0) >= RSS_MIN_SPAN and rss > max_rss_slope:
-        failures.append(f"resident set grows {rss:.0f} bytes/step (limit {max_rss_slope:g})")
+        failures.append(f"resident set grows {rss:.0f} bytes/step{judged_as} (limit {max_rss_slope:g})")
     if clean_memory is not None:
         if clean_memory["slope_bytes_per_step"] > max_slope:
             failures.append(f"the clean run's tracked memory at rest grows {clean_memory['slope_bytes_per_step']:.1f} "
@@ -110,7 +123,7 @@ def _clean_memory_line(cm: dict[str, Any], m: dict[str, Any]) -> str:
 def format_verdict(v: dict[str, Any]) -> str:
     """The verdict for a person."""
     c, o, m = v["comparison"], v["ooms"], v["memory"]
-    rss = m.get("rss_slope_bytes_per_step")
+    rss, excess = m.get("rss_slope_bytes_per_step"), m.get("rss_excess_slope_bytes_per_step")
     rows = [
         f"soak verdict: {'PASS' if v['passed'] else 'FAIL'}",
         f"  steps {v['steps']} x {v['completions_per_step']} completions; input errors {v['input_errors']} (lines refused)",
@@ -121,10 +134,12 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"  kills {v['kills']}, restarts {v['restarts']}, crashes {v['crashes']}",
         f"  memory at rest ({m['basis']}; {m['points']} points, {m.get('processes', '?')} processes): tracked slope "
         f"{m['slope_bytes_per_step']:.2f} bytes/step (limit {m['max_slope']:g}), range {m['rest_bytes_min']}..{m['rest_bytes_max']}; "
-        + (f"RSS slope {rss:.0f} bytes/step (limit {m['max_rss_slope']:g}"
+        + (f"RSS slope {rss:.0f} bytes/step, range {m['rss_bytes_min'] / 2**20:.0f}..{m['rss_bytes_max'] / 2**20:.0f} MiB"
+           + (f"; over the clean run's at the same process age {excess:.0f} bytes/step, {m['rss_excess_min'] / 2**20:.1f}.."
+              f"{m['rss_excess_max'] / 2**20:.1f} MiB" if excess is not None else "")
+           + f" (judged: {'excess' if excess is not None else 'raw'} slope, limit {m['max_rss_slope']:g}"
            + ("" if m.get("span_steps", 0) >= RSS_MIN_SPAN else f"; not judged: segments span {m.get('span_steps', 0):.1f} "
-              f"steps, under {RSS_MIN_SPAN}") + f"), range {m['rss_bytes_min'] / 2**20:.0f}.."
-           f"{m['rss_bytes_max'] / 2**20:.0f} MiB" if rss is not None else "RSS not measured"),
+              f"steps, under {RSS_MIN_SPAN}") + ")" if rss is not None else "RSS not measured"),
         *([_clean_memory_line(v["clean_memory"], m)] if v.get("clean_memory") else []),
         f"  comparison with the clean run: events {c['events']}/{c['expected']}, missing {c['missing']}, duplicated "
         f"{c['duplicates']}, in order {c['in_order']}; values differing {c['mismatched_values']} (beyond {TOL:g}); "
