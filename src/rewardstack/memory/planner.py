@@ -14,7 +14,7 @@ then runs exactly the batch that was planned and predicted, not a smaller rectan
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rewardstack.memory.costmodel import CostModel
 
@@ -60,16 +60,24 @@ def padding_groups(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list
     Returns lists of positions into `lengths`, ascending by length.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return _greedy_groups(order, lengths, lambda count, longest, tokens: wastes_too_much(count, longest, tokens, slack))
+
+
+def _greedy_groups(order: Sequence[int], lengths: Sequence[int],
+                   closes: Callable[[int, int, int], bool]) -> list[list[int]]:
+    """Walk `order` (ascending by length) and start a new group wherever `closes(count, longest,
+    tokens)` says the current one may not take the next input (count, longest and real tokens
+    with it). The one greedy pass both the padding split and the batch planner run."""
     groups: list[list[int]] = []
     cur: list[int] = []
-    total = 0
+    tokens = 0
     for i in order:
-        n = max(1, lengths[i])
-        if cur and wastes_too_much(len(cur) + 1, n, total + n, slack):
+        n = max(1, lengths[i])  # ascending order: the newcomer is the longest
+        if cur and closes(len(cur) + 1, n, tokens + n):
             groups.append(cur)
-            cur, total = [], 0
+            cur, tokens = [], 0
         cur.append(i)
-        total += n
+        tokens += n
     if cur:
         groups.append(cur)
     return groups
@@ -98,21 +106,13 @@ def plan_batches(
     """
     limit = usable_bytes(budget_bytes, cost, margin)
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    tokens = 0
-    for i in order:
-        longest = max(lengths[i], 1)  # ascending order: the newcomer is the longest
-        candidate = len(current) + 1
-        fits = cost.predict(candidate, longest, prefix) <= limit and cost.admits(candidate, longest)
-        padded = slack is not None and wastes_too_much(candidate, longest, tokens + longest, slack)
-        if current and (not fits or padded or (max_batch is not None and candidate > max_batch)):
-            batches.append(current)
-            current, tokens = [], 0
-        current.append(i)
-        tokens += longest
-    if current:
-        batches.append(current)
+
+    def closes(count: int, longest: int, tokens: int) -> bool:
+        fits = cost.predict(count, longest, prefix) <= limit and cost.admits(count, longest)
+        padded = slack is not None and wastes_too_much(count, longest, tokens, slack)
+        return not fits or padded or (max_batch is not None and count > max_batch)
+
+    batches = _greedy_groups(order, lengths, closes)
     if largest_first:
         batches.sort(key=lambda b: -cost.predict(len(b), max(lengths[b[-1]], 1), prefix))
     return batches
