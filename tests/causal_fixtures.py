@@ -30,13 +30,26 @@ def model_config(name: str, folder: Path, entry: dict[str, Any], **extra: Any) -
     return ModelConfig(name=name, path=path, weight=1.0, dtype=entry.get("dtype", "float32"), **extra)
 
 
-def reference_dpo(model: Any, tokenizer: Any, prompt: str, completion: str, penalty: float = 1.2) -> float:
-    """The spec's DPO reward, literally: full logits, a Python loop over completion positions."""
+def reference_dpo(model: Any, tokenizer: Any, prompt: str, completion: str, penalty: float = 1.2,
+                  device: str = "cpu") -> float:
+    """openvalidators 1.2.0 `DirectPreferenceRewardModel.reward_single`, line for line (`penalty`:
+    its 1.2, a parameter so a test can switch the penalty off).
+
+    The model is called on the ids alone (no attention mask, no token types), as the reference does.
+    """
+
+    def logit_penalty(input_ids: torch.Tensor, logit: torch.Tensor) -> torch.Tensor:
+        uniques, counts = input_ids.unique(return_counts=True)
+        score = torch.gather(logit, 1, uniques.unsqueeze(0))
+        score = torch.where(score < 0, score * (penalty**counts), score / (penalty**counts))
+        logit.scatter_(1, uniques.unsqueeze(0), score.to(logit.dtype))
+        return logit
+
     with torch.no_grad():
         if completion.strip() == "" or len(completion) <= 5:
-            return -11.0
-        combined = tokenizer(prompt + completion, return_tensors="pt").input_ids[0]
-        prompt_part = tokenizer(prompt, return_tensors="pt").input_ids[0]
+            return -11
+        combined = tokenizer(prompt + completion, return_tensors="pt").input_ids[0].to(device)
+        prompt_part = tokenizer(prompt, return_tensors="pt").input_ids[0].to(device)
         if tokenizer.model_max_length <= len(prompt_part):
             return -11.0
         if tokenizer.model_max_length < len(combined):
@@ -46,22 +59,20 @@ def reference_dpo(model: Any, tokenizer: Any, prompt: str, completion: str, pena
         labels = labels[1:]
         loss_mask = labels != -100
         labels[labels == -100] = 0
-        labels = labels.unsqueeze(0).unsqueeze(-1)
-        logits = model(combined.unsqueeze(0)).logits[:, :-1]
+        labels = labels.unsqueeze(0).unsqueeze(2)
+        logits = model(combined.unsqueeze(0)).logits
+        logits = logits[:, :-1, :]
         for i in range(len(prompt_part) + 1, len(combined) - 1):
             logit = logits[:, i, :].clone()
             inputs = combined[len(prompt_part) : i].clone()
-            uniques, counts = inputs.unique(return_counts=True)
-            score = torch.gather(logit, 1, uniques.unsqueeze(0))
-            score = torch.where(score < 0, score * (penalty**counts), score / (penalty**counts))
-            logit.scatter_(1, uniques.unsqueeze(0), score.to(logit.dtype))
-            logits[:, i, :] = logit
+            logits[:, i, :] = logit_penalty(input_ids=inputs, logit=logit)
         logits = logits.log_softmax(-1)
-        per_token = torch.gather(logits, dim=2, index=labels).squeeze(2)
-        reward = ((per_token * loss_mask).sum(dim=-1) / loss_mask.sum(dim=-1))[0]
+        per_token_logps = torch.gather(logits, dim=2, index=labels).squeeze(2)
+        reward = (per_token_logps * loss_mask).sum(-1) / loss_mask.sum(-1)
+        reward = reward[0].cpu().detach()
         if torch.isnan(reward) or torch.isinf(reward):
             return -11.0
-        return float(reward)
+        return reward.item()
 
 
 def close(a: float, b: float, rel: float = 1e-4) -> bool:

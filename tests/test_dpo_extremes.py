@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from causal_fixtures import make_runtime
+from causal_fixtures import make_runtime, reference_dpo
 from rewardstack.config import ModelConfig
 from rewardstack.scorers import dpo
 from rewardstack.scorers.base import ScoreRequest, Status
@@ -28,50 +28,6 @@ from small_models import make_small_gpt2
 
 MAX_LEN = 4096  # the stand-in's maximum (BTLM's is 8,192; the cut is the same code)
 TOL = {"float32": 1e-4, "float16": 2e-3}
-
-
-def reference_dpo_literal(model, tokenizer, prompt: str, completion: str, device: str = "cpu") -> float:  # noqa: ANN001
-    """openvalidators 1.2.0 `DirectPreferenceRewardModel.reward_single`, line for line.
-
-    The model is called on the ids alone (no attention mask, no token types), as the reference does.
-    """
-    penalty = 1.2
-
-    def logit_penalty(input_ids: torch.Tensor, logit: torch.Tensor) -> torch.Tensor:
-        uniques, counts = input_ids.unique(return_counts=True)
-        score = torch.gather(logit, 1, uniques.unsqueeze(0))
-        score = torch.where(score < 0, score * (penalty**counts), score / (penalty**counts))
-        logit.scatter_(1, uniques.unsqueeze(0), score.to(logit.dtype))
-        return logit
-
-    with torch.no_grad():
-        if completion.strip() == "" or len(completion) <= 5:
-            return -11
-        combined = tokenizer(prompt + completion, return_tensors="pt").input_ids[0].to(device)
-        prompt_part = tokenizer(prompt, return_tensors="pt").input_ids[0].to(device)
-        if tokenizer.model_max_length <= len(prompt_part):
-            return -11.0
-        if tokenizer.model_max_length < len(combined):
-            combined = combined[: tokenizer.model_max_length]
-        labels = combined.clone()
-        labels[: len(prompt_part)] = -100
-        labels = labels[1:]
-        loss_mask = labels != -100
-        labels[labels == -100] = 0
-        labels = labels.unsqueeze(0).unsqueeze(2)
-        logits = model(combined.unsqueeze(0)).logits
-        logits = logits[:, :-1, :]
-        for i in range(len(prompt_part) + 1, len(combined) - 1):
-            logit = logits[:, i, :].clone()
-            inputs = combined[len(prompt_part) : i].clone()
-            logits[:, i, :] = logit_penalty(input_ids=inputs, logit=logit)
-        logits = logits.log_softmax(-1)
-        per_token_logps = torch.gather(logits, dim=2, index=labels).squeeze(2)
-        reward = (per_token_logps * loss_mask).sum(-1) / loss_mask.sum(-1)
-        reward = reward[0].cpu().detach()
-        if torch.isnan(reward) or torch.isinf(reward):
-            return -11.0
-        return reward.item()
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +85,7 @@ def outcome(request: pytest.FixtureRequest, folder: Path) -> tuple[str, dict[str
     res = sc.score(ScoreRequest(PROMPT, [comps[n] for n in names]))
     out = {}
     for n, s, st in zip(names, res.scores, res.statuses):
-        ref = reference_dpo_literal(sc.model, sc.tokenizer, PROMPT, comps[n])
+        ref = reference_dpo(sc.model, sc.tokenizer, PROMPT, comps[n])
         out[n] = (s, st, float(ref), len(sc.tokenizer(PROMPT + comps[n]).input_ids))
     return dtype, out
 
