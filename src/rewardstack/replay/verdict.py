@@ -42,7 +42,7 @@ def rss_judged(memory: dict[str, Any]) -> tuple[float | None, str]:
     Over the clean run's curve where there is one (`memory_slope(reference=...)`): a killed run's
     processes are young, and a young process's arenas grow steeply and then flatten, so their raw
     slope pooled reads as a leak with nothing kept (the 10,000-step soak with 20 kills: 29.1 KiB a
-    step raw over 21 processes; -0.9 KiB a step over the clean run's curve)."""
+    step raw over 21 processes; -0.8 KiB a step over the clean run's curve)."""
     excess = memory.get("rss_excess_slope_bytes_per_step")
     if excess is not None:
         return excess, " over the clean run's at the same process age"
@@ -137,7 +137,7 @@ def format_verdict(v: dict[str, Any]) -> str:
         + (f"RSS slope {rss:.0f} bytes/step, range {m['rss_bytes_min'] / 2**20:.0f}..{m['rss_bytes_max'] / 2**20:.0f} MiB"
            + (f"; over the clean run's at the same process age {excess:.0f} bytes/step, {m['rss_excess_min'] / 2**20:.1f}.."
               f"{m['rss_excess_max'] / 2**20:.1f} MiB" if excess is not None else "")
-           + f" (judged: {'excess' if excess is not None else 'raw'} slope, limit {m['max_rss_slope']:g}"
+           + f" (limit {m['max_rss_slope']:g} on the {'slope over the clean run' if excess is not None else 'raw slope'}"
            + ("" if m.get("span_steps", 0) >= RSS_MIN_SPAN else f"; not judged: segments span {m.get('span_steps', 0):.1f} "
               f"steps, under {RSS_MIN_SPAN}") + ")" if rss is not None else "RSS not measured"),
         *([_clean_memory_line(v["clean_memory"], m)] if v.get("clean_memory") else []),
