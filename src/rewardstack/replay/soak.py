@@ -42,25 +42,20 @@ def cmd_soak(args: argparse.Namespace) -> int:
         from rewardstack.replay.service_soak import cmd_service_soak
 
         return cmd_service_soak(args)
-    from rewardstack.config import REWARD_MODELS, load_config
-    from rewardstack.fileio import merge_json_section
-    from rewardstack.replay.comparison import EventIndex, compare, iter_events, memory_slope
+    if getattr(args, "rejudge", None):
+        return rejudge(Path(args.rejudge), args)
+    from rewardstack.config import load_config
     from rewardstack.replay.supervisor import spawn, supervise
-    from rewardstack.replay.verdict import format_verdict, judge, ooms_of
     from rewardstack.replay.workload import soak_steps, write_steps
-    from rewardstack.runner import iter_steps, step_hash
-    from rewardstack.stack import Step
-    from rewardstack.state import StateStore
 
-    cfg = load_config(args.config)  # fails here, clearly, before any process starts
+    load_config(args.config)  # fails here, clearly, before any process starts
     run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "soak")
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     steps = soak_steps(args.steps, args.completions, seed=args.seed, pathological=args.pathological)
     steps_path = run_dir / "steps.jsonl"
     bad_lines = write_steps(steps_path, steps, surrogate_every=10 if args.pathological else 0)
-    with steps_path.open(encoding="utf-8") as f:
-        expected = [step_hash(s) for _, s in iter_steps(f) if isinstance(s, Step)]
+    expected = _expected_hashes(steps_path)
     chars = sorted(len(c or "") for s in steps for c in s.completions)
     del steps
     print(f"soak: {len(expected)} steps x {args.completions} completions (median {chars[len(chars) // 2]} chars, "
@@ -76,7 +71,30 @@ def cmd_soak(args: argparse.Namespace) -> int:
     clean_rc = clean_proc.wait()
     clean_sup = {"kills": 0, "restarts": 0, "crashes": int(clean_rc != 0), "kill_points": []}
     wall = time.time() - started
+    verdict = judge_run(run_dir, args, expected, sup=sup, clean_sup=clean_sup, input_errors=bad_lines, threads=threads,
+                        seconds=round(time.time() - started, 1), scoring_seconds=round(wall, 1))
+    return 0 if verdict["passed"] else 1
 
+
+def _expected_hashes(steps_path: Path) -> list[str]:
+    from rewardstack.runner import iter_steps, step_hash
+    from rewardstack.stack import Step
+
+    with steps_path.open(encoding="utf-8") as f:
+        return [step_hash(s) for _, s in iter_steps(f) if isinstance(s, Step)]
+
+
+def judge_run(run_dir: Path, args: argparse.Namespace, expected: list[str], *, sup: dict[str, Any],
+              clean_sup: dict[str, Any], input_errors: int, threads: int, seconds: float,
+              scoring_seconds: float) -> dict[str, Any]:
+    """Compare a finished soak's files (`run_dir`) and judge them: printed and written to summary.json."""
+    from rewardstack.config import REWARD_MODELS, load_config
+    from rewardstack.fileio import merge_json_section
+    from rewardstack.replay.comparison import EventIndex, compare, iter_events, memory_slope
+    from rewardstack.replay.verdict import format_verdict, judge, ooms_of
+    from rewardstack.state import StateStore
+
+    cfg = load_config(args.config)
     f_state_dir = run_dir / "faulted" / "state"
     f_state = StateStore(f_state_dir).load() if f_state_dir.exists() else {}
     active = [m for m in REWARD_MODELS if cfg.models[m].active]
@@ -88,12 +106,36 @@ def cmd_soak(args: argparse.Namespace) -> int:
     verdict = judge(cmp=cmp, sup=sup, clean_sup=clean_sup, clean_events=clean.count, memory=memory, ooms=ooms,
                     clean_memory=clean_memory,
                     statuses=statuses, kills_wanted=args.kills, faults=args.faults, max_slope=args.max_slope,
-                    max_rss_slope=args.max_rss_slope, steps=len(expected), input_errors=bad_lines,
+                    max_rss_slope=args.max_rss_slope, steps=len(expected), input_errors=input_errors,
                     completions_per_step=args.completions, budget=args.budget, threads=threads,
-                    seconds=round(time.time() - started, 1), scoring_seconds=round(wall, 1),
-                    steps_per_second=len(expected) / wall if wall > 0 else 0.0)
+                    seconds=seconds, scoring_seconds=scoring_seconds,
+                    steps_per_second=len(expected) / scoring_seconds if scoring_seconds > 0 else 0.0)
     merge_json_section(run_dir / "summary.json", "soak", verdict)  # strict JSON: NaN as null
     print(format_verdict(verdict))
+    return verdict
+
+
+def rejudge(run_dir: Path, args: argparse.Namespace) -> int:
+    """`soak --rejudge DIR`: the comparison and verdict again, on a finished soak's own files.
+
+    For a change to the comparison's bounds: nothing is scored again. The supervisor's counts
+    (kills, restarts, crashes, kill points), the wall time and the input errors are read from the
+    verdict in DIR/summary.json, which is replaced (the earlier one is kept under `soak_before`)."""
+    import json
+
+    from rewardstack.fileio import merge_json_section
+
+    summary = run_dir / "summary.json"
+    try:
+        before = json.loads(summary.read_text(encoding="utf-8"))["soak"]
+    except (OSError, KeyError, ValueError) as e:
+        raise SystemExit(f"soak --rejudge: {summary} holds no soak verdict ({e})") from None
+    merge_json_section(summary, "soak_before", before)
+    sup = {k: before[k] for k in ("kills", "restarts", "crashes", "kill_points")}
+    clean_sup = {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
+    verdict = judge_run(run_dir, args, _expected_hashes(run_dir / "steps.jsonl"), sup=sup, clean_sup=clean_sup,
+                        input_errors=before["input_errors"], threads=before["threads"], seconds=before["seconds"],
+                        scoring_seconds=before["scoring_seconds"])
     return 0 if verdict["passed"] else 1
 
 
@@ -114,6 +156,8 @@ def add_arguments(s: Any) -> None:
                    help=f"resident-set growth, bytes per step, above which the soak fails (default {DEFAULT_MAX_RSS_SLOPE:g})")
     s.add_argument("--threads", type=int, default=1, help="torch threads of each scoring process (default 1: the faulted "
                                                           "and clean runs run side by side)")
+    s.add_argument("--rejudge", metavar="RUN_DIR", help="compare and judge a finished soak's files again (nothing is "
+                                                        "scored; --config, --kills and --faults as it ran)")
     s.add_argument("--service", action="store_true", help="soak `rewardstack serve` over loopback instead: clients with "
                                                           "numbered steps and retries, the server SIGKILLed --kills times")
     s.add_argument("--clients", type=int, default=4, help="--service: concurrent clients, one namespace each (default 4)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable
 
-from rewardstack.replay.comparison import REBATCH_TOL, TOL
+from rewardstack.replay.comparison import DIVERSITY_REBATCH_TOL, REBATCH_TOL, TOL
 
 RSS_MIN_SPAN = 100
 """Steps a process's fitted segment must span, on average, for the RSS slope to be judged: over
@@ -144,7 +144,7 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"  comparison with the clean run: events {c['events']}/{c['expected']}, missing {c['missing']}, duplicated "
         f"{c['duplicates']}, in order {c['in_order']}; values differing {c['mismatched_values']} (beyond {TOL:g}); "
         f"float32 batching noise after a split {c['rebatched_values']} {c['rebatched_by_model']} (largest "
-        f"{c['rebatched_max_diff']:.2g}, bound {REBATCH_TOL:g}); unexplained exclusions {c['unexplained_exclusions']}; "
+        f"{c['rebatched_max_diff']:.2g}, bound {REBATCH_TOL:g}, diversity {DIVERSITY_REBATCH_TOL:g}); unexplained exclusions {c['unexplained_exclusions']}; "
         f"normalizers equal {c['normalizers_equal']} (max diff {c['max_normalizer_diff']:.3g})",
         f"  {v['seconds']} s ({v.get('steps_per_second', 0):.1f} steps/s per run, faulted and clean side by side)",
     ]
