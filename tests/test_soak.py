@@ -178,6 +178,7 @@ def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys
     capsys.readouterr()
     assert main(args) == 1
     assert "values differ" in capsys.readouterr().out
+    assert json.loads((rd / "summary.json").read_text())["soak_before"] == v  # the run's own verdict, kept
 
 
 def test_verdict_fails_on_each_defect() -> None:

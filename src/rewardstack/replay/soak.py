@@ -120,17 +120,20 @@ def rejudge(run_dir: Path, args: argparse.Namespace) -> int:
 
     For a change to the comparison's bounds: nothing is scored again. The supervisor's counts
     (kills, restarts, crashes, kill points), the wall time and the input errors are read from the
-    verdict in DIR/summary.json, which is replaced (the earlier one is kept under `soak_before`)."""
+    verdict in DIR/summary.json, which is replaced; the run's first verdict is kept under
+    `soak_before` (a second rejudge keeps that one, not its predecessor)."""
     import json
 
     from rewardstack.fileio import merge_json_section
 
     summary = run_dir / "summary.json"
     try:
-        before = json.loads(summary.read_text(encoding="utf-8"))["soak"]
+        data = json.loads(summary.read_text(encoding="utf-8"))
+        before = data["soak"]
     except (OSError, KeyError, ValueError) as e:
         raise SystemExit(f"soak --rejudge: {summary} holds no soak verdict ({e})") from None
-    merge_json_section(summary, "soak_before", before)
+    if "soak_before" not in data:
+        merge_json_section(summary, "soak_before", before)
     sup = {k: before[k] for k in ("kills", "restarts", "crashes", "kill_points")}
     clean_sup = {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
     verdict = judge_run(run_dir, args, _expected_hashes(run_dir / "steps.jsonl"), sup=sup, clean_sup=clean_sup,
