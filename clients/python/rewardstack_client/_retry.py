@@ -1,0 +1,102 @@
+"""When a request goes again: the retry policy and one request's plan, shared by both clients.
+
+A step carries a sequence number, so resending it is safe: the service applies a number once and
+answers a repeat with the stored result. That makes riding out a restart simple: while the
+service is down (connection refused), restarting (503 while it loads and calibrates), overloaded
+(429) or the answer was lost (timeout, dropped connection), the same request goes again with a
+bounded backoff until `deadline_s`; only then does the call raise `ServiceUnavailable`. A request
+without a sequence number is resent only when it cannot have arrived (the connection was refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import httpx
+
+from rewardstack_client._errors import ServiceCallError, ServiceUnavailable
+
+log = logging.getLogger("rewardstack_client")
+
+RETRY_STATUSES = frozenset({429, 502, 503})
+"""Answers that mean "not now": overloaded, a proxy with no service behind it, loading or draining."""
+
+
+@dataclass
+class RetryPolicy:
+    """How long and how often a request is resent (always the same request, same sequence number)."""
+
+    deadline_s: float = 900.0
+    """Give up after this many seconds of failures. The default outlasts a restart of the service
+    that loads and calibrates a full stack (several minutes on a 40 GiB card)."""
+    backoff_s: float = 0.25
+    """The first wait; it doubles each try, with jitter, up to `max_backoff_s`."""
+    max_backoff_s: float = 5.0
+    """The longest wait between two tries (a restarted service is found within this)."""
+    attempts: Optional[int] = None
+    """A cap on tries as well as the deadline (None: as many as the deadline allows)."""
+    log_every_s: float = 5.0
+    """While retrying, one warning this often (not one per try)."""
+
+    def delay(self, attempt: int, retry_after: Optional[str] = None) -> float:
+        """Seconds before try `attempt + 1`: the service's Retry-After when it sends one, capped."""
+        if retry_after is not None:
+            try:
+                return min(self.max_backoff_s, max(0.0, float(retry_after)))
+            except ValueError:
+                pass
+        return min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt, 30)) * (0.5 + random.random() / 2)
+
+
+class Attempts:
+    """One request's retry plan: after each failed try, how long to wait, or the error to raise."""
+
+    def __init__(self, policy: RetryPolicy, base_url: str, method: str, path: str,
+                 body: Optional[Dict[str, Any]]) -> None:
+        self.policy = policy
+        self.what = f"{method} {base_url}{path}" + (f" (sequence {body['sequence']})" if body and "sequence" in body else "")
+        # Resending is safe for a read, for a numbered step, or when nothing reached the service.
+        self.idempotent = body is None or "sequence" in body
+        self.started = time.monotonic()
+        self.tries = 0
+        self.logged_at: Optional[float] = None
+
+    def after_error(self, error: httpx.TransportError) -> float:
+        """The wait before resending after a transport error, or raise (not resendable, or too late)."""
+        if not (self.idempotent or isinstance(error, httpx.ConnectError)):
+            raise error  # the service may have scored it; without a number a resend could score it twice
+        return self._next(f"{type(error).__name__}: {error}", None)
+
+    def after_response(self, r: httpx.Response) -> Optional[float]:
+        """None when `r` is the answer (success or a final error); else the wait before resending."""
+        if r.status_code not in RETRY_STATUSES:
+            if self.logged_at is not None:
+                log.warning("%s answered after %.0f s of retries", self.what, time.monotonic() - self.started)
+            return None
+        return self._next(f"HTTP {r.status_code}", r)
+
+    def _next(self, reason: str, r: Optional[httpx.Response]) -> float:
+        self.tries += 1
+        elapsed = time.monotonic() - self.started
+        wait = self.policy.delay(self.tries - 1, r.headers.get("retry-after") if r is not None else None)
+        capped = self.policy.attempts is not None and self.tries >= self.policy.attempts
+        if capped or elapsed + wait > self.policy.deadline_s:
+            if r is not None and capped and elapsed + wait <= self.policy.deadline_s:
+                raise ServiceCallError.from_response(r)  # out of tries, not of time: the service's own answer
+            raise ServiceUnavailable(
+                f"{self.what}: no answer after {elapsed:.0f} s and {self.tries} tries (last: {reason}). Check that "
+                f"`rewardstack serve` runs there and that GET /readyz answers 200 (it is 503 while models load); "
+                f"a longer wait is RetryPolicy(deadline_s=...)")
+        now = time.monotonic()
+        if self.logged_at is None or now - self.logged_at >= self.policy.log_every_s:
+            self.logged_at = now
+            log.warning("%s: %s; resending the same request (%.0f s of %.0f s)", self.what, reason, elapsed,
+                        self.policy.deadline_s)
+        return wait
+
+
+__all__ = ["Attempts", "RETRY_STATUSES", "RetryPolicy"]
