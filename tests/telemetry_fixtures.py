@@ -85,7 +85,7 @@ class HogScorer(Scorer):
             del hog
             return [float(v) / 1e6 for v in out]
 
-        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch)
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, completions=live)
         for i, o in zip(live, outcomes):
             if o.status == Status.OK:
                 res.scores[i] = o.value

@@ -112,7 +112,8 @@ class Recorder(MemoryObserver):
         self.events.append(("run", name, tuple(lengths)))
         return super().run(name, lengths)
 
-    def batch(self, name: str, lengths: Any, forward: Any, cost: Any, on_host: bool, prefix: int = 0) -> Any:
+    def batch(self, name: str, lengths: Any, forward: Any, cost: Any, on_host: bool, prefix: int = 0,
+              completions: Any = None) -> Any:
         def counted(idx: list[int]) -> Any:
             self.events.append(("batch", name, tuple(idx)))
             return forward(idx)

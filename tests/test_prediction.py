@@ -34,7 +34,7 @@ class Calls(MemoryObserver):
         self.calls: list[tuple[int, int, float, int]] = []
 
     def batch(self, name: str, lengths: Sequence[int], forward: Any, cost: CostModel, on_host: bool,
-              prefix: int = 0) -> Any:
+              prefix: int = 0, completions: Any = None) -> Any:
         def observed(idx: list[int]) -> Any:
             window = PeakWindow("cpu", self.tracker)
             with window:

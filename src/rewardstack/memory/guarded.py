@@ -36,6 +36,7 @@ class GuardedRun:
         prepare: Callable[[], Any] | None = None,
         slack: float | None = None,
         prefix: int = 0,
+        completions: Sequence[int | None] | None = None,
     ) -> list[Outcome]:
         """Plan batches for `lengths`, run `forward(indices)` on each under the guard.
 
@@ -50,13 +51,18 @@ class GuardedRun:
         `slack`: batches also close where their padding would pass that share (`plan_batches`): a
         scorer that runs each batch in `padding_groups` passes `PADDING_SLACK`, so the rectangle
         planned and predicted is the one that runs. `prefix`: that many tokens of every input
-        are a shared prefix `prepare` runs once (`CostModel.predict(prefix=)`).
+        are a shared prefix `prepare` runs once (`CostModel.predict(prefix=)`). `completions`:
+        the step's completion index of each input (None: the prompt), for the observers' records,
+        which would otherwise know only the scorer's own numbering (DPO skips empty completions,
+        the classifiers merge identical texts and cut long ones into windows).
         """
+        if completions is not None and len(completions) != len(lengths):
+            raise ValueError(f"{name}: {len(completions)} completion indices for {len(lengths)} inputs")
         with ExitStack() as observed:
             for o in list(self.observers):  # e.g. replay's per-model peak window
                 observed.enter_context(o.run(name, lengths))
             return self._run(name, lengths, forward, max_batch=max_batch, fallback=fallback, prepare=prepare, slack=slack,
-                             prefix=prefix)
+                             prefix=prefix, completions=completions)
 
     def _run(
         self,
@@ -69,6 +75,7 @@ class GuardedRun:
         prepare: Callable[[], Any] | None,
         slack: float | None = None,
         prefix: int = 0,
+        completions: Sequence[int | None] | None = None,
     ) -> list[Outcome]:
         if not lengths:
             return []
@@ -93,7 +100,7 @@ class GuardedRun:
         batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True,
                                slack=slack, prefix=prefix)
         for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
-            forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix)
+            forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix, completions=completions)
         if fallback is None and not on_host and self._cpu_ok(owner):
             fallback = self._cpu_fallback(owner, forward)
 

@@ -6,9 +6,10 @@ derives from `MemoryObserver`, overrides the hooks it needs and is added with
 
 - `run(name, lengths)`: a context manager around one `MemoryManager.run` call (placement, the
   shared prefix, every batch): replay's per-model peak.
-- `batch(name, lengths, forward, cost, on_host, prefix=)`: returns the forward function to run for each
-  batch the guard runs (split halves and CPU fallbacks included), e.g. `forward` timed and
-  measured: the telemetry's call records.
+- `batch(name, lengths, forward, cost, on_host, prefix=, completions=)`: returns the forward function
+  to run for each batch the guard runs (split halves and CPU fallbacks included), e.g. `forward`
+  timed and measured: the telemetry's call records. `completions` names each input by the step's
+  completion index (the scorer's own numbering skips and merges inputs), None for the prompt.
 - `oom(record)`: an out-of-memory error the guard handled (`OomRecord`, with what it did next).
 - `moved(move)`: placement moved a model's weights onto the device or off it (`PlacementMove`).
 - `profiled(record)`: a profile pass set ran (`ProfileRecord`): at load, or asked for mid-run by a
@@ -71,11 +72,12 @@ class MemoryObserver:
         return nullcontext()
 
     def batch(self, name: str, lengths: Sequence[int], forward: Forward, cost: "CostModel",
-              on_host: bool, prefix: int = 0) -> Forward:
+              on_host: bool, prefix: int = 0, completions: Sequence[int | None] | None = None) -> Forward:
         """The forward function to run each batch of this run with (default: `forward` as is).
 
         `prefix`: the inputs' shared prefix tokens, run before the batches (the prediction of a
-        batch is `cost.predict(B, L, prefix)`)."""
+        batch is `cost.predict(B, L, prefix)`). `completions`: input j is the step's completion
+        `completions[j]` (None: the prompt); None when the caller did not say."""
         return forward
 
     def oom(self, record: "OomRecord") -> None:

@@ -124,9 +124,11 @@ class OpenAssistantScorer(_Classifier):
             for i in live:
                 result.statuses[i] = Status.ERROR
             return result
+        first = enc.first_completion(request.completions, live)
         outcomes = enc.run_rows(
             self.runtime, self.name, self.model, ids, first_logit,
             pad_id=self.pad_id, types=types, max_tokens=self.max_tokens, max_batch=self.max_batch,
+            completions=[first[t] for t in texts],
         )
         by_text = {t: (o, c) for t, o, c in zip(texts, outcomes, cut)}
         for i in live:
@@ -172,9 +174,11 @@ class NSFWMask(_Classifier):
             for start in range(0, max(len(ids), 1), width):
                 rows.append(list(ids[start : start + width]))
                 owner.append(t)
+        first = enc.first_completion(request.completions, live)
         outcomes = enc.run_rows(
             self.runtime, self.name, self.model, rows, hate_value,
             pad_id=self.pad_id, max_tokens=self.max_tokens, max_batch=self.max_batch,
+            completions=[first[texts[t]] for t in owner],
         )
         worst = [-math.inf] * len(texts)
         status = [Status.OK] * len(texts)

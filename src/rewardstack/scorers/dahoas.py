@@ -177,7 +177,7 @@ class DahoasScorer(Scorer):
             return out
 
         outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch, slack=PADDING_SLACK,
-                                           prepare=lambda: [r.state() for r in runners])
+                                           prepare=lambda: [r.state() for r in runners], completions=live + live)
         for k, i in enumerate(live):
             a, b = outcomes[k], outcomes[n + k]
             bad = a.status if a.status != "ok" else b.status

@@ -248,7 +248,7 @@ class DpoScorer(Scorer):
             return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [p] * len(sel)))
 
         outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
-                                          slack=PADDING_SLACK, prefix=min(runner.length, p))
+                                          slack=PADDING_SLACK, prefix=min(runner.length, p), completions=keep)
         for i, o in zip(keep, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status

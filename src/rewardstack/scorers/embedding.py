@@ -22,7 +22,7 @@ import logging
 import shutil
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -118,21 +118,24 @@ class Embedder:
                             revision=how.get("revision"), options=cfg.options)
         return pool[key]
 
-    def embed(self, texts: list[str]) -> list[Embedding]:
-        """One (vector, status) per text; texts already embedded at this length come from the cache."""
+    def embed(self, texts: list[str], completions: Sequence[int | None] | None = None) -> list[Embedding]:
+        """One (vector, status) per text; texts already embedded at this length come from the cache.
+        `completions`: the step's completion index of each text (None: the prompt), for the telemetry."""
         length = min(self.max_length, self.runtime.memory.length_cap(self.name, self.max_length))
         keys = [(self.key, length, _digest(t)) for t in texts]
         found = {k: self.cache.get(k) for k in keys}
         missing = [k for k, v in found.items() if v is None]
         if missing:
             text_of = dict(zip(keys, texts))
-            for k, value in zip(missing, self._compute([text_of[k] for k in missing], length)):
+            label_of = dict(zip(reversed(keys), reversed(list(completions)))) if completions is not None else None  # first wins
+            labels = [label_of[k] for k in missing] if label_of is not None else None
+            for k, value in zip(missing, self._compute([text_of[k] for k in missing], length, labels)):
                 found[k] = value
                 if value[1] in Status.SCORED:  # failures are retried next time, not cached
                     self.cache.put(k, value)
         return [found[k] for k in keys]  # type: ignore[misc]
 
-    def _compute(self, texts: list[str], length: int) -> list[Embedding]:
+    def _compute(self, texts: list[str], length: int, completions: Sequence[int | None] | None = None) -> list[Embedding]:
         try:
             if self.windowed:
                 # Overflow windows of `length` (length - 2 content tokens each), no stride.
@@ -150,6 +153,7 @@ class Embedder:
         outcomes = enc.run_rows(
             self.runtime, self.name, self.model, rows, pooled, pad_id=self.pad_id,
             types=list(types) if types is not None else None, max_tokens=self.max_tokens,
+            completions=[completions[t] for t in owner] if completions is not None else None,
         )
         # The budget cut below the spec's length: a full row may have lost tokens.
         cut = length < self.max_length
@@ -201,7 +205,7 @@ class RelevanceMask(Scorer):
             return result
         texts: list[str] = [request.completions[i] for i in live]  # type: ignore[misc]
         # The base prompt is embedded once per step, in the same passes as the completions.
-        (p1, ps1), *e1 = self.first.embed([request.prompt] + texts)
+        (p1, ps1), *e1 = self.first.embed([request.prompt] + texts, [None, *live])
         passing: list[int] = []
         for j, (i, (v, st)) in enumerate(zip(live, e1)):
             if p1 is None or v is None:
@@ -215,7 +219,7 @@ class RelevanceMask(Scorer):
                 passing.append(j)
         if not passing:
             return result
-        (p2, ps2), *e2 = self.second.embed([request.prompt] + [texts[j] for j in passing])
+        (p2, ps2), *e2 = self.second.embed([request.prompt] + [texts[j] for j in passing], [None] + [live[j] for j in passing])
         for j, (v, st) in zip(passing, e2):
             i = live[j]
             if p2 is None or v is None:
@@ -334,7 +338,7 @@ class DiversityMask(Scorer):
         live = request.live()
         if not live:
             return []
-        return self.embedder.embed([request.completions[i] for i in live])  # type: ignore[misc]
+        return self.embedder.embed([request.completions[i] for i in live], live)  # type: ignore[misc]
 
     def score(self, request: ScoreRequest) -> ScoreResult:
         return self.state.score(request, self.embed(request))

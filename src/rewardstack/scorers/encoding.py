@@ -218,8 +218,11 @@ def run_rows(
     types: Sequence[Sequence[int]] | None = None,
     max_tokens: int,
     max_batch: int | None = None,
+    completions: Sequence[int | None] | None = None,
 ) -> list[Outcome]:
     """One Outcome per row: `head(model output, attention mask)` row j, on CPU, in input order.
+
+    `completions`: the step's completion index of each row (None: the prompt), for the telemetry.
 
     The memory manager plans batches against the budget; inside a planned batch, passes are cut
     so that no pass pads more than `max_tokens` tokens, which keeps the peak of a step with one
@@ -240,7 +243,16 @@ def run_rows(
                 values[i] = out[j]
         return [values[i] for i in idx]
 
-    return runtime.memory.run(name, lengths, forward, max_batch=max_batch)
+    return runtime.memory.run(name, lengths, forward, max_batch=max_batch, completions=completions)
+
+
+def first_completion(completions: Sequence[str | None], live: Sequence[int]) -> dict[str, int]:
+    """Each distinct live text -> the step's first completion index with it: a scorer that scores
+    identical texts once names that row by it in the telemetry."""
+    first: dict[str, int] = {}
+    for i in live:
+        first.setdefault(completions[i], i)  # type: ignore[arg-type]
+    return first
 
 
 def worst_status(statuses: Sequence[str]) -> str:

@@ -143,7 +143,8 @@ class JudgeScorer(Scorer):
         def forward(batch: list[int]) -> list[str]:
             return self.generate([ids[j] for j in batch])
 
-        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch)
+        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch,
+                                           completions=live)
         for (_, was_cut), i, o in zip(enc, live, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status

@@ -156,7 +156,7 @@ class ReciprocateScorer(Scorer):
                 runner, [ids[j] for j in sel], [pos[j] for j in sel], [types[j] for j in sel] if types is not None else None))
 
         outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
-                                          slack=PADDING_SLACK, prefix=runner.length)
+                                          slack=PADDING_SLACK, prefix=runner.length, completions=live)
         for i, o in zip(live, outcomes):
             if o.status != "ok":
                 res.scores[i], res.statuses[i] = math.nan, o.status

@@ -162,6 +162,8 @@ def card_tables(d: Any) -> str:
     """HTML: placement and swaps (per model), one row per step, and the top inputs per model."""
     import html
 
+    from rewardstack.telemetry.report import input_name
+
     steps = _steps_with_card(d)
     parts: list[str] = []
     if steps:
@@ -198,8 +200,9 @@ def card_tables(d: Any) -> str:
             for c in sorted(cs, key=lambda c: -c["peak_bytes"])[:3]:
                 lg = c.get("longest") or {}
                 items.append(f"<tr><td>{html.escape(m)}</td><td>{c.get('step')}</td><td>{_m(c['peak_bytes'])}</td>"
-                             f"<td>{c.get('batch')} x {c.get('padded_length')}</td><td>{lg.get('completion')}</td>"
-                             f"<td>{html.escape((lg.get('head') or '')[:60])}</td></tr>")
+                             f"<td>{c.get('batch')} x {c.get('padded_length')}</td><td>{html.escape(input_name(c))}</td>"
+                             f"<td>{lg.get('length')}</td><td>{html.escape((lg.get('head') or '')[:60])}</td></tr>")
         parts.append("<h2>Top inputs per model</h2><table><tr><th>model</th><th>step</th><th>peak MiB</th>"
-                     "<th>batch x tokens</th><th>completion</th><th>its start</th></tr>" + "".join(items) + "</table>")
+                     "<th>batch x tokens</th><th>longest input (the step's completion index)</th><th>its tokens</th>"
+                     "<th>its start</th></tr>" + "".join(items) + "</table>")
     return "\n".join(parts)

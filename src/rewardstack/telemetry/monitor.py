@@ -8,7 +8,8 @@ cost model's prediction, the measured peak, the time and the outcome; every OOM 
 which prepares the incident record; every placement move reaches `moved`; every profile (a cost
 model measured mid-run, as a tight budget asks of DPO) reaches `profiled` and becomes a
 `profiling` record, its seconds counted in the step's `profiling_seconds`. At the end of each step
-(`step_done`) the records of that step get its index and name and the inputs' completions, the
+(`step_done`) the records of that step get its index and name and the inputs' completions (the
+step's completion index of each input, as the scorer told the manager: `MemoryManager.run(completions=)`), the
 monitor fills in the step's memory record and writes them (run directory), counts them
 (Prometheus), feeds the alarms and keeps the summary; the stack's `on_step` callbacks (a
 validator's wandb logging) then receive the same step record. Fields and units: docs/TELEMETRY.md.
@@ -63,6 +64,8 @@ class _Pending:
 
     record: dict[str, Any]
     snapshot: Any = None
+    completions: list[int | None] | None = None
+    """The step's completion index of each of the batch's inputs (None: not told)."""
 
 
 class Monitor(MemoryObserver, StepObserver):
@@ -97,6 +100,9 @@ class Monitor(MemoryObserver, StepObserver):
         self._profiles: list[dict[str, Any]] = []
         self._pending: list[_Pending] = []
         self._fallback_next: set[tuple[str, tuple[int, ...]]] = set()
+        # Per run name, the step's completion index of each input of its latest run (an OOM record
+        # carries only the scorer's own indices).
+        self._labels: dict[str, list[int | None] | None] = {}
         self._stack: Any = None
         self._memory: Any = None
         self._last_retries: int | None = None
@@ -186,10 +192,13 @@ class Monitor(MemoryObserver, StepObserver):
         cost: "CostModel",
         on_host: bool = False,
         prefix: int = 0,
+        completions: Sequence[int | None] | None = None,
     ) -> Callable[[list[int]], Sequence[Any]]:
         """`forward`, recording one `call` record per batch it runs (the manager's hook)."""
         lengths = [int(x) for x in lengths]
         n_inputs = len(lengths)
+        labels = list(completions) if completions is not None else None
+        self._labels[name] = labels
 
         def observed(idx: list[int]) -> Sequence[Any]:
             key = (name, tuple(idx))
@@ -216,7 +225,8 @@ class Monitor(MemoryObserver, StepObserver):
                 self._add_call({
                     "type": "call", "model": name, "time": t0, "seconds": seconds, "batch": b,
                     "padded_length": length, "padded_tokens": b * length, "lengths": [lengths[i] for i in idx],
-                    "inputs": list(idx), "n_inputs": n_inputs, "predicted_bytes": predicted, "prefix_tokens": int(prefix),
+                    "inputs": list(idx), "completions": [labels[i] for i in idx] if labels is not None else None,
+                    "n_inputs": n_inputs, "predicted_bytes": predicted, "prefix_tokens": int(prefix),
                     "peak_bytes": peak, "start_bytes": window.start,
                     "error_ratio": (peak - predicted) / predicted if peak is not None and predicted > 0 and outcome == "ok" else None,
                     "outcome": outcome, "on_host": bool(on_host or fallback or peak is None), "fallback": fallback,
@@ -232,6 +242,8 @@ class Monitor(MemoryObserver, StepObserver):
     def oom(self, rec: "OomRecord") -> None:
         """An OOM the guard handled: settle the call's outcome and prepare the incident record."""
         outcome = OUTCOMES.get(rec.action, rec.action)
+        labels = self._labels.get(rec.model)
+        named = [labels[i] for i in rec.indices] if labels is not None and max(rec.indices, default=-1) < len(labels) else None
         call = None
         with self._lock:
             for c in reversed(self._calls):
@@ -247,7 +259,7 @@ class Monitor(MemoryObserver, StepObserver):
         else:  # injected before the forward ran: no call record yet
             call = {"type": "call", "model": rec.model, "time": rec.time, "seconds": 0.0, "batch": rec.batch,
                     "padded_length": rec.length, "padded_tokens": rec.batch * rec.length, "lengths": list(rec.lengths),
-                    "inputs": list(rec.indices), "n_inputs": None, "predicted_bytes": None, "peak_bytes": None,
+                    "inputs": list(rec.indices), "completions": named, "n_inputs": None, "predicted_bytes": None, "peak_bytes": None,
                     "start_bytes": None, "error_ratio": None, "outcome": outcome, "on_host": False,
                     "fallback": False, "injected": True}
             self._add_call(call)
@@ -273,7 +285,7 @@ class Monitor(MemoryObserver, StepObserver):
         elif self.device.type == "cuda":  # pragma: no cover - CUDA-only path
             incident["allocator"] = cuda_allocator_stats(self.device)
         with self._lock:
-            self._pending.append(_Pending(incident, self.history.capture()))
+            self._pending.append(_Pending(incident, self.history.capture(), named))
 
     def _cost_dict(self, model: str) -> dict[str, Any] | None:
         cm = getattr(self._memory, "cost_models", {}).get(model) if self._memory is not None else None
@@ -290,9 +302,10 @@ class Monitor(MemoryObserver, StepObserver):
         event = result.event
         index = int(getattr(stack, "steps_scored", self.steps + 1))
         name = event.get("name")
-        completions: list[str] = event.get("completions", [])
-        statuses: list[str] = event.get("statuses", [])
-        live = [i for i, s in enumerate(statuses) if s != "failed"]
+        completions: list[str | None] = event.get("completions", [])
+
+        def text(comp: int | None) -> str | None:  # None: the prompt, or an input nobody named
+            return completions[comp] if comp is not None and 0 <= comp < len(completions) else None
         with self._lock:
             calls, self._calls = self._calls, []
             moves, self._moves = self._moves, []
@@ -301,14 +314,12 @@ class Monitor(MemoryObserver, StepObserver):
         models: dict[str, dict[str, Any]] = {}
         for c in calls:
             c["step"], c["step_name"] = index, name
-            # A scorer whose inputs are its live completions, in order, maps one to one.
-            mapped = c["n_inputs"] == len(live) or (c["n_inputs"] is None and max(c["inputs"], default=-1) < len(live))
-            c["completions"] = [live[i] for i in c["inputs"]] if mapped else None
             if c["inputs"]:
                 j = max(range(len(c["inputs"])), key=lambda k: c["lengths"][k])
-                comp = c["completions"][j] if c["completions"] else None
+                comp = c["completions"][j] if c["completions"] is not None else None
+                t = text(comp)
                 c["longest"] = {"input": c["inputs"][j], "completion": comp, "length": c["lengths"][j],
-                                "head": completions[comp][:HEAD_CHARS] if comp is not None else None}
+                                "head": t[:HEAD_CHARS] if t is not None else None}
             m = models.setdefault(owner(c["model"]), {"calls": 0, "seconds": 0.0, "peak_bytes": None,
                                                        "predicted_bytes": None, "ooms": 0})
             m["calls"] += 1
@@ -327,12 +338,9 @@ class Monitor(MemoryObserver, StepObserver):
             self.profiling["seconds"] += pr["seconds"]
         for p in pending:
             p.record["step"], p.record["step_name"] = index, name
-            mapped = len(live) if p.record["indices"] and max(p.record["indices"]) < len(live) else None
-            inputs = []
-            for i, length in zip(p.record["indices"], p.record["lengths"]):
-                comp = live[i] if mapped is not None and i < len(live) else None
-                inputs.append(describe_input(i, length, comp, completions[comp] if comp is not None else None))
-            p.record["inputs"] = inputs
+            comps = p.completions or [None] * len(p.record["indices"])
+            p.record["inputs"] = [describe_input(i, length, comp, text(comp))
+                                  for i, length, comp in zip(p.record["indices"], p.record["lengths"], comps)]
         mem = getattr(stack, "memory", None)
         same = mem is not None and self.device == mem.device and self.tracker is mem.tracker
         snap = report.snapshot if same else take_snapshot(self.device, self.tracker)
@@ -409,7 +417,8 @@ class Monitor(MemoryObserver, StepObserver):
             if c["peak_bytes"]:
                 self._seq += 1
                 item = (c["peak_bytes"], self._seq, {k: c.get(k) for k in (
-                    "step", "step_name", "model", "batch", "padded_length", "peak_bytes", "predicted_bytes", "outcome", "longest")})
+                    "step", "step_name", "model", "batch", "padded_length", "peak_bytes", "predicted_bytes", "outcome", "longest",
+                    "completions")})
                 if len(self.top) < TOP_CALLS:
                     heapq.heappush(self.top, item)
                 elif item[0] > self.top[0][0]:
@@ -475,8 +484,9 @@ class Monitor(MemoryObserver, StepObserver):
                 self.run_dir.timeline({**pr, "step": None})
             for p in pending:
                 p.record.setdefault("step", None)
-                p.record.setdefault("inputs", [describe_input(i, n, None, None)
-                                                for i, n in zip(p.record["indices"], p.record["lengths"])])
+                comps = p.completions or [None] * len(p.record["indices"])
+                p.record.setdefault("inputs", [describe_input(i, n, comp, None)
+                                                for i, n, comp in zip(p.record["indices"], p.record["lengths"], comps)])
                 self.run_dir.incident(p.record, snapshot=History.writer(p.snapshot))
             self.run_dir.timeline({"type": "end", "time": time.time(), "steps": self.steps})
             self.run_dir.write_summary(self.summary())

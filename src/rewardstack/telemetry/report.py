@@ -268,6 +268,18 @@ def top_calls(d: RunData, n: int = 5) -> list[dict[str, Any]]:
     return list(d.summary.get("top_calls", []))[:n]
 
 
+def input_name(call: dict[str, Any]) -> str:
+    """The input that set a call's padded length, by the step's completion index (`longest`): the
+    numbering of `events.jsonl` and every other record; the prompt (relevance embeds it); or, from
+    a scorer that did not name its inputs, its own index, said to be the scorer's."""
+    lg = call.get("longest") or {}
+    if lg.get("completion") is not None:
+        return f"completion {lg['completion']}"
+    if call.get("completions") is not None:
+        return "the prompt"
+    return f"the scorer's input {lg.get('input')}"
+
+
 def summarize(d: RunData) -> dict[str, list[str]]:
     """The summary's sections, as lines of text."""
     s = d.summary
@@ -278,10 +290,9 @@ def summarize(d: RunData) -> dict[str, list[str]]:
     for c in top_calls(d):
         lg = c.get("longest") or {}
         head = (lg.get("head") or "")[:60].replace("\n", " ")
-        comp = f"completion {lg.get('completion')}" if lg.get("completion") is not None else f"input {lg.get('input')}"
         peaks.append(f"step {c.get('step')} {c.get('model')}: peak {_mib(c.get('peak_bytes'))} "
                      f"(predicted {_mib(c.get('predicted_bytes'))}), batch {c.get('batch')} x {c.get('padded_length')} tokens; "
-                     f"longest: {comp}, {lg.get('length')} tokens, \"{head}\"")
+                     f"longest: {input_name(c)}, {lg.get('length')} tokens, \"{head}\"")
     ooms = []
     by = Counter((c["model"], c["outcome"]) for c in d.calls if c.get("outcome") in ("split", "cpu_fallback", "oom"))
     for (m, o), k in sorted(by.items()):
