@@ -163,6 +163,24 @@ def test_a_retry_with_other_uids_is_a_conflict(service) -> None:  # noqa: ANN001
     assert block.status_code == 409
 
 
+def test_a_retry_is_compared_with_the_whole_step_as_committed(service) -> None:  # noqa: ANN001
+    """Issue 33 #6: a failed completion resent as empty, another base prompt or another
+    new_forward_pass is another step (409), though the event echoes none of those differences."""
+    first = _step("w", sequence=1, completions=[None, "w two"], base_prompt="base w")
+    (r,) = service(first)
+    assert r.status_code == 200
+    (same,) = service(first)
+    assert same.status_code == 200 and same.headers["X-Rewardstack-Scored"] == "false" and same.content == r.content
+    for changed in ({**first, "completions": ["", "w two"]}, {**first, "base_prompt": "another base"},
+                    {**first, "new_forward_pass": False}):
+        (other,) = service(changed)
+        assert other.status_code == 409 and other.json()["error"]["type"] == "sequence_conflict", changed
+    # Two copies racing in one turn are compared the same way.
+    second = _step("w2", sequence=2, completions=[None, "x"])
+    a, b = service(second, {**second, "completions": ["", "x"]})
+    assert sorted([a.status_code, b.status_code]) == [200, 409], (a.text, b.text)
+
+
 @pytest.mark.parametrize("field,value", [
     ("block", float("-inf")), ("block", -1), ("block", 1.5), ("block", True), ("block", "12"),
     ("gating_loss", "0.1"), ("gating_loss", False), ("set_weights", {"w": 1}), ("set_weights", "all"),
@@ -296,4 +314,8 @@ def test_the_ray_state_actor_also_refuses_a_retry_with_other_uids(fake_config, t
     other = Step.from_dict(_step("r", uids=[3, 4]))
     assert asyncio.run(actor.precheck(1, other))[:3] == ("error", 409, "sequence_conflict")
     assert asyncio.run(actor.commit(1, stack.forward(other), 1.0))[:3] == ("error", 409, "sequence_conflict")
+    empty = Step.from_dict(_step("r", uids=[1, 2], completions=["", "r two"]))  # issue 33 #6: failed is not empty
+    failed = Step.from_dict(_step("r", uids=[1, 2], completions=[None, "r two"]))
+    assert asyncio.run(actor.commit(2, stack.forward(failed), 1.0))[0] == "ok"
+    assert asyncio.run(actor.precheck(2, empty))[:3] == ("error", 409, "sequence_conflict")
     actor.ns.lock.release()

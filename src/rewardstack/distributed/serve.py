@@ -93,7 +93,7 @@ class NamespaceState:
     def _repeat(self, sequence: int, step: Step) -> tuple | None:
         """The stored answer of a committed step (409 if it was another step, or is too old), None
         if not committed."""
-        from rewardstack.service.protocol import same_step, sequence_conflict
+        from rewardstack.service.protocol import answer_of, same_step, sequence_conflict
 
         if sequence > self.ns.state.sequence:
             return None
@@ -103,7 +103,7 @@ class NamespaceState:
         if not same_step(stored, step, self.ns.state.config.input.max_chars):
             e = sequence_conflict(self.ns.name, sequence, self.ns.state.sequence + 1)
             return ("error", e.status, e.type, e.message, e.field)
-        return ("ok", stored, sequence, False)
+        return ("ok", answer_of(stored), sequence, False)
 
     async def precheck(self, sequence: int | None, step: Step) -> tuple:
         """Before the forward pass: a repeat's stored answer, a hopeless gap's 409, else `("go",)`."""
@@ -134,13 +134,13 @@ class NamespaceState:
                 if repeat is not None:
                     return repeat
             # From here to the end: no await, so nothing else touches the state.
-            from rewardstack.service.protocol import response_body
+            from rewardstack.service.protocol import response_body, stored_answer
 
             state = self.ns.state
             try:
                 result = state.apply(fwd)
                 body = response_body(result.event, state.sequence)
-                state.remember(state.sequence, body)
+                state.remember(state.sequence, stored_answer(body, fwd.step))  # with the whole step's digest
                 self.ns.commit()
             except Exception:  # noqa: BLE001 - memory must not run ahead of the file
                 log.exception("namespace %s: applying or committing a step failed", self.ns.name)

@@ -10,9 +10,10 @@ drift (service/app.py on one worker, distributed/serve.py over state actors):
   `NaN`, nesting past 64 levels are all 400 `invalid_json`, never a 500), then the namespace, the
   sequence number and the step's own validation (422 naming the field);
 - deadlines (`client_deadline`: the `X-Rewardstack-Deadline-S` header);
-- the sequence rules: `response_body` (the stored answer), `same_step` (is a repeat a retry of the
-  committed step: same name, prompt, completions, uids and every other echoed field?),
-  `sequence_conflict` and `sequence_gap` (409s), `committed_sequence` (read from a state file);
+- the sequence rules: `response_body` (the answer), `stored_answer` / `answer_of` (what a
+  namespace keeps of a committed step: its answer and the digest of the whole step as committed),
+  `same_step` (is a repeat a retry of the committed step?), `sequence_conflict` and `sequence_gap`
+  (409s), `committed_sequence` (read from a state file);
 - the namespace rules: `namespace_for` (which namespace a request may use: 422 for a malformed
   name, 403 for one its token is not bound to) and `namespace_limit` (403 past
   `service.max_namespaces`).
@@ -23,6 +24,7 @@ Every refusal is a `ServiceError`; the apps' handlers (service/guard.py) turn it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -31,11 +33,11 @@ from typing import Any, Mapping
 
 from rewardstack.fileio import event_line
 from rewardstack.errors import InputError
-from rewardstack.jsonio import MAX_DEPTH, JSONInputError, parse
+from rewardstack.jsonio import MAX_DEPTH, JSONInputError, canonical_chunks, parse
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack.settings import InputSettings, ServiceSettings
-from rewardstack.stack import RECENT_RESULTS, TASK_RE, ReadView, Step
+from rewardstack.stack import RECENT_RESULTS, TASK_RE, ReadView, Step, opens_forward_pass
 
 SCORE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -212,21 +214,68 @@ def response_body(event: dict[str, Any], sequence: int) -> str:
 
 
 def _echo(step: Step) -> dict[str, Any]:
-    """The step's fields as its event echoes them (what a retry must repeat exactly)."""
+    """The step's fields as its event echoes them (what a retry of an answer kept without a digest
+    must repeat exactly)."""
     n = len(step.completions)
     return {
-        "name": step.name, "prompt": step.prompt, "completions": [c if c is not None else "" for c in step.completions],
+        "name": step.name, "prompt": step.prompt,
+        "base_prompt": step.base_prompt if step.base_prompt is not None else step.prompt, "completions": [c if c is not None else "" for c in step.completions],
         "uids": step.uids if step.uids is not None else list(range(n)),
         "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
         "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,
     }
 
 
-def same_step(stored: str, step: Step, max_chars: int | None = None) -> bool:
-    """Whether a stored answer is for this step (a retry), not another step reusing its number.
+def step_digest(step: Step, max_chars: int | None = None) -> str:
+    """SHA-256 of the step as committed: every field that changes what applying it does.
 
-    `max_chars` (`[input] max_chars`): the stored event echoes each text as read, cut there.
+    The event cannot tell a retry from another step: it echoes a failed completion (`null`) and an
+    empty one alike as `""`, and leaves out `new_forward_pass`. So the digest covers the step
+    itself, with defaults made explicit (no base prompt is the prompt, no `new_forward_pass` is
+    whether the step is `augment`, no uids are 0..n-1) so that two spellings of one step agree.
+    `max_chars` (`[input] max_chars`): the step as read, each text cut there, as it was committed.
     """
+    if max_chars is not None:
+        step = ReadView.of(step, max_chars).step
+    n = len(step.completions)
+    whole = {
+        "name": step.name, "prompt": step.prompt, "completions": list(step.completions),
+        "base_prompt": step.base_prompt if step.base_prompt is not None else step.prompt,
+        "new_forward_pass": opens_forward_pass(step),
+        "uids": step.uids if step.uids is not None else list(range(n)),
+        "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
+        "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,
+        "logged_best": step.logged_best,
+    }
+    h = hashlib.sha256()
+    for chunk in canonical_chunks(whole):  # a slice at a time: a 50 MB completion is not copied whole
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def stored_answer(body: str, step: Step, max_chars: int | None = None) -> str:
+    """What a namespace keeps of committed step `step` for retries: its answer, a line break, and
+    `step_digest`. The answer is one JSON line (the event writer escapes every line break in it),
+    so the last line break always separates the two."""
+    return f"{body}\n{step_digest(step, max_chars)}"
+
+
+def answer_of(stored: str) -> str:
+    """The answer to send for a kept step (`stored_answer`'s body; an older state kept the body alone)."""
+    body, sep, _ = stored.rpartition("\n")
+    return body if sep else stored
+
+
+def same_step(stored: str, step: Step, max_chars: int | None = None) -> bool:
+    """Whether a kept answer (`stored_answer`) is for this step (a retry), not another step reusing
+    its number.
+
+    `max_chars` (`[input] max_chars`): the committed step was read cut there. An answer kept by
+    an older version has no digest: it is compared with the fields its event echoes.
+    """
+    body, sep, digest = stored.rpartition("\n")
+    if sep:
+        return digest == step_digest(step, max_chars)
     try:
         event = json.loads(stored)
     except ValueError:  # pragma: no cover - we wrote it
@@ -262,5 +311,6 @@ def committed_sequence(folder: Path) -> int:
 
 
 __all__ = ["BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreCall", "check_limits",
-           "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit", "parse_score",
-           "response_body", "same_step", "sequence_conflict", "sequence_gap"]
+           "answer_of", "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit",
+           "parse_score", "response_body", "same_step", "sequence_conflict", "sequence_gap", "step_digest",
+           "stored_answer"]

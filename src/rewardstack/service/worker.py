@@ -33,7 +33,8 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import Namespace, NamespaceLimitError, Namespaces
-from rewardstack.service.protocol import namespace_limit, response_body, same_step, sequence_conflict, sequence_gap
+from rewardstack.service.protocol import (answer_of, namespace_limit, response_body, same_step, sequence_conflict,
+                                          sequence_gap, step_digest, stored_answer)
 from rewardstack.stack import ForwardResult, RewardStack, Step
 
 log = logging.getLogger("rewardstack.service")
@@ -272,7 +273,8 @@ class Worker:
                 duplicates.append((job, in_batch[(job.namespace, seq)]))
             elif seq in ns.state.recent:
                 stored = ns.state.recent[seq]
-                job.answer(Outcome(stored, seq, scored=False) if same_step(stored, job.step, self.config.input.max_chars)
+                job.answer(Outcome(answer_of(stored), seq, scored=False)
+                           if same_step(stored, job.step, self.config.input.max_chars)
                            else sequence_conflict(job.namespace, seq, exp))
             else:
                 job.answer(sequence_gap(job.namespace, seq, exp))
@@ -286,7 +288,9 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
                 job.answer(e)
             else:
-                job.answer(Outcome(done.body, done.sequence, scored=False) if same_step(done.body, job.step, self.config.input.max_chars)
+                limit = self.config.input.max_chars
+                same = step_digest(job.step, limit) == step_digest(original.step, limit)  # the whole step, as committed
+                job.answer(Outcome(done.body, done.sequence, scored=False) if same
                            else sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
 
     def _score(self, jobs: list[Job]) -> None:
@@ -319,7 +323,7 @@ class Worker:
             try:
                 result = ns.state.apply(fwd)  # type: ignore[arg-type]
                 body = response_body(result.event, ns.state.sequence)
-                ns.state.remember(ns.state.sequence, body)
+                ns.state.remember(ns.state.sequence, stored_answer(body, fwd.step))  # type: ignore[union-attr]
                 applied.append((job.namespace, result))
             except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
                 log.exception("namespace %s: applying a step failed", job.namespace)
