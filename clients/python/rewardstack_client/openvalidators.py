@@ -54,6 +54,7 @@ import functools
 import logging
 import math
 import sys
+import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -148,6 +149,9 @@ class _Session:
         self.wandb = wandb
         self.current: contextvars.ContextVar[_Pass] = contextvars.ContextVar(f"rewardstack_pass_{id(self)}")
         self.outside = _Pass(opened=False)  # calls made before any reset (a script, a test)
+        # Steps of concurrent passes reach the backend one at a time, in the order they are sent
+        # (the service numbers them; an in-process stack is not thread-safe).
+        self.lock = threading.Lock()
 
     def this_pass(self) -> _Pass:
         return self.current.get(self.outside)
@@ -169,7 +173,8 @@ class _Session:
         body: Dict[str, Any] = {"name": name, "prompt": text, "completions": list(completions), "base_prompt": base}
         if p.opened:
             body["new_forward_pass"] = True
-        event = self.score(body)
+        with self.lock:
+            event = self.score(body)
         p.opened = False
         p.step = _Step(name, text, base, completions, event)
         p.bests[name] = str(event.get("best", ""))
@@ -311,6 +316,15 @@ class OpenValidatorsStack:
         self.reward_weights: List[float] = [float(weights.get(n, 0.0)) for n in REWARD_MODELS] + [0.0] * len(off_masks)
         self.diversity_model = DiversityState()
         self._last = (self.masking_functions or self.reward_functions)[-1]
+
+    @property
+    def wandb(self) -> Any:
+        """Where each step's record goes: "auto" (the active `wandb.run`), None, a run, or a callable."""
+        return self._session.wandb
+
+    @wandb.setter
+    def wandb(self, value: Any) -> None:
+        self._session.wandb = value
 
     @classmethod
     def remote(cls, client: Any, *, weights: Any = None, on_step: Optional[List[StepCallback]] = None,
