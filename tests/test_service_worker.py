@@ -158,4 +158,5 @@ def test_run_dir_records_every_committed_step(fake_config, tmp_path) -> None:  #
     lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
     assert [json.loads(x)["prompt"] for x in lines] == [j.step.prompt for j in jobs]
     steps = [json.loads(x) for x in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
-    assert sum(r["type"] == "step" for r in steps) == 4
+    # One record per committed step, each with its namespace's index: a's 1-3, then b's first.
+    assert [r["step"] for r in steps if r["type"] == "step"] == [1, 2, 3, 1]

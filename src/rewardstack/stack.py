@@ -222,6 +222,9 @@ class StepResult:
     """One status per completion: the most severe over every active scorer."""
     model_statuses: dict[str, list[str]]
     event: dict[str, Any] = field(default_factory=dict)
+    sequence: int | None = None
+    """The step's index in the state that applied it (`RewardState.steps_scored` after it): the
+    service applies steps to each namespace's state, not the stack's, so the records read it here."""
 
 
 BLACKLIST = models.BLACKLIST.name
@@ -382,7 +385,7 @@ class RewardState:
             # Replaying a recorded run, the blacklist holds what the validator chose (its logged best).
             self.blacklist.record_best(step.name, step.logged_best if step.logged_best is not None else best)
         self.steps_scored += 1
-        result = StepResult(rewards, best, raw, normalized, statuses, model_statuses)
+        result = StepResult(rewards, best, raw, normalized, statuses, model_statuses, sequence=self.steps_scored)
         result.event = build_event(step, result, time.time() - fwd.started)
         return result
 

@@ -5,7 +5,7 @@ A subscriber derives from `StepObserver`, overrides the hooks it needs and is ad
 
 - `step_started(stack, name)` before the forward passes;
 - `step_ended(stack)` when the step's work is over, whether it raised or not;
-- `step_scored(stack, result)` once the result is applied to the state (`stack.steps_scored` is
+- `step_scored(stack, result)` once the result is applied to the state (`result.sequence` is
   its sequence number), before the state is saved: the operator's INFO line (`rewardstack.oplog`).
 
 Then, when anyone asks for it (an observer with `wants_records`, or an `on_step` callback),
@@ -13,7 +13,9 @@ Then, when anyone asks for it (an observer with `wants_records`, or an `on_step`
 rest) and calls `step_done(report)` on each observer that wants records, in order, before the
 `on_step` callbacks receive the record: an observer (the telemetry monitor) fills in what it
 measured (per-model calls, peaks, OOMs, alarms) and later callbacks see its additions. The service
-publishes the steps it commits the same way. Record fields: docs/TELEMETRY.md.
+publishes the steps it commits the same way; each applied to its namespace's state, so a record's
+`step` is `result.sequence` (the index in the state that applied it), never the stack's own count.
+Record fields: docs/TELEMETRY.md.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class StepObserver:
         """The step's work is over (also when it raised)."""
 
     def step_scored(self, stack: "RewardStack", result: "StepResult") -> None:
-        """The step was applied to the state; `stack.steps_scored` is its sequence number."""
+        """The step was applied to the stack's state; `result.sequence` is its sequence number."""
 
     def step_done(self, report: StepReport) -> None:
         """The step's memory record is built (observers with `wants_records` only)."""
@@ -85,8 +87,11 @@ def step_record(stack: "RewardStack", result: "StepResult", snap: MemorySnapshot
     """
     event = result.event
     statuses = event.get("statuses", [])
+    # The index in the state that applied the step: in the service that is the namespace's state,
+    # and the stack's own (`stack.steps_scored`) never moves.
+    index = result.sequence if result.sequence is not None else stack.steps_scored
     return {
-        "type": "step", "step": int(stack.steps_scored), "name": event.get("name"), "time": time.time(),
+        "type": "step", "step": int(index), "name": event.get("name"), "time": time.time(),
         "seconds": event.get("step_length"), "completions": len(statuses), "statuses": dict(Counter(statuses)),
         "model_statuses": {k: dict(Counter(v)) for k, v in event.get("model_statuses", {}).items()},
         "models": {}, "calls": None, "ooms": None, "peak_bytes": None, "rest": snap.to_dict(),

@@ -300,7 +300,9 @@ class Monitor(MemoryObserver, StepObserver):
         """Close the step: attribute its records to it, fill in its record, then write, count, alarm."""
         stack, result, record = report.stack, report.result, report.record
         event = result.event
-        index = int(getattr(stack, "steps_scored", self.steps + 1))
+        # The step's index in the state that applied it (`step_record`): in the service, its
+        # namespace's; the stack's own count never moves there.
+        index = int(record.get("step", self.steps + 1))
         name = event.get("name")
         completions: list[str | None] = event.get("completions", [])
 
@@ -357,7 +359,9 @@ class Monitor(MemoryObserver, StepObserver):
 
             record["card"] = card_account(self._memory, snap, max((m["peak_bytes"] or 0 for m in models.values()), default=None))
         self.steps += 1
-        trends = self.alarms.observe(record["step"], snap, record["declared"])
+        # Memory at rest is the process's: its trend is over the steps this process scored, one
+        # series for all namespaces (their own indices repeat and interleave in the service).
+        trends = self.alarms.observe(self.steps, snap, record["declared"])
         for t in trends:
             log.warning("%s", t.describe())
             record["alarms"].append(t.series)
