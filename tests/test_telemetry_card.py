@@ -31,7 +31,8 @@ def test_step_records_carry_the_cards_account_and_the_report_draws_it(hog_config
     cards = [r["card"] for r in read_timeline(tmp_path / "run") if r["type"] == "step"]
     assert len(cards) == 3
     w = (512 * 512 + 512) * 4
-    assert all(c["weights"][HOG] == {"state": "resident", "bytes": w} and c["weights_on_card"] == w for c in cards)
+    assert all(c["weights"][HOG] == {"state": "resident", "bytes": w, "counted_bytes": w, "shared_with": []}
+               and c["weights_on_card"] == w for c in cards)
     # CPU without device_memory: no card size; memory_budget is the weight budget and the activation budget
     assert all(c["capacity"] is None and c["weight_budget"] == 256 * MIB and c["activation_budget"] == 256 * MIB
                and c["source"] == "tracker" for c in cards)

@@ -48,7 +48,7 @@ class ModelPlan:
     path: str
     arch: str
     dtype: str
-    weights_bytes: int
+    weights_bytes: int  # 0 where it loads a checkpoint an earlier model loads (`shares`): counted there
     where: str = "resident"
     reason: str = ""
     bound: int = 0  # longest input the scorer admits (tokens)
@@ -63,6 +63,7 @@ class ModelPlan:
     cost_fit_error: float = 0.0
     stand_in: str = ""
     attention: str = ""  # the attention the plan simulates: blocked(rows), sdpa, eager or own
+    shares: str = ""  # the model whose checkpoint (same architecture, dtype and scorer kind) this one loads
 
 
 @dataclass
@@ -123,12 +124,12 @@ def _checked_batch(name: str, cfg: StackConfig, dtype: str, arch: S.Arch, bound:
     return b, cost
 
 
-def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None) -> StackPlan:
-    """Plan `cfg` on a card of `device_memory` bytes (dtype: override every model's dtype)."""
-    t0 = time.perf_counter()
-    names = S.active_models(cfg)
-    # One meta module per distinct checkpoint (shared ones are one object, counted once).
+def _count_weights(cfg: StackConfig, names: list[str], dtype: str | None
+                   ) -> tuple[dict[str, ModelPlan], dict[tuple, tuple[torch.nn.Module, ...]], dict[str, S.Arch]]:
+    """Each model's plan with its weights, one meta module set per distinct checkpoint (shared ones
+    are one object, counted once, for the first model that loads it), and the architectures."""
     modules: dict[tuple, tuple[torch.nn.Module, ...]] = {}
+    owner: dict[tuple, str] = {}
     plans: dict[str, ModelPlan] = {}
     archs: dict[str, S.Arch] = {}
     for name in names:
@@ -139,9 +140,23 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
         key = (arch.key(), dt, S.SCORERS[name][1])
         first = key not in modules
         modules.setdefault(key, mods)
+        owner.setdefault(key, name)
         archs[name] = arch
         plans[name] = ModelPlan(name, path, arch.name, dt, weights_bytes(mods) if first else 0,
-                                stand_in=arch.stand_in)
+                                stand_in=arch.stand_in, shares="" if first else owner[key])
+    return plans, modules, archs
+
+
+def plan_weights(cfg: StackConfig, dtype: str | None = None) -> list[ModelPlan]:
+    """The plan's weights per model (as `plan_stack` counts them), without simulating any pass."""
+    return list(_count_weights(cfg, S.active_models(cfg), dtype)[0].values())
+
+
+def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None) -> StackPlan:
+    """Plan `cfg` on a card of `device_memory` bytes (dtype: override every model's dtype)."""
+    t0 = time.perf_counter()
+    names = S.active_models(cfg)
+    plans, modules, archs = _count_weights(cfg, names, dtype)
     weights = sum(p.weights_bytes for p in plans.values())
 
     # The budget, as MemoryManager.setup decides it on a card of this size (the same split_card).
@@ -301,13 +316,13 @@ def format_plan(plan: StackPlan) -> str:
         f"{'largest':>8s} {'fits':>5s} {'longest':>7s} {'batch@bound':>11s} {'tokens':>7s} {'attention':12s} cost model (B=batch, L=length)",
     ]
     for p in plan.models:
-        c = p.cost
+        c = p.cost or {k: 0.0 for k in "abcdef"}
         cm = f"{c['a'] / 2**20:.0f} MiB + {c['b'] / 2**10:.1f} KiB*B*L + {c['c']:.1f} B*B*L^2"
         extra = [f"{c['d'] / 2**20:.1f} MiB*B" if c["d"] else "", f"{c['e'] / 2**10:.1f} KiB*L" if c["e"] else "",
                  f"{c['f']:.1f} B*L^2" if c["f"] else ""]
         cm += "".join(" + " + x for x in extra if x)
         lines.append(
-            f"{p.name:26s} {p.dtype:8s} {_g(p.weights_bytes):>8s} {p.where:9s} {p.bound:>6d} {_g(p.peak_at_bound):>10s} "
+            f"{p.name:26s} {p.dtype:8s} {'shared' if p.shares else _g(p.weights_bytes):>8s} {p.where:9s} {p.bound:>6d} {_g(p.peak_at_bound):>10s} "
             f"{_g(p.largest_alloc_bytes):>8s} {fits_cell(p):>5s} {longest_cell(p):>7s} {batch_cells(p)} "
             f"{p.attention or '-':12s} {cm}")
     lines.append("")
@@ -318,6 +333,9 @@ def format_plan(plan: StackPlan) -> str:
                  "tokens that fits (longer inputs are cut); attention: blocked(R) is exact attention in blocks of "
                  "R query rows (no L x L scores), own the model's code (L x L scores), sdpa torch's fused kernel")
     lines += [f"why: {r}" for r in reasons(plan)]
+    for p in plan.models:
+        if p.shares:
+            lines.append(f"shared: {p.name} loads the checkpoint {p.shares} loads; its weights are counted once, there")
     stand = [p for p in plan.models if p.stand_in]
     for p in stand:
         lines.append(f"note: {p.name} ({p.arch}): {p.stand_in.split(' (')[0]}")

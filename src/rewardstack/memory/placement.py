@@ -12,7 +12,9 @@ not, `plan()` decides per model, and logs each decision with its reason:
   used swapped-in models until they fit. Every swap is counted and logged.
 
 Modules shared by several models (one embedding model for relevance and diversity) are counted and
-moved once, and never evicted while another model on the device still uses them.
+moved once, and never evicted while another model on the device still uses them. `summary()` says
+so per model: its whole size (`bytes`), the bytes counted for it once across the stack
+(`counted_bytes`, summing to the stack's weights) and the models it shares modules with.
 
 On CUDA with `pinned=True` (CUDA-only, isolated in `swapcopy.py`), swapped models move from pinned
 host copies on a separate stream, swap out without a copy back, and `prefetch(name)` starts the
@@ -309,15 +311,35 @@ class Placement:
             for i in moved:
                 self._set(i, True)
 
+    def counted(self) -> dict[str, tuple[int, list[str]]]:
+        """Per model: the bytes counted for it with every module counted once, and the models it
+        shares modules with. A shared module is counted for the first model (in registration
+        order) that uses it and is wholly where the module is now (on the device, or not), so the
+        models on the device sum to `device_bytes()` and all of them to `total_bytes()`."""
+        users: dict[int, list[str]] = {}
+        for name in self._models:
+            for i in self._ids(name):
+                users.setdefault(i, []).append(name)
+        bytes_for = dict.fromkeys(self._models, 0)
+        for i, names in users.items():
+            here = i in self._on_device
+            holder = next((n for n in names if (self._ids(n) <= self._on_device) == here), names[0])
+            bytes_for[holder] += self._sizes[i]
+        return {n: (bytes_for[n], sorted({o for i in self._ids(n) for o in users[i]} - {n})) for n in self._models}
+
     def summary(self) -> dict:
         """Decisions, swap counts and bytes, JSON-able (for logs and telemetry)."""
+        counted = self.counted()
         return {
             "budget_bytes": self.budget_bytes,
             "total_bytes": self.total_bytes(),
             "device_bytes": self.device_bytes(),
             "swaps": self.swaps,
             "evictions": self.evictions,
-            "models": {n: {"where": d.where, "reason": d.reason, "bytes": d.bytes} for n, d in self.decisions.items()},
+            "models": {n: {"where": d.where, "reason": d.reason, "bytes": d.bytes,
+                           "counted_bytes": counted[n][0] if n in counted else d.bytes,
+                           "shared_with": counted[n][1] if n in counted else []}
+                       for n, d in self.decisions.items()},
             "swapped_in": list(self._lru),
         }
 

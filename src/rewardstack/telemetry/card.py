@@ -1,7 +1,9 @@
 """The card's whole account per step, and its picture: where the memory went.
 
 `card_account` is recorded in each step record of the timeline (key `card`): the weights of every
-model by where they are (resident on the card, swapped in for this step, on the host), the
+model by where they are (resident on the card, swapped in for this step, on the host), each
+loaded checkpoint counted once where models share it (`counted_bytes`, `shared_with`: the
+stand-ins' diversity mask loads relevance's second model, counted for relevance), the
 step's activation peak (the largest call's peak above what was live when it began), the
 allocator's reserved and allocated bytes (their difference is fragmentation: memory the cache
 holds with no tensor in it), the headroom kept free, the activation budget and the card's size.
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 MIB = 1024**2
+ON_CARD = ("resident", "swapped_in")
 
 
 def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[str, Any]:
@@ -32,7 +35,10 @@ def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[st
         where = d["where"]
         state = "resident" if where == "resident" else "swapped_in" if (where == "swap" and name in swapped_in) \
             else "swapped_out" if where == "swap" else "host"
-        weights[name] = {"state": state, "bytes": int(d["bytes"])}
+        # `bytes`: the model's whole size; `counted_bytes`: what it adds to the stack's weights
+        # (placement counts a module shared by several models once, for one of them).
+        weights[name] = {"state": state, "bytes": int(d["bytes"]), "counted_bytes": int(d.get("counted_bytes", d["bytes"])),
+                         "shared_with": list(d.get("shared_with", []))}
     budget = getattr(memory, "budget", None)
     # The card's size: None on CPU without device_memory, where memory_budget is both the weight
     # budget placement packs into and, separately, the activation budget (weights are not charged).
@@ -40,8 +46,8 @@ def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[st
     return {
         "source": getattr(snap, "source", None),
         "weights": weights,
-        "weights_on_card": sum(w["bytes"] for w in weights.values() if w["state"] in ("resident", "swapped_in")),
-        "weights_host": sum(w["bytes"] for w in weights.values() if w["state"] in ("host", "swapped_out")),
+        "weights_on_card": sum(w["counted_bytes"] for w in weights.values() if w["state"] in ON_CARD),
+        "weights_host": sum(w["counted_bytes"] for w in weights.values() if w["state"] not in ON_CARD),
         "activation_peak": activation_peak,
         "allocated": getattr(snap, "allocated", None),
         "reserved": getattr(snap, "reserved", None),
@@ -58,6 +64,31 @@ def _steps_with_card(d: Any) -> list[dict[str, Any]]:
     return [s for s in d.steps if isinstance(s.get("card"), dict)]
 
 
+def weight_bands(cards: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per model, its weights on the card at each step (bytes; 0 off the card): the chart's bands.
+    Each checkpoint is counted once (`counted_bytes`), so the bands add up to `weights_on_card`;
+    a record from before `counted_bytes` counts each model whole."""
+    models = list(dict.fromkeys(m for c in cards for m in c["weights"]))
+    bands: dict[str, list[int]] = {}
+    for m in models:
+        vals = []
+        for c in cards:
+            w = c["weights"].get(m, {})
+            vals.append(int(w.get("counted_bytes", w.get("bytes", 0))) if w.get("state") in ON_CARD else 0)
+        bands[m] = vals
+    return bands
+
+
+def _sharing(cards: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Model -> the models it shares a checkpoint with (from the last record that says)."""
+    out: dict[str, list[str]] = {}
+    for c in cards:
+        for m, w in c["weights"].items():
+            if w.get("shared_with"):
+                out[m] = list(w["shared_with"])
+    return out
+
+
 def plot_card(d: Any, path: Path) -> None:
     """The card over steps: weights per model, activations, fragmentation, against its size."""
     from rewardstack.telemetry.report import model_colors, pyplot
@@ -70,7 +101,9 @@ def plot_card(d: Any, path: Path) -> None:
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
         return
-    models = list(dict.fromkeys(m for s in steps for m in s["card"]["weights"]))
+    bands = weight_bands([s["card"] for s in steps])
+    shares = _sharing([s["card"] for s in steps])
+    models = list(bands)
     colors = model_colors(models)
     xs = [s["step"] for s in steps]
     edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
@@ -80,17 +113,18 @@ def plot_card(d: Any, path: Path) -> None:
 
     base = [0.0] * len(steps)
     for m in models:
-        vals, swapped = [], False
-        for s in steps:
-            w = s["card"]["weights"].get(m, {})
-            on = w.get("state") in ("resident", "swapped_in")
-            swapped |= w.get("state") in ("swapped_in", "swapped_out")
-            vals.append(w.get("bytes", 0) / MIB if on else 0.0)
+        swapped = any(s["card"]["weights"].get(m, {}).get("state") in ("swapped_in", "swapped_out") for s in steps)
+        vals = [b / MIB for b in bands[m]]
+        shared = f" (shared with {', '.join(shares[m])})" if m in shares else ""
         if not any(vals):
+            if shared and any(s["card"]["weights"].get(m, {}).get("state") in ON_CARD for s in steps):
+                # On the card, its checkpoint counted in another model's band: said, not drawn twice.
+                ax.plot([], [], " ", label=f"{m}: its weights are {shares[m][0]}'s, counted there")
             continue
         top = [b + v for b, v in zip(base, vals)]
         ax.fill_between(edges, band(base), band(top), step="post", color=colors[m], alpha=0.55,
-                        hatch="//" if swapped else None, label=f"{m} weights on the card after the step" + (" (swapped)" if swapped else ""))
+                        hatch="//" if swapped else None,
+                        label=f"{m} weights on the card after the step{shared}" + (" (swapped)" if swapped else ""))
         base = top
     act = [(s["card"].get("activation_peak") or 0) / MIB for s in steps]
     top = [b + v for b, v in zip(base, act)]
@@ -171,9 +205,11 @@ def card_tables(d: Any) -> str:
         moves = Counter(m.get("model") for m in d.moves)
         rows = "".join(
             f"<tr><td>{html.escape(m)}</td><td>{html.escape(w['state'])}</td><td>{_m(w['bytes'])}</td>"
+            f"<td>{_m(w.get('counted_bytes', w['bytes']))}</td><td>{html.escape(', '.join(w.get('shared_with') or []) or '-')}</td>"
             f"<td>{sum(1 for s in steps if s['card']['weights'].get(m, {}).get('state') == 'swapped_in')}</td>"
             f"<td>{moves.get(m, 0)}</td></tr>" for m, w in last["weights"].items())
         parts.append("<h2>Placement and swaps</h2><table><tr><th>model</th><th>where (last step)</th><th>weights MiB</th>"
+                     "<th>counted MiB (each checkpoint once)</th><th>shares its checkpoint with</th>"
                      f"<th>steps swapped in</th><th>moves</th></tr>{rows}</table>"
                      f"<p>card {_m(last.get('capacity'))} MiB, activation budget {_m(last.get('activation_budget'))} MiB, "
                      f"headroom {_m(last.get('headroom'))} MiB, weights on the card {_m(last.get('weights_on_card'))} MiB, "
