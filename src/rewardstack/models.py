@@ -185,9 +185,21 @@ ALL_MODELS: tuple[str, ...] = REWARD_MODELS + MASKS
 RULE_MASKS: tuple[str, ...] = tuple(m.name for m in MODELS if m.is_rule)
 """Masks without weights (no checkpoint to load)."""
 
+def owner_of(name: str) -> str:
+    """The model a run or calibration name belongs to: `relevance_filter[1]` (one of a model's
+    checkpoints) and `dpo_reward_model[chunk=64]` (a profile of one setting) both name their model
+    before the bracket; a plain model name is its own owner."""
+    return name.split("[", 1)[0]
+
+
+def checkpoint_index(run: str) -> int:
+    """Which of its model's checkpoints (`paths`) a run `name[k]` runs: k (`runs` gives the names)."""
+    return int(run[len(owner_of(run)):].strip("[]"))
+
+
 def spec(name: str) -> ModelSpec:
     """The declaration of model `name` (a run name such as `relevance_filter[1]` names its model)."""
-    owner = name.split("[", 1)[0]
+    owner = owner_of(name)
     try:
         return BY_NAME[owner]
     except KeyError:

@@ -35,7 +35,7 @@ from rewardstack.planning import simulate as S
 from rewardstack.memory.budget import split_card, weights_bytes
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.placement import Placement
-from rewardstack.models import MODELS
+from rewardstack.models import MODELS, owner_of
 
 VERDICTS = ("fits", "fits with swapping", "cannot fit")
 
@@ -167,7 +167,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     placement = Placement("cuda", weights_budget, move=False)
     owners: dict[str, list[torch.nn.Module]] = {}
     for name in names:
-        owner = name.split("[", 1)[0]
+        owner = owner_of(name)
         key = (archs[name].key(), plans[name].dtype, S.SCORERS[name][1])
         owners.setdefault(owner, []).extend(m for m in modules[key] if all(m is not o for o in owners.get(owner, [])))
     for owner, mods in owners.items():
@@ -179,7 +179,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     cannot = False
     for name in names:
         p = plans[name]
-        d = decisions[name.split("[", 1)[0]]
+        d = decisions[owner_of(name)]
         p.where, p.reason = d.where, d.reason
         p.bound = S.scorer_bound(name, cfg, archs[name])
         cost, top, samples = _fit(name, cfg, p.dtype, archs[name], p.bound)
@@ -195,7 +195,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
         p.cost, p.cost_fit_error = _cost_dict(cost), cost.max_error()
         if on_card and not p.input_fits:
             cannot = True
-        if p.where == "cpu" and name.split("[", 1)[0] not in _MASKS:
+        if p.where == "cpu" and owner_of(name) not in _MASKS:
             cannot = True  # a reward model larger than the card's whole weight budget
     if cannot:
         verdict = "cannot fit"
@@ -220,7 +220,7 @@ def scorer_max_batch(name: str, cfg: StackConfig, bound: int) -> int:
     """The most inputs of `bound` tokens the scorer puts in one pass on a GPU, whatever the budget:
     `batch_size`, else the decoders' `max_batch` (16), else the encoders' per-pass token cap
     (`max_batch_tokens`, 16 windows on an accelerator)."""
-    mc = cfg.models[name.split("[", 1)[0]]
+    mc = cfg.models[owner_of(name)]
     if mc.batch_size:
         return int(mc.batch_size)
     if S.SCORERS[name][0] in ("classifier", "encoder"):
@@ -294,7 +294,7 @@ def reasons(plan: StackPlan) -> list[str]:
     limit = plan.activation_budget * plan.margin
     for p in plan.models:
         if p.where == "cpu":
-            base = p.name.split("[", 1)[0]
+            base = owner_of(p.name)
             role = "a mask, it runs in host memory (slower, no device budget)" if base in _MASKS else \
                 "a reward model must run on the card: cannot fit"
             out.append(f"{p.name}: on the host ({p.reason or 'the weight budget cannot hold it'}); {role}")

@@ -20,6 +20,7 @@ from rewardstack.memory.costmodel import CostModel, ProfileCapped, profile, prof
 from rewardstack.memory.observers import ProfileRecord
 from rewardstack.memory.peaks import PeakWindow
 from rewardstack.memory.tracker import TensorBytesTracker
+from rewardstack.models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -112,12 +113,12 @@ class Calibrating:
                                    limit_s=limit_s, prefix_run=prefix_run, lone_run=lone_run)
                 except ProfileCapped as e:
                     self.calibration_seconds += time.perf_counter() - started
-                    self._publish_profile(ProfileRecord(name, name.split("[", 1)[0], began, time.perf_counter() - started,
+                    self._publish_profile(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started,
                                                         len(shapes_), e.measured, True, limit_s))
                     raise
                 self.profiled.append(name)
                 self.calibration_seconds += time.perf_counter() - started
-                self._publish_profile(ProfileRecord(name, name.split("[", 1)[0], began, time.perf_counter() - started,
+                self._publish_profile(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started,
                                                     len(shapes_), len(shapes_), False, limit_s))
                 if self.calibration is not None and key is not None:
                     self.calibration.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
@@ -130,7 +131,7 @@ class Calibrating:
             self.cost_models.setdefault(name, CostModel())
             self._pending.append((name, work))
             return self.cost_models[name]
-        owner = name.split("[", 1)[0]
+        owner = owner_of(name)
         if self.placement is not None and owner in self.placement.names():
             self.placement.ensure(owner)  # a profile after start-up (DPO's smaller chunk) runs where scoring does
         return work()
@@ -140,7 +141,7 @@ class Calibrating:
             o.profiled(record)
 
     def _calibration_key(self, name: str, args: dict[str, Any]) -> str | None:
-        owner = name.split("[", 1)[0]
+        owner = owner_of(name)
         model = self.model_keys.get(name, self.model_keys.get(owner))
         if model is None:
             return None
@@ -173,7 +174,7 @@ class Calibrating:
         bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
         for name, work in bar:
             bar.set_postfix_str(name)
-            owner = name.split("[", 1)[0]
+            owner = owner_of(name)
             if self.placement is not None and owner in self.placement.names():
                 self.placement.ensure(owner)
             t0 = time.perf_counter()

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from rewardstack.memory.guard import OomRecord, Outcome, free_device_memory, run_guarded
 from rewardstack.memory.planner import plan_batches
+from rewardstack.models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -81,7 +82,7 @@ class GuardedRun:
             return []
         on_host = False
         # A run named `model[k]` (one of a scorer's several models) is placed with its scorer.
-        owner = name.split("[", 1)[0]
+        owner = owner_of(name)
         if self.placement is not None and owner in self.placement.names():
             self.placement.ensure(owner)
             on_host = self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"

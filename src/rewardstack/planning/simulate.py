@@ -54,7 +54,7 @@ import torch
 
 from rewardstack.fileio import atomic_write_text
 from rewardstack.memory.budget import weights_bytes
-from rewardstack.models import MODELS, spec
+from rewardstack.models import MODELS, checkpoint_index, owner_of, spec
 from rewardstack.planning import passes
 from rewardstack.planning.archs import (  # noqa: F401 - the simulation's public names, re-exported
     DTYPE_NAMES,
@@ -81,7 +81,7 @@ def _model_cfg(model: str, config: Any | None) -> Any:
     from rewardstack.config import default_config
 
     cfg = config if config is not None else default_config()
-    owner = model.split("[", 1)[0]
+    owner = owner_of(model)
     if owner not in cfg.models:
         raise SimulationError(f"unknown model {model!r}; expected one of: {', '.join(SCORERS)}")
     return cfg.models[owner]
@@ -91,8 +91,7 @@ def model_path(model: str, config: Any | None = None) -> str:
     """The checkpoint path (hub id or folder) that a scorer loads, from the stack's config."""
     mc = _model_cfg(model, config)
     if "[" in model:
-        k = int(model.split("[", 1)[1].rstrip("]"))
-        return mc.paths[k]
+        return mc.paths[checkpoint_index(model)]
     if mc.path is None:
         raise SimulationError(f"{model}: no path in the config")
     return mc.path
@@ -382,7 +381,7 @@ def active_models(config: Any) -> list[str]:
     """The neural models a stack runs, by scorer name (the relevance filter's two as [0] and [1])."""
     out: list[str] = []
     for name, mc in config.models.items():
-        if not mc.active or name not in {n.split("[", 1)[0] for n in SCORERS}:
+        if not mc.active or name not in {owner_of(n) for n in SCORERS}:
             continue
         out += [f"{name}[{k}]" for k in range(len(mc.paths))] if spec(name).checkpoints > 1 else [name]
     return out

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from rewardstack.config import MASKS, REWARD_MODELS
-from rewardstack.models import DIVERSITY, MODELS
+from rewardstack.models import DIVERSITY, MODELS, owner_of
 
 TOL = 1e-6
 REBATCH_TOL = 1e-5
@@ -149,7 +149,7 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         if c is None:
             continue
         raw = [r["model"] for r in recs if r["action"] == "split"]
-        split = {m.split("[", 1)[0] for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
+        split = {owner_of(m) for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
         # Diversity compares each completion with the embeddings of earlier steps: noise from one
         # split stays in its history, so its values may carry it in every later step too.
         history_noise = history_noise or DIVERSITY.name in split

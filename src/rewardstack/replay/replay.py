@@ -44,7 +44,7 @@ from rewardstack.fileio import merge_json_section
 from rewardstack.memory.observers import MemoryObserver
 from rewardstack.memory.peaks import PeakWindow
 from rewardstack.replay.readers import RunStep, read_run
-from rewardstack.models import spec
+from rewardstack.models import owner_of, spec
 from rewardstack.paths import run_dir_for
 
 log = logging.getLogger("rewardstack.replay")
@@ -81,7 +81,7 @@ class PeakProbe(MemoryObserver):
 
     @contextmanager
     def run(self, name: str, lengths: Sequence[int]) -> Iterator[None]:
-        owner = name.split("[", 1)[0]
+        owner = owner_of(name)
         tracker = self.memory.tracker
         peak = 0
         if tracker is not None:

@@ -34,6 +34,7 @@ import torch
 from rewardstack.memory.observers import MemoryObserver, PlacementMove, ProfileRecord
 from rewardstack.memory.peaks import PeakWindow
 from rewardstack.memory.snapshot import MemorySnapshot, take_snapshot
+from rewardstack.models import owner_of
 from rewardstack.stepobservers import StepObserver, StepReport
 from rewardstack.telemetry.alarms import Alarms
 from rewardstack.telemetry.incidents import History, cuda_allocator_stats, describe_input
@@ -51,11 +52,6 @@ log = logging.getLogger("rewardstack.telemetry")
 OUTCOMES = {"split": "split", "cpu_fallback": "cpu_fallback", "gave_up": "oom"}
 HEAD_CHARS = 80  # characters of an input in call records and the summary (incidents keep 200)
 TOP_CALLS = 10
-
-
-def owner(model: str) -> str:
-    """The scorer a run name belongs to (`relevance_filter[1]` -> `relevance_filter`)."""
-    return model.split("[", 1)[0]
 
 
 @dataclass
@@ -267,7 +263,7 @@ class Monitor(MemoryObserver, StepObserver):
         if rec.action == "cpu_fallback":
             self._fallback_next.add((rec.model, tuple(rec.indices)))
         if self.metrics is not None:
-            (self.metrics.ooms_lost if rec.action == "gave_up" else self.metrics.ooms_recovered).labels(model=owner(rec.model)).inc()
+            (self.metrics.ooms_lost if rec.action == "gave_up" else self.metrics.ooms_recovered).labels(model=owner_of(rec.model)).inc()
         snap = take_snapshot(self.device, self.tracker)
         incident: dict[str, Any] = {
             "type": "incident", "time": rec.time, "model": rec.model, "message": rec.message,
@@ -322,7 +318,7 @@ class Monitor(MemoryObserver, StepObserver):
                 t = text(comp)
                 c["longest"] = {"input": c["inputs"][j], "completion": comp, "length": c["lengths"][j],
                                 "head": t[:HEAD_CHARS] if t is not None else None}
-            m = models.setdefault(owner(c["model"]), {"calls": 0, "seconds": 0.0, "peak_bytes": None,
+            m = models.setdefault(owner_of(c["model"]), {"calls": 0, "seconds": 0.0, "peak_bytes": None,
                                                        "predicted_bytes": None, "ooms": 0})
             m["calls"] += 1
             m["seconds"] += c["seconds"]
@@ -403,7 +399,7 @@ class Monitor(MemoryObserver, StepObserver):
         self.last_rest = record["rest"]
         self.statuses.update(record["statuses"])
         for c in calls:
-            m = self.models.setdefault(owner(c["model"]), {
+            m = self.models.setdefault(owner_of(c["model"]), {
                 "calls": 0, "seconds": 0.0, "peak_bytes": 0, "ooms_recovered": 0, "ooms_lost": 0,
                 "errors": 0, "abs_error_sum": 0.0, "max_abs_error": 0.0})
             m["calls"] += 1
@@ -440,7 +436,7 @@ class Monitor(MemoryObserver, StepObserver):
                 mt.alloc_retries.inc(snap.num_alloc_retries - self._last_retries)
             self._last_retries = snap.num_alloc_retries
         for c in calls:
-            model = owner(c["model"])
+            model = owner_of(c["model"])
             mt.call_seconds.labels(model=model).observe(c["seconds"])
             if c["peak_bytes"] is not None:
                 mt.call_peak.labels(model=model).observe(c["peak_bytes"])
