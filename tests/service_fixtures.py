@@ -134,5 +134,6 @@ def text_steps(tag: str, n: int, width: int = 6) -> list[dict[str, Any]]:
 
 
 def comparable(event: dict[str, Any]) -> dict[str, Any]:
-    """An event without what legitimately differs between runs (time taken, the service's sequence)."""
-    return {k: v for k, v in event.items() if k not in ("step_length", "sequence")}
+    """An event without what legitimately differs between runs (time taken, the service's sequence,
+    the memory its answer reports)."""
+    return {k: v for k, v in event.items() if k not in ("step_length", "sequence", "memory")}

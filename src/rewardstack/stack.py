@@ -558,13 +558,14 @@ class RewardStack:
         self.publish_step(result)  # telemetry, a validator's own logging (wandb): docs/TELEMETRY.md
         return result
 
-    def publish_step(self, result: StepResult) -> dict[str, Any] | None:
+    def publish_step(self, result: StepResult, *, record: bool = False) -> dict[str, Any] | None:
         """Build the step's memory record and hand it to the observers that want it, then to `on_step`.
 
-        Nothing is built when no one listens (None). The service calls this for each step it commits.
+        Nothing is built when no one listens (None) unless `record` asks for it. The service calls
+        this for each step it commits, with `record`: its answer carries the record's summary.
         """
         observers = [o for o in self.step_observers if o.wants_records]
-        if not observers and not self.on_step:
+        if not observers and not self.on_step and not record:
             return None
         snap = take_snapshot(self.memory.device, self.memory.tracker)
         report = StepReport(self, result, step_record(self, result, snap), snap)

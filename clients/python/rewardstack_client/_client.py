@@ -15,6 +15,7 @@ when a request goes again). Other errors raise `ServiceCallError` with the servi
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -42,10 +43,21 @@ def _headers(token: Optional[str]) -> Dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+MEMORY_HEADER = "X-Rewardstack-Memory"
+"""A scored answer's memory record summary (JSON); the client puts it in the event as `memory`."""
+
+
 def _answer(r: httpx.Response) -> Dict[str, Any]:
     if r.status_code >= 400:
         raise ServiceCallError.from_response(r)
-    return r.json()
+    out = r.json()
+    memory = r.headers.get(MEMORY_HEADER)
+    if memory is not None and isinstance(out, dict):
+        try:
+            out["memory"] = json.loads(memory)
+        except ValueError:
+            pass  # a proxy mangled it: the event itself is whole
+    return out
 
 
 class Client:

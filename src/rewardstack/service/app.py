@@ -28,8 +28,9 @@ from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.guard import authorizer, install_error_handlers, status_for
 from rewardstack.service.namespaces import Access
-from rewardstack.service.protocol import (SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
-                                          error_responses, namespace_for, parse_score)
+from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline,
+                                          committed_sequence, error_responses, memory_header, namespace_for,
+                                          parse_score)
 from rewardstack.service.worker import Job, Worker
 from rewardstack.settings import ServiceSettings
 
@@ -124,8 +125,10 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         job = Job(call.namespace, call.step, call.sequence, deadline=deadline)
         worker.submit(job)  # 429 when full, 503 when not ready or draining
         outcome = await _wait(request, job, deadline)
-        return Response(outcome.body, media_type="application/json",
-                        headers={"X-Rewardstack-Scored": "true" if outcome.scored else "false"})
+        headers = {"X-Rewardstack-Scored": "true" if outcome.scored else "false"}
+        if outcome.memory is not None:
+            headers[MEMORY_HEADER] = memory_header(outcome.memory)
+        return Response(outcome.body, media_type="application/json", headers=headers)
 
     async def _wait(request: Request, job: Job, deadline: float) -> Any:
         """The job's outcome; withdraws it if its deadline passes or its client goes away first."""

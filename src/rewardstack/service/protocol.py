@@ -213,6 +213,39 @@ def response_body(event: dict[str, Any], sequence: int) -> str:
     return f'{line[:-1]}, "sequence": {sequence}}}'
 
 
+def memory_summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a score answer says (in `MEMORY_HEADER`) of the step's memory record (bytes; null where nothing measured it).
+
+    Per model the peak of its calls, the step's peak, the OOMs its calls recovered from (split,
+    CPU fallback) or lost, the swaps and the weights on the card, the allocator's figures at rest.
+    The per-model figures need the telemetry monitor (`serve` with a run directory).
+    """
+    rest = record.get("rest") or {}
+    card = record.get("card") or {}
+    return {
+        "step": record.get("step"),
+        "peak_bytes": record.get("peak_bytes"),
+        "models": {name: m.get("peak_bytes") for name, m in (record.get("models") or {}).items()},
+        "ooms": record.get("ooms"),
+        "swaps": card.get("swaps"),
+        "weights_on_card_bytes": card.get("weights_on_card"),
+        "allocated_bytes": rest.get("allocated"),
+        "reserved_bytes": rest.get("reserved"),
+        "budget_bytes": record.get("budget_bytes"),
+    }
+
+
+MEMORY_HEADER = "X-Rewardstack-Memory"
+"""The header of a scored answer that carries `memory_summary` of its step, as compact JSON. A
+header, as TGI sends its per-request timings, so that the body stays the kept answer byte for byte
+(a repeat of the step is answered with the body alone)."""
+
+
+def memory_header(memory: Mapping[str, Any]) -> str:
+    """`memory_summary` as the header's value (ASCII JSON, no spaces)."""
+    return json.dumps(dict(memory), allow_nan=False, default=str, separators=(",", ":"))
+
+
 def _echo(step: Step) -> dict[str, Any]:
     """The step's fields as its event echoes them (what a retry of an answer kept without a digest
     must repeat exactly)."""

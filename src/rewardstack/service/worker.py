@@ -33,8 +33,8 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import Namespace, NamespaceLimitError, Namespaces
-from rewardstack.service.protocol import (answer_of, namespace_limit, response_body, same_step, sequence_conflict,
-                                          sequence_gap, step_digest, stored_answer)
+from rewardstack.service.protocol import (answer_of, memory_summary, namespace_limit, response_body, same_step,
+                                          sequence_conflict, sequence_gap, step_digest, stored_answer)
 from rewardstack.stack import ForwardResult, RewardStack, Step
 
 log = logging.getLogger("rewardstack.service")
@@ -51,6 +51,8 @@ class Outcome:
     body: str
     sequence: int
     scored: bool
+    memory: dict[str, Any] | None = None
+    """The summary of the step's memory record (protocol.memory_summary) when it was scored now."""
 
 
 @dataclass
@@ -253,25 +255,33 @@ class Worker:
         in_batch: dict[tuple[str, int], Job] = {}
         to_score: list[Job] = []
         duplicates: list[tuple[Job, Job]] = []
+        created: list[str] = []
         for job in started:
             try:
-                ns = self.namespaces.get(job.namespace)
-            except NamespaceLimitError as e:
-                job.answer(namespace_limit(e.limit))
-                continue
+                ns = self.namespaces.peek(job.namespace)  # creates nothing: a refused step leaves no folder
             except (StateError, OSError) as e:
                 job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
                 continue
-            exp = expected.setdefault(job.namespace, ns.state.sequence + 1)
+            exp = expected.setdefault(job.namespace, (ns.state.sequence if ns is not None else 0) + 1)
             seq = job.sequence
             if seq is None or seq == exp:
+                if ns is None:  # a new namespace, made for a step that will be scored
+                    try:
+                        self.namespaces.get(job.namespace)
+                    except NamespaceLimitError as e:
+                        job.answer(namespace_limit(e.limit))
+                        continue
+                    except (StateError, OSError) as e:
+                        job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
+                        continue
+                    created.append(job.namespace)
                 job.applied_as = exp
                 expected[job.namespace] = exp + 1
                 in_batch[(job.namespace, exp)] = job
                 to_score.append(job)
             elif (job.namespace, seq) in in_batch:
                 duplicates.append((job, in_batch[(job.namespace, seq)]))
-            elif seq in ns.state.recent:
+            elif ns is not None and seq in ns.state.recent:
                 stored = ns.state.recent[seq]
                 job.answer(Outcome(answer_of(stored), seq, scored=False)
                            if same_step(stored, job.step, self.config.input.max_chars)
@@ -280,6 +290,8 @@ class Worker:
                 job.answer(sequence_gap(job.namespace, seq, exp))
         if to_score:
             self._score(to_score)
+        for name in created:  # made this turn for steps that all failed: leave nothing behind
+            self.namespaces.discard(name)
         for job, original in duplicates:  # answered like a repeat of a committed step
             try:
                 done: Outcome = original.future.result(timeout=0)
@@ -324,7 +336,7 @@ class Worker:
                 result = ns.state.apply(fwd)  # type: ignore[arg-type]
                 body = response_body(result.event, ns.state.sequence)
                 ns.state.remember(ns.state.sequence, stored_answer(body, fwd.step))  # type: ignore[union-attr]
-                applied.append((job.namespace, result))
+                applied.append((job, result))
             except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
                 log.exception("namespace %s: applying a step failed", job.namespace)
                 broken.add(job.namespace)
@@ -343,12 +355,17 @@ class Worker:
                 broken.add(name)
         for name in broken:
             self.namespaces.get(name).reload()
-        for name, result in applied:  # telemetry and the operator's callbacks see every committed step
-            if name not in broken:
-                self.stack.publish_step(result)
+        memory: dict[int, dict[str, Any]] = {}  # per job: the summary of its step's memory record
+        for job, result in applied:  # telemetry and the operator's callbacks see every committed step
+            if job.namespace not in broken:
+                record = self.stack.publish_step(result, record=True)
+                if record is not None:
+                    memory[id(job)] = memory_summary(record)
         for job, outcome in answers:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
+            elif id(job) in memory:
+                job.answer(Outcome(outcome.body, outcome.sequence, scored=True, memory=memory[id(job)]))
             else:
                 job.answer(outcome)
         elapsed = time.monotonic() - t0
