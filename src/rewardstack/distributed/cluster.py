@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rewardstack.errors import ClusterError, RewardStackError
+from rewardstack.errors import ClusterError, MissingExtraError
 
 log = logging.getLogger("rewardstack.distributed")
 
@@ -27,7 +27,7 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError as e:  # pragma: no cover - the ray extra is part of the test dependencies
-        raise RewardStackError("this command needs Ray: pip install 'rewardstack[ray]'") from e
+        raise MissingExtraError("ray", "ray") from e
     return ray
 
 

@@ -210,6 +210,33 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
         }
 
 
+def check_device(name: str) -> torch.device:
+    """`name` as a torch device this torch build and machine can use, or a ConfigError naming the
+    device and the build (one line): checked before any model loads, where the first CUDA call
+    would otherwise end in torch's `AssertionError: Torch not compiled with CUDA enabled`."""
+    from rewardstack.errors import ConfigError
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError("device", f"{name!r} is not a torch device (cpu, cuda, cuda:0, mps, ...): {e}") from e
+    build = f"torch {torch.__version__}"
+    if dev.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise ConfigError("device", f"{name} cannot be used: this {build} was built without CUDA; set "
+                                        "device = \"cpu\", or install a CUDA build of torch into the venv")
+        if not torch.cuda.is_available():
+            raise ConfigError("device", f"{name} cannot be used: {build} (CUDA {torch.version.cuda}) finds no CUDA "
+                                        "device on this machine; set device = \"cpu\"")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError("device", f"{name} cannot be used: this machine has {count} CUDA device(s) "
+                                        f"(cuda:0 to cuda:{count - 1})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device", f"{name} cannot be used: {build} finds no Apple MPS device here; set device = \"cpu\"")
+    return dev
+
+
 def _fingerprint(paths: Sequence[str]) -> list[tuple[str, int, int]]:
     """(name, size, mtime) of the weight and config files of local checkpoint folders: a checkpoint
     rewritten in place changes the calibration key (hub ids are pinned by revision instead)."""

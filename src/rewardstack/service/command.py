@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
+from rewardstack.errors import MissingExtraError
 from rewardstack.settings import ServiceSettings, field_docs, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,12 +61,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         from rewardstack.service.app import create_app
         from rewardstack.service.namespaces import Access, is_loopback
-    except ImportError as e:  # pragma: no cover - depends on the install
-        print(f"rewardstack: error: the service needs its extra: pip install 'rewardstack[service]' ({e})", file=sys.stderr)
-        return 2
+    except ImportError as e:  # depends on the install: one line and the exit code of a missing extra
+        raise (MissingExtraError.of(e) or MissingExtraError("service", getattr(e, "name", None) or "fastapi")) from e
     from rewardstack.config import load_config
 
+    from rewardstack.memory.manager import check_device
+
     config = load_config(args.config)
+    check_device(config.device)  # one line now, not the worker's load failure after the server started
     if getattr(args, "state_dir", None):
         config.state_dir = args.state_dir
     settings = effective_settings(config, args)
