@@ -164,7 +164,7 @@ def add_input_flags(p: argparse.ArgumentParser) -> None:
 
 
 HOME_EPILOG = """\
-where files go (README "Where files go"): everything a command is not told where to put lands
+where files go (docs/SCORING.md): everything a command is not told where to put lands
 under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/, and one
 folder per config file, <config stem>-<hash>/ with state/ (unless the config states state_dir),
 calibration/cache.json (unless [memory] calibration_file) and runs/ (soak, bare --run-dir)."""

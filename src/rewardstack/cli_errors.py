@@ -5,7 +5,7 @@ An ordinary mistake (a missing input, a config that does not parse, a run folder
 is told in one line on stderr and ends the command with exit code 1; `-v` adds the traceback. A
 bug (any other exception) keeps Python's traceback: hiding it would hide the defect.
 
-Exit codes (README, "Exit codes"):
+Exit codes (docs/SCORING.md, "Exit codes"):
 
 - 0: every input line was scored (or the command did what it was asked);
 - 2: some input lines were skipped (each named on stderr), the others scored;
