@@ -55,10 +55,12 @@ def test_shipped_default_config_on_cpu_torch_is_one_line(tmp_path: Path, no_mode
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from importlib import resources
 
-    config = resources.files("rewardstack") / "configs" / "default.toml"
+    # The shipped file, copied: its relative state_dir must not land in the package.
+    config = tmp_path / "default.toml"
+    config.write_text((resources.files("rewardstack") / "configs" / "default.toml").read_text())
     rc = main(["score", "--config", str(config), "--input", str(_steps(tmp_path)), "--output", str(tmp_path / "e.jsonl")])
     line = _one_line(capsys.readouterr().err)
-    assert rc == 1 and no_model_loads == []
+    assert rc == 1 and no_model_loads == [] and not (tmp_path / "state").exists()  # not even a state folder
     assert "'device'" in line and "cuda:0" in line and torch.__version__ in line and "without CUDA" in line, line
 
 

@@ -322,6 +322,7 @@ def run_score(config_path: str, input_path: str, output: str, *, save_every: int
     `max_chars` and `max_completions` override the `[input]` limits.
     """
     from rewardstack.config import load_config
+    from rewardstack.memory.manager import check_device
     from rewardstack.state import StateLock
 
     cfg = load_config(config_path)
@@ -331,6 +332,7 @@ def run_score(config_path: str, input_path: str, output: str, *, save_every: int
         cfg.input.max_chars = max_chars
     if max_completions is not None:
         cfg.input.max_completions = max_completions
+    check_device(cfg.device)  # before the state folder and its lock are made for a stack that cannot run
     with StateLock(cfg.state_dir):
         stack = RewardStack(cfg, recalibrate=recalibrate)
         closer = setup(stack) if setup is not None else None
