@@ -32,7 +32,7 @@ import torch
 from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError
 from rewardstack.planning import simulate as S
-from rewardstack.memory.budget import split_card, weights_bytes
+from rewardstack.memory.budget import split_card, usable_bytes, weights_bytes
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.placement import Placement
 from rewardstack.models import MODELS, owner_of
@@ -160,7 +160,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     weights = sum(p.weights_bytes for p in plans.values())
 
     # The budget, as MemoryManager.setup decides it on a card of this size (the same split_card).
-    usable = int(device_memory * cfg.gpu_utilization) - cfg.headroom_bytes
+    usable = usable_bytes(device_memory, cfg)
     weights_budget, activation = split_card(usable, weights, cfg.memory_budget)
 
     # Placement, by the stack's own rules (scorer names; masks may run on the host).

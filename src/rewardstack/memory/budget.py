@@ -109,6 +109,20 @@ def cuda_total_memory(device: torch.device) -> int:  # pragma: no cover - CUDA-o
 ACTIVATION_SHARE = 0.2
 
 
+def usable_bytes(card: int, cfg: StackConfig, *, free_at_start: int | None = None, outside_torch: int = 0) -> int:
+    """Device bytes the stack may use on a card of `card` bytes, weights and activations together.
+
+    card x `gpu_utilization` - `headroom_bytes` (vLLM's gpu_memory_utilization); on CUDA also
+    never more than was free at start (`free_at_start`; another process's memory is not ours) less
+    the headroom, and less `outside_torch` (bytes used outside torch's allocator). The one formula
+    that `MemoryManager.setup`, `weights_capacity`, `compute_budget` and `rewardstack plan` read.
+    """
+    usable = int(card * cfg.gpu_utilization) - cfg.headroom_bytes
+    if free_at_start is not None:
+        usable = min(usable, free_at_start - cfg.headroom_bytes)
+    return usable - outside_torch
+
+
 def split_card(usable: int, weights: int, memory_budget: int | None) -> tuple[int | None, int]:
     """(weights budget, activation bytes) for a card with `usable` bytes and `weights` to hold.
 
@@ -140,7 +154,7 @@ def compute_budget(
     if dev.type != "cuda" and total_memory is None:
         return Budget(str(dev), None, "unlimited", weights_bytes=weights)
     total = (total_memory or cuda_total_memory)(dev)
-    usable = int(total * cfg.gpu_utilization) - weights - cfg.headroom_bytes
+    usable = usable_bytes(total, cfg) - weights
     if usable <= 0:
         # The weights alone do not fit: placement must offload; plan activations against what a
         # swapped-in model leaves (logged loudly, the budget is never negative).

@@ -20,6 +20,7 @@ from rewardstack.memory.budget import (
     cuda_snapshot,
     cuda_total_memory,
     split_card,
+    usable_bytes,
     weights_bytes,
 )
 
@@ -92,13 +93,14 @@ class CardSizing:
         weights = weights_bytes(list(seen.values()))
         card = self.card_bytes(cfg, total_memory)
         if card is not None:
-            usable = int(card * cfg.gpu_utilization) - cfg.headroom_bytes
             free_at_start = None
+            outside = 0
             if self.startup is not None:
                 # Another process's memory is not ours: never plan past what was free at start.
                 free_at_start = self.startup.free + self.startup.reserved
-                usable = min(usable, free_at_start - cfg.headroom_bytes) - self.measure_non_torch()
+                outside = self.measure_non_torch()
                 self._cap_allocator(cfg, card)
+            usable = usable_bytes(card, cfg, free_at_start=free_at_start, outside_torch=outside)
             weights_budget, act = split_card(usable, weights, cfg.memory_budget)
             budget = Budget(str(self.device), int(act), "config" if cfg.memory_budget is not None else "device",
                             card, cfg.gpu_utilization, weights, cfg.headroom_bytes, free_at_start, self.non_torch_bytes)
@@ -129,5 +131,4 @@ class CardSizing:
         card = self.card_bytes(cfg, total_memory)
         if card is None:
             return None
-        usable = int(card * cfg.gpu_utilization) - cfg.headroom_bytes
-        return max(0, int(usable * (1 - ACTIVATION_SHARE)))
+        return max(0, int(usable_bytes(card, cfg) * (1 - ACTIVATION_SHARE)))
