@@ -34,7 +34,8 @@ class Status:
 
     @staticmethod
     def worst(statuses: Sequence[str]) -> str:
-        """The most severe of several statuses (used to summarize one completion over scorers)."""
+        """The most severe of several statuses: one completion over every scorer (the stack), or one
+        value over its windows or its encoders (the scorers); docs/SEMANTICS.md's order."""
         order = [Status.FAILED, Status.OOM, Status.ERROR, Status.CUT, Status.TRUNCATED, Status.OK]
         for s in order:
             if s in statuses:

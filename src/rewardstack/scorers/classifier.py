@@ -184,7 +184,7 @@ class NSFWMask(_Classifier):
         status = [Status.OK] * len(texts)
         for t, o in zip(owner, outcomes):
             if o.status != Status.OK:
-                status[t] = enc.worst_status([status[t], o.status])
+                status[t] = Status.worst([status[t], o.status])
             else:
                 worst[t] = max(worst[t], float(o.value))
         recut = width < self.window

@@ -165,7 +165,7 @@ class Embedder:
                 parts[t].append(o.value)
         result: list[Embedding] = []
         for t in range(len(texts)):
-            st = enc.worst_status(statuses[t])
+            st = Status.worst(statuses[t])  # of its windows
             if st not in Status.SCORED:
                 result.append((None, st))
             else:  # the mean of the window vectors, not re-normalized (one window: itself)
@@ -179,7 +179,7 @@ def relevance_similarity(prompt_vec: torch.Tensor, vec: torch.Tensor) -> float:
 
 
 def _merge(*statuses: str) -> str:
-    return enc.worst_status(list(statuses))
+    return Status.worst(statuses)
 
 
 class RelevanceMask(Scorer):

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewardstack.memory.guard import Outcome
-from rewardstack.scorers.base import Runtime, Status
+from rewardstack.scorers.base import Runtime
 from rewardstack.scorers.common import pad_rows
 
 SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 says 1e30) is not believed
@@ -253,14 +253,6 @@ def first_completion(completions: Sequence[str | None], live: Sequence[int]) -> 
     for i in live:
         first.setdefault(completions[i], i)  # type: ignore[arg-type]
     return first
-
-
-def worst_status(statuses: Sequence[str]) -> str:
-    """The status of a value computed from several rows (windows): any failure wins."""
-    for s in (Status.OOM, Status.ERROR, Status.TRUNCATED):
-        if s in statuses:
-            return s
-    return Status.OK
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
