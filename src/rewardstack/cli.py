@@ -91,24 +91,28 @@ def summarize(step: dict[str, Any], event: dict[str, Any]) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Build stand-ins if missing, score the packaged sample run, print a summary per step."""
+    """Build stand-ins if missing, score the packaged sample run, print a summary per step.
+
+    Each run starts from a fresh state and saves none, so a second run prints the same rewards and
+    the same best (a saved state would carry the normalizers and diversity history over)."""
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack, Step
     from rewardstack.standins import make_standins
 
     home = Path(args.dir) if args.dir else paths.standins()
     print(f"stand-in models in {home} (built on first use)", file=sys.stderr)
+    print("demo: a fresh state each run (normalizers and diversity history start empty; nothing is saved)",
+          file=sys.stderr)
     config_path = make_standins(home)
     cfg = load_config(config_path)
-    stack = RewardStack(cfg)
+    stack = RewardStack(cfg, load_state=False)
     sample = resources.files("rewardstack").joinpath("data/sample_steps.jsonl").read_text(encoding="utf-8")
     for number, obj in read_steps(sample.splitlines()):  # type: ignore[arg-type]
         if isinstance(obj, InputError):
             raise obj
-        result = stack.score_step(Step.from_dict(obj, line=number))
+        result = stack.score_step(Step.from_dict(obj, line=number), save=False)
         print(summarize(obj, result.event))
         print()
-    print(f"state saved in {cfg.state_dir}")
     return 0
 
 
