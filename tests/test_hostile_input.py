@@ -152,6 +152,38 @@ def test_max_namespaces_holds_for_concurrent_first_requests(service, fake_config
     assert len([p for p in root.iterdir() if p.is_dir()]) == 3
 
 
+def test_a_refused_request_creates_no_namespace(service, fake_config) -> None:  # noqa: ANN001
+    """Issue 33 #8: refusals for new namespaces (a sequence gap, a resent old number) left their
+    folders behind and used up `max_namespaces` (3 here)."""
+    refused = service(*[_step(f"g{k}", namespace=f"gap{k}", sequence=5) for k in range(3)])
+    assert [r.status_code for r in refused] == [409] * 3, [r.text for r in refused]
+    root = Path(fake_config.state_dir) / "namespaces"
+    assert not root.is_dir() or not [p for p in root.iterdir() if p.is_dir()]
+    answers = service(*[_step(f"k{k}", namespace=f"kept{k}") for k in range(3)])
+    assert [r.status_code for r in answers] == [200] * 3, [r.text for r in answers]
+
+
+def test_a_new_namespace_whose_only_step_failed_leaves_nothing(fake_config, monkeypatch) -> None:  # noqa: ANN001
+    """Issue 33 #8: a step that fails (500) in a new namespace does not keep the namespace's slot."""
+    from rewardstack.service.worker import Job, Worker
+
+    worker = Worker(fake_config, queue_size=8, batch_requests=8, max_namespaces=1)
+    worker.stack = RewardStack(fake_config, load_state=False)
+    worker.ready = True
+    job = Job("lost", Step.from_dict(_step("f")), None, deadline=time.monotonic() + 60)
+    with monkeypatch.context() as m:
+        m.setattr(worker.stack, "forward_many", lambda steps: (_ for _ in ()).throw(RuntimeError("boom")))
+        worker.submit(job)
+        worker._process(worker._take())
+    with pytest.raises(ServiceError) as e:
+        job.future.result(timeout=0)
+    assert e.value.status == 500 and not worker.namespaces.known("lost") and worker.namespaces.count() == 0
+    ok = Job("other", Step.from_dict(_step("o")), None, deadline=time.monotonic() + 60)
+    worker.submit(ok)
+    worker._process(worker._take())
+    assert ok.future.result(timeout=0).sequence == 1  # the one slot is still free
+
+
 def test_a_retry_with_other_uids_is_a_conflict(service) -> None:  # noqa: ANN001
     (first,) = service(_step("u", sequence=1, uids=[5, 6]))
     assert first.status_code == 200

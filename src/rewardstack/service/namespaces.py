@@ -153,6 +153,31 @@ class Namespaces:
             log.info("namespace %s resumed at sequence %d", name, state.sequence)
         return ns
 
+    def peek(self, name: str) -> Namespace | None:
+        """The namespace if it exists (restored from its folder on first use), None if it was never
+        created. Looking creates nothing: only a step that will be scored may make a namespace.
+
+        Raises StateError if its state is unreadable.
+        """
+        if name in self._loaded or (self.root / name).is_dir():
+            return self.get(name)
+        return None
+
+    def discard(self, name: str) -> None:
+        """Forget a namespace that never committed a step (its only steps failed), and remove its
+        folder, so that a request that was not applied leaves nothing behind and uses no slot."""
+        ns = self._loaded.get(name)
+        if ns is None or ns.state.sequence or ns.store.path.exists():
+            return
+        del self._loaded[name]
+        if ns.lock is not None:
+            ns.lock.release()
+            ns.lock.path.unlink(missing_ok=True)
+        try:
+            ns.store.dir.rmdir()  # only if empty: never deletes anything another writer put there
+        except OSError:
+            log.warning("namespace %s: could not remove its empty folder %s", name, ns.store.dir)
+
     def loaded(self) -> list[Namespace]:
         """The namespaces in memory."""
         return list(self._loaded.values())
