@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.guard import authorizer, install_error_handlers, status_for
-from rewardstack.service.namespaces import Access
+from rewardstack.service.namespaces import ALL_NAMESPACES, Access
 from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline,
                                           committed_sequence, error_responses, memory_header, namespace_for,
                                           parse_score)
@@ -179,7 +179,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
 
     @app.get("/v1/stack", summary="Models, placement, budget, cost models, queue", responses=error_responses(401, 503))
     async def stack_info(scope: str | None = Depends(authorize)) -> dict:
-        return describe(worker, config, settings)
+        return describe(worker, config, settings, scope)
 
     @app.get("/metrics", summary="Prometheus metrics", responses=error_responses(401))
     async def metrics_route(scope: str | None = Depends(authorize)) -> Response:
@@ -207,8 +207,12 @@ def sequence_of(worker: Worker, name: str) -> int:
     return committed_sequence(worker.namespaces.root / name)
 
 
-def describe(worker: Worker, config: StackConfig, settings: ServiceSettings) -> dict:
-    """What `/v1/stack` shows: models and their placement, the budget, cost models, the queue."""
+def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, scope: str | None = None) -> dict:
+    """What `/v1/stack` shows: models and their placement, the budget, cost models, the queue.
+
+    `scope` is the caller's (`authorizer`): a token bound to one namespace sees that namespace
+    only; the names of the others (often validators' hotkeys) are not its business.
+    """
     stack = worker.stack
     if stack is None or not (worker.ready or worker.draining):
         raise ServiceError(503, "not_ready", "the models are still loading", headers={"Retry-After": "5"})
@@ -237,7 +241,9 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings) -> 
         "budget": dataclasses.asdict(budget) if budget is not None else {"activation_bytes": stack.memory.budget_bytes},
         "cost_models": summary.get("cost_models", {}),
         "queue": {"length": worker.queue_length(), "size": worker.queue.maxsize, "batch_requests": worker.batch_requests},
-        "namespaces": sorted({ns.name for ns in worker.namespaces.loaded()} | set(worker.namespaces.on_disk())),
+        "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
+                                               set(worker.namespaces.on_disk()))
+                       if scope in (None, ALL_NAMESPACES) or name == scope],
         "limits": {k: getattr(settings, k) for k in ("max_body_bytes", "max_completions", "max_chars", "deadline_s")},
         "steps_scored": worker.scored,
     }

@@ -308,9 +308,11 @@ class Worker:
     def _score(self, jobs: list[Job]) -> None:
         assert self.stack is not None
         t0 = time.monotonic()
-        names = sorted({j.namespace for j in jobs})
+        # Counted, not named: /healthz shows the heartbeat to anyone, and a namespace's name is
+        # often a validator's hotkey.
+        count = len({j.namespace for j in jobs})
         self._beat(f"forward pass: {len(jobs)} step(s), {sum(len(j.step.completions) for j in jobs)} completions, "
-                   f"namespaces {', '.join(names)}")
+                   f"{count} namespace(s)")
         try:
             forwards: list[ForwardResult | None] = list(self.stack.forward_many([j.step for j in jobs]))
         except Exception:  # noqa: BLE001 - scorers already catch their own; this is a last resort

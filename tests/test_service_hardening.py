@@ -1,0 +1,111 @@
+"""The scoring service against clients that probe it (issue 33), in process on the fake scorers.
+
+Each test builds the FastAPI app over a started worker and talks to it through httpx's ASGI
+transport, so what is checked is the app's own answer: which namespace names a caller may see,
+what a browser on the same machine can make it do, how a client that goes away is counted, and
+the error shape of routes that do not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+pytest.importorskip("fastapi")
+import httpx  # noqa: E402
+
+from rewardstack.service.app import create_app  # noqa: E402
+from rewardstack.service.namespaces import Access  # noqa: E402
+from rewardstack.service.worker import Worker  # noqa: E402
+
+ADMIN = "admin-token-for-hardening"
+ALPHA = "alpha-token-for-hardening"
+LOCAL = "http://127.0.0.1:8000"
+
+
+def _step(tag: str, **extra: object) -> dict:
+    return {"name": "augment", "prompt": f"prompt {tag}", "completions": [f"{tag} one", f"{tag} two"], **extra}
+
+
+@pytest.fixture
+def make_service(fake_config) -> Iterator[Callable[..., Any]]:  # noqa: ANN001
+    """Builds (app, worker) with the given access and [service] settings; drains every worker after."""
+    workers: list[Worker] = []
+
+    def make(access: Access | None = None, **settings: Any) -> tuple[Any, Worker]:
+        s = fake_config.service
+        for key, value in settings.items():
+            setattr(s, key, value)
+        worker = Worker(fake_config, queue_size=s.queue_size, batch_requests=s.batch_requests,
+                        max_namespaces=s.max_namespaces)
+        workers.append(worker)
+        worker.start()
+        end = time.monotonic() + 60
+        while not worker.ready and time.monotonic() < end:
+            time.sleep(0.02)
+        assert worker.ready, worker.error
+        return create_app(fake_config, s, access or Access({}), worker=worker), worker
+
+    yield make
+    for w in workers:
+        w.begin_drain()
+        w.join(30)
+
+
+def client(app: Any, base_url: str = LOCAL, token: str | None = None, **kw: Any) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # a 500 is an answer here
+    return httpx.AsyncClient(transport=transport, base_url=base_url, headers=headers, **kw)
+
+
+def tokens() -> Access:
+    return Access({hashlib.sha256(ADMIN.encode()).hexdigest(): "*", hashlib.sha256(ALPHA.encode()).hexdigest(): "alpha"})
+
+
+# -- 7. namespace names only to callers allowed to see them -----------------------------------------
+
+def test_healthz_names_no_namespace_while_scoring(make_service) -> None:  # noqa: ANN001
+    app, worker = make_service(tokens())
+    inside, release = threading.Event(), threading.Event()
+    forward_many = worker.stack.forward_many
+
+    def slow(steps):  # noqa: ANN001, ANN202 - holds the worker inside the forward pass
+        inside.set()
+        release.wait(30)
+        return forward_many(steps)
+
+    worker.stack.forward_many = slow
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        async with client(app, token=ADMIN) as c, client(app) as anonymous:
+            post = asyncio.ensure_future(c.post("/v1/score", json=_step("h", namespace="hotkey5Secret")))
+            await asyncio.to_thread(inside.wait, 30)
+            health = await anonymous.get("/healthz")
+            release.set()
+            return health, await post
+
+    health, scored = asyncio.run(run())
+    assert scored.status_code == 200, scored.text
+    assert health.status_code == 200 and health.json()["running"].startswith("forward pass")
+    assert "hotkey5Secret" not in health.text, health.text
+
+
+def test_a_namespace_bound_token_sees_only_its_own_namespace(make_service) -> None:  # noqa: ANN001
+    app, _ = make_service(tokens())
+
+    async def run() -> tuple[dict, dict]:
+        async with client(app, token=ADMIN) as admin, client(app, token=ALPHA) as alpha:
+            for ns in ("alpha", "beta", "gamma"):
+                assert (await admin.post("/v1/score", json=_step(ns, namespace=ns))).status_code == 200
+            return (await alpha.get("/v1/stack")).json(), (await admin.get("/v1/stack")).json()
+
+    seen_by_alpha, seen_by_admin = asyncio.run(run())
+    assert seen_by_alpha["namespaces"] == ["alpha"]
+    assert "beta" not in json.dumps(seen_by_alpha)
+    assert seen_by_admin["namespaces"] == ["alpha", "beta", "gamma"]
