@@ -188,16 +188,10 @@ def huge_completion_row(chars: int = HUGE_CHARS, budget: int | None = None) -> N
             path = root / f"steps-{len(rows)}.jsonl"
             path.write_text("".join(json.dumps(s) + "\n" for s in steps), encoding="utf-8")
             del huge, steps
-            cfg = config.parent / f"stack-{len(rows)}.toml"  # own state and calibration: every run starts alike
+            cfg = config.parent / f"stack-{len(rows)}.toml"  # own state: every run starts alike
             text = config.read_text(encoding="utf-8").replace(
                 'state_dir = "state"', f'state_dir = "state-{len(rows)}"{extra}')
-            cfg.write_text(text, encoding="utf-8")
-            import shutil
-
-            from rewardstack.paths import calibration_file  # each config's cache, in its folder of the home
-
-            calibration_file(cfg).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(calibration_file(warm), calibration_file(cfg))
+            cfg.write_text(text, encoding="utf-8")  # the warm run's fits are read: one cache, keyed by checkpoint
             wall, rss, events = _score_rss(cfg, path, root / f"ev-{len(rows)}.jsonl")
             status = events[1]["statuses"][3]
             rows.append((label, wall, rss, status))

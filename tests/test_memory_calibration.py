@@ -118,16 +118,20 @@ def _small_stack_config(standins: Path, folder: Path) -> Path:
     return path
 
 
-def test_a_restart_reads_saved_cost_models_and_does_not_profile(standins, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_restart_reads_saved_cost_models_and_does_not_profile(standins, tmp_path: Path,  # noqa: ANN001
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from rewardstack import RewardStack
 
-    path = _small_stack_config(standins, tmp_path)
+    # An empty home: the session's shared cache may already hold this checkpoint's fit.
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    (tmp_path / "cfg").mkdir()
+    path = _small_stack_config(standins, tmp_path / "cfg")
     first = RewardStack.from_config(str(path), load_state=False)
     assert first.memory.profiled == ["rlhf_reward_model"]
     cache = cache_path_for(path)
-    # In the config's own folder of rewardstack's home (the suite's temporary $REWARDSTACK_HOME).
-    assert cache is not None and cache.exists() and cache == paths.calibration_file(path)
-    assert cache.is_relative_to(paths.home()) and not cache.is_relative_to(tmp_path)
+    # The home's one cache (the suite's temporary $REWARDSTACK_HOME), shared by every config.
+    assert cache is not None and cache.exists() and cache == paths.calibration_file()
+    assert cache.is_relative_to(paths.home()) and not cache.is_relative_to(tmp_path / "cfg")
     assert not (Path(first.config.state_dir) / cache.name).exists()  # not in the scoring state
     second = RewardStack.from_config(str(path), load_state=False)
     assert second.memory.profiled == [] and second.memory.calibration.hits == 1

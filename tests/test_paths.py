@@ -37,8 +37,9 @@ def test_defaults_are_per_config_folders_of_the_home(home: Path, tmp_path: Path)
     assert Path(ca.state_dir).parent.name.startswith("stack-") and ca.state_dir != cb.state_dir
     assert Path(ca.state_dir) == paths.config_home(a) / "state"
     assert not (tmp_path / "state").exists()
-    cal = MemoryManager.for_config(ca).calibration
-    assert cal is not None and cal.path == paths.config_home(a) / "calibration" / "cache.json"
+    # The calibration cache is the home's one file: its entries are keyed by checkpoint, not config.
+    cal, cal_b = MemoryManager.for_config(ca).calibration, MemoryManager.for_config(cb).calibration
+    assert cal is not None and cal_b is not None and cal.path == cal_b.path == home / "calibration" / "cache.json"
     assert paths.new_run_dir(a, "soak").parent == paths.config_home(a) / "runs"
     assert paths.plan_cache() == home / "plan-cache" and paths.standins() == home / "standins"
 

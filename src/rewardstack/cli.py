@@ -169,9 +169,10 @@ def add_input_flags(p: argparse.ArgumentParser) -> None:
 
 HOME_EPILOG = """\
 where files go (docs/SCORING.md): everything a command is not told where to put lands
-under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/, and one
-folder per config file, <config stem>-<hash>/ with state/ (unless the config states state_dir),
-calibration/cache.json (unless [memory] calibration_file) and runs/ (soak, bare --run-dir)."""
+under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/,
+calibration/cache.json (fitted cost models keyed by checkpoint, unless [memory] calibration_file),
+and one folder per config file, <config stem>-<hash>/ with state/ (unless the config states
+state_dir) and runs/ (soak, bare --run-dir)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

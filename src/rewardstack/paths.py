@@ -7,9 +7,10 @@ operator finds everything rewardstack wrote in one place and moves all of it wit
       standins/                    `demo`'s stand-in models
       real/                        `realmodels fetch`'s checkpoints ($REWARDSTACK_REAL_CACHE overrides)
       plan-cache/                  `plan`'s simulated peaks, shared by every config (one file per shape)
+      calibration/cache.json       fitted cost models keyed by checkpoint content, shared by every
+                                   config, unless a config sets `[memory] calibration_file`
       <stem>-<hash>/               one folder per config file (`config_home`)
         state/                     the scoring state, unless the config states `state_dir`
-        calibration/cache.json     fitted cost models, unless `[memory] calibration_file` is set
         runs/                      run folders a command makes when not given --run-dir (soak, ...)
 
 `<stem>-<hash>` is the config file's name without `.toml` and 8 hex digits of a digest of its
@@ -51,9 +52,10 @@ def state_dir(config_source: str | os.PathLike[str] | None) -> Path:
     return config_home(config_source) / "state"
 
 
-def calibration_file(config_source: str | os.PathLike[str] | None) -> Path:
-    """The default calibration cache (fitted cost models) of a config."""
-    return config_home(config_source) / "calibration" / "cache.json"
+def calibration_file() -> Path:
+    """The default calibration cache (fitted cost models), one for every config: its entries are
+    keyed by what was measured (memory/calibration.py), not by the config."""
+    return home() / "calibration" / "cache.json"
 
 
 def runs_dir(config_source: str | os.PathLike[str] | None) -> Path:

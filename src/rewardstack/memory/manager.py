@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
@@ -123,12 +123,17 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
                    profile_limit_s=getattr(memory, "profile_seconds", None))
 
     def describe_model(self, model_cfg: Any) -> None:
-        """Record what a scorer's fits depend on (its config entry, and local checkpoints' files),
-        the model part of its calibration key."""
+        """Record what a scorer's fits depend on, the model part of its calibration key: its
+        checkpoints by content (`calibration.checkpoint_identity`, not where they sit, so another
+        config or folder with the same checkpoint shares the fit) and its settings."""
         from dataclasses import asdict
 
-        d = {k: v for k, v in asdict(model_cfg).items() if k not in ("weight", "enabled")}
-        d["files"] = _fingerprint([p for p in [model_cfg.path, *model_cfg.paths] if p])
+        from rewardstack.memory.calibration import checkpoint_identity
+
+        d = {k: v for k, v in asdict(model_cfg).items() if k not in ("weight", "enabled", "path", "paths")}
+        if self.calibration is not None:  # hashing the checkpoint serves the cache only
+            d["checkpoints"] = [checkpoint_identity(p, self.calibration) for p in [model_cfg.path, *model_cfg.paths] if p]
+            self.calibration.save()  # digests of new files: not read again at the next start
         self.model_keys[model_cfg.name] = d
 
     # -- observers --------------------------------------------------------------------------
@@ -235,21 +240,4 @@ def check_device(name: str) -> torch.device:
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device", f"{name} cannot be used: {build} finds no Apple MPS device here; set device = \"cpu\"")
     return dev
-
-
-def _fingerprint(paths: Sequence[str]) -> list[tuple[str, int, int]]:
-    """(name, size, mtime) of the weight and config files of local checkpoint folders: a checkpoint
-    rewritten in place changes the calibration key (hub ids are pinned by revision instead)."""
-    from pathlib import Path
-
-    out: list[tuple[str, int, int]] = []
-    for p in paths:
-        folder = Path(p)
-        if not folder.is_dir():
-            continue
-        for f in sorted(folder.iterdir()):
-            if f.suffix in (".safetensors", ".bin", ".pt", ".json") and f.is_file():
-                st = f.stat()
-                out.append((f"{folder.name}/{f.name}", st.st_size, int(st.st_mtime)))
-    return out
 
