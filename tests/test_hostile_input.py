@@ -56,6 +56,18 @@ def test_a_line_of_bad_utf8_is_that_lines_error_and_the_others_are_scored(tmp_pa
     assert "line 2: not valid UTF-8 (byte 0xff" in err
 
 
+def test_a_byte_order_mark_at_the_start_of_the_file_is_skipped_and_said_once(tmp_path: Path, fake_registry, caplog) -> None:  # noqa: ANN001
+    """Issue 33 #9: a UTF-8 BOM (as Windows editors write) lost the valid first step (rc 2)."""
+    steps = tmp_path / "steps.jsonl"
+    steps.write_bytes(b"\xef\xbb\xbf" + _line("a") + b"\n" + _line("b") + b"\n")
+    out = tmp_path / "ev.jsonl"
+    with caplog.at_level("WARNING"):
+        assert main(["score", "--config", str(_config(tmp_path)), "--input", str(steps), "--output", str(out)]) == 0
+    assert [e["prompt"] for e in _events(out)] == ["prompt a", "prompt b"]
+    said = [r for r in caplog.records if "byte order mark" in r.getMessage()]
+    assert len(said) == 1 and "line 1" in said[0].getMessage(), [r.getMessage() for r in caplog.records]
+
+
 # -- 2. deep nesting: the reader and the event writer ---------------------------------------------
 
 def test_deeply_nested_lines_are_named_and_never_poison_a_rerun(tmp_path: Path, fake_registry, capsys) -> None:  # noqa: ANN001

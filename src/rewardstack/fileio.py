@@ -16,6 +16,7 @@ the service) never has to reach into the command line for how a line is written:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -24,6 +25,11 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from rewardstack.errors import InputError
+
+log = logging.getLogger("rewardstack.fileio")
+
+BOM = "\ufeff"
+"""The byte order mark some editors (Windows Notepad) put at the start of a UTF-8 file."""
 
 
 def jsonable(x: Any) -> Any:
@@ -70,7 +76,9 @@ def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, An
     """(line number, parsed object or the InputError that says what is wrong), skipping blanks.
 
     Lines may be bytes (a file opened in binary): each is decoded on its own, so a line that is
-    not UTF-8 is that line's error and the others are read (rewardstack.jsonio).
+    not UTF-8 is that line's error and the others are read (rewardstack.jsonio). A byte order mark
+    at the start of the first line is skipped, with one warning: it marks the file's encoding and is
+    no part of the first step (JSON itself refuses it).
 
     Memory: only the parsed object outlives the read. The raw line is dropped before the JSON
     parse, whose text is dropped on return, so reading a 50 MB line holds two copies at a time,
@@ -87,6 +95,11 @@ def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, An
         try:
             text = decode_line(line, line=number)
             del line
+            if number == 1 and text.startswith(BOM):
+                log.warning("line 1 starts with a UTF-8 byte order mark (U+FEFF); it is skipped")
+                text = text[len(BOM):]
+                if is_blank(text):
+                    continue
             obj = parse(text, line=number)
         except InputError as e:
             yield number, e
