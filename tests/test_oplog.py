@@ -40,7 +40,25 @@ def test_weights_bytes_and_revision() -> None:
     assert weights_bytes([tied, lin]) == (12 + 3) * 2  # a shared tensor counts once
     assert revision_of("x/y", "501f895", [lin]) == "501f895"
     assert revision_of(str(Path(__file__).parent), None, [lin]) == "local folder"
-    assert revision_of("org/model", None, [lin]) == "unpinned"
+    assert revision_of("org/model", None, [lin]) == "the hub's default branch (not locked: rewardstack download pins it)"
+
+
+def test_a_model_of_several_local_folders_is_logged_as_local(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # relevance_filter loads two folders (`paths`, no `path`): its line said "at unpinned" (issue 34 #8).
+    from types import SimpleNamespace
+
+    from rewardstack.oplog import log_models
+
+    folders = [tmp_path / "bert", tmp_path / "mpnet"]
+    for f in folders:
+        f.mkdir()
+    lin = torch.nn.Linear(2, 2)
+    scorer = SimpleNamespace(modules=lambda: [lin], attention_info=lambda: "")
+    cfg = SimpleNamespace(path="", paths=[str(f) for f in folders], revision=None)
+    stack = SimpleNamespace(scorers={"relevance_filter": scorer}, config=SimpleNamespace(models={"relevance_filter": cfg}))
+    with caplog.at_level(logging.INFO, logger="rewardstack"):
+        log_models(stack)  # type: ignore[arg-type]
+    assert "at local folders," in caplog.text and "unpinned" not in caplog.text, caplog.text
 
 
 @pytest.mark.parametrize(("flags", "level"), [([], logging.INFO), (["-v"], logging.DEBUG), (["-q"], logging.WARNING)])

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -35,18 +35,20 @@ def _mib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-def revision_of(path: str | None, configured: str | None, modules: list[torch.nn.Module]) -> str:
+def revision_of(path: str | Sequence[str] | None, configured: str | None, modules: list[torch.nn.Module]) -> str:
     """The revision a model was loaded at: the configured one, else the hub commit transformers
-    recorded, else 'local folder' (a path on disk) or 'unpinned'."""
+    recorded, else 'local folder(s)' when every path is on disk (relevance loads two), else the
+    hub's default branch, which `rewardstack download` would lock."""
     if configured:
         return configured
     for m in modules:
         commit = getattr(getattr(m, "config", None), "_commit_hash", None)
         if commit:
             return str(commit)
-    if path and Path(path).exists():
-        return "local folder"
-    return "unpinned"
+    given = [path] if isinstance(path, str) else list(path or [])
+    if given and all(p and Path(p).exists() for p in given):
+        return "local folder" if len(given) == 1 else "local folders"
+    return "the hub's default branch (not locked: rewardstack download pins it)"
 
 
 def log_models(stack: "RewardStack") -> None:
@@ -63,7 +65,7 @@ def log_models(stack: "RewardStack") -> None:
         path = cfg.path if cfg.path else ", ".join(cfg.paths)
         attention = scorer.attention_info()
         log.info("model %s: %s at %s, %s, %s of weights on %s%s", name, path,
-                 revision_of(cfg.path, cfg.revision, modules), "/".join(dtypes),
+                 revision_of(cfg.path or list(cfg.paths), cfg.revision, modules), "/".join(dtypes),
                  _mib(weights_bytes(modules)), "+".join(where), f"; {attention}" if attention else "")
 
 
