@@ -7,7 +7,11 @@ Each entry is a warning a library prints although rewardstack has already dealt 
   completion so cut is marked `truncated`), so no over-long sequence ever reaches a model;
 - transformers' "... has generative capabilities, as `prepare_inputs_for_generation` is explicitly
   defined" (BTLM's remote code, once per class check: `plan` printed it five times): rewardstack
-  never calls `generate`.
+  never calls `generate`;
+- transformers' "`use_return_dict` is deprecated" and "`past_key_values`/`cache_params` are
+  deprecated": BTLM's remote code as published (and its stand-in, `standin_btlm`) uses the 4.x
+  names, which transformers 5 still maps; the operator cannot change the hub's code, and
+  rewardstack reads the outputs under either name (`plan` printed both).
 
 Only these exact messages are dropped; everything else a library logs still shows (and `-q`
 quiets the rest: `quiet_libraries`).
@@ -21,6 +25,8 @@ import warnings
 MOOT: dict[str, tuple[str, ...]] = {
     "transformers.tokenization_utils_base": ("Token indices sequence length is longer than the specified maximum",),
     "transformers.modeling_utils": ("has generative capabilities, as `prepare_inputs_for_generation` is explicitly",),
+    "transformers.configuration_utils": ("`use_return_dict` is deprecated",),
+    "transformers.utils.generic": ("`past_key_values`/`cache_params` are deprecated",),
 }
 """Logger name -> message fragments whose records are dropped."""
 
