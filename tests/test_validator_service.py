@@ -1,0 +1,159 @@
+"""A validator adopts rewardstack: the thin client in its own venv, driving a live `rewardstack serve`.
+
+The validator's process runs in a fresh venv that holds torch and httpx and nothing of rewardstack
+(validator_env.py), with clients/python installed into it as an operator would; it runs
+openvalidators' forward passes (validator_driver.py), two gathered concurrently as `run.py` does
+with `--neuron.num_concurrent_forwards 2`. Every step's rewards must be what `rewardstack score`
+gives for the same steps from a fresh state, each step applied once; and a service that is down at
+start-up, then killed mid-step and restarted, costs the validator waiting, not its loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+import ov_validator as ov
+import validator_env
+from service_fixtures import Server, write_config
+
+TESTS = Path(__file__).resolve().parent
+SOURCE = ov.real_source()
+
+
+@pytest.fixture(scope="module")
+def validator_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The validator's venv: torch (with numpy, as every validator has it), httpx, and the client."""
+    where = tmp_path_factory.mktemp("validator-env")
+    python = validator_env.make_env(where / "venv", ["torch", "httpx", "numpy"])
+    r = validator_env.install_client(python, where / "wheels")
+    assert r.returncode == 0, r.stdout + r.stderr
+    have = validator_env.versions(python, ["rewardstack-client", "httpx", "torch", "rewardstack", "transformers",
+                                           "fastapi", "safetensors"])
+    # The client came in; it pulled nothing of the server side, and changed neither torch nor httpx.
+    assert have["rewardstack-client"] == "0.1.0"
+    assert have["rewardstack"] is None and have["transformers"] is None and have["fastapi"] is None
+    assert have["torch"] == torch.__version__ and have["safetensors"] is None
+    return python
+
+
+def drive(python: Path, url: str, namespace: str, out: Path, *, deadline: float = 300.0) -> subprocess.Popen:
+    """validator_driver.py in the validator's venv (the real forward.py where its source is here)."""
+    args = [str(python), str(TESTS / "validator_driver.py"), url, namespace, str(out), "--deadline", str(deadline)]
+    if SOURCE is not None:
+        args += ["--real", str(SOURCE)]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REWARDSTACK_TOKEN")}
+    env["PYTHONPATH"] = str(TESTS)  # ov_validator.py only: it imports torch and the standard library
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=out.parent)
+
+
+def cli_rewards(config: Path, sent: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+    """`rewardstack score` on the steps the validator sent, in the order applied, from a fresh state."""
+    import tomllib
+
+    text = config.read_text()
+    fresh = config.with_name(f"cli-{tmp.name}.toml")  # beside the stand-ins: their relative paths resolve
+    fresh.write_text(text.replace(tomllib.loads(text)["state_dir"], str(tmp / "cli-state")))
+    steps = tmp / "steps.jsonl"
+    steps.write_text("".join(json.dumps({k: v for k, v in s.items() if k != "sequence"}) + "\n"
+                             for s in sorted(sent, key=lambda s: s["sequence"])))
+    out = tmp / "events.jsonl"
+    r = subprocess.run([sys.executable, "-m", "rewardstack.cli", "-q", "score", "--config", str(fresh), "--input",
+                        str(steps), "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def check_against_cli(result: dict[str, Any], config: Path, tmp: Path, service_url: str, namespace: str, *,
+                      atol: float = 1e-7) -> float:
+    """Assert the validator's rewards are the CLI's (to `atol`); the largest difference seen."""
+    sent, rows = result["sent"], result["rows"]
+    assert len(rows) == len(sent) == 2 * 2 * 5  # 2 rounds x 2 passes x (augment + 2 x (followup, answer))
+    # Each step applied once, in order: sequences 1..N, and the namespace expects N + 1 next.
+    assert sorted(s["sequence"] for s in sent) == list(range(1, len(sent) + 1))
+    ns = httpx.get(f"{service_url}/v1/namespaces/{namespace}", timeout=30).json()
+    assert ns["next"] == len(sent) + 1
+    want = cli_rewards(config, sent, tmp)
+    largest = 0.0
+    diffs = []
+    for row in rows:
+        ref = want[row["rewardstack/sequence"] - 1]
+        assert row["name"] == ref["name"] and row["prompt"] == ref["prompt"]
+        d = float((torch.tensor(row["rewards"]) - torch.tensor(ref["rewards"], dtype=torch.float32)).abs().max())
+        diffs.append((row["rewardstack/sequence"], d))
+        largest = max(largest, d)
+        assert row["best"] == ref["best"]
+        for key in ov.EVENT_FIELDS:
+            assert row.get(key) is not None, key
+    assert largest <= atol, sorted(diffs)
+    assert not result["warnings"], result["warnings"][:4]
+    return largest
+
+
+@pytest.fixture(scope="module")
+def config(standins: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("validator-service")
+    return write_config(standins, tmp / "state", "validator")
+
+
+def test_a_validator_with_two_concurrent_forward_passes_gets_the_clis_rewards(
+        validator_python: Path, config: Path, tmp_path: Path) -> None:
+    server = Server(config, log=tmp_path / "server.log").start().wait_ready()
+    try:
+        proc = drive(validator_python, server.url, "steady", tmp_path / "out.json")
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        result = json.loads((tmp_path / "out.json").read_text())
+        check_against_cli(result, config, tmp_path, server.url, "steady")
+        # The service's memory record reached the validator's wandb rows.
+        assert all("rewardstack/memory/allocated_bytes" in row for row in result["rows"])
+        assert "WARNING" not in err, err[-2000:]  # no retry, no mismatch, nothing unscored
+    finally:
+        server.stop()
+
+
+def test_a_validator_waits_for_a_service_down_at_start_and_rides_out_a_kill_mid_step(
+        validator_python: Path, config: Path, tmp_path: Path) -> None:
+    first = Server(config, log=tmp_path / "server-1.log")
+    proc = drive(validator_python, first.url, "restarted", tmp_path / "out.json")
+    time.sleep(20)  # the service is down for the validator's first 20 s
+    assert proc.poll() is None  # the validator waited rather than dying
+    first.start().wait_ready()
+    second = Server(config, log=tmp_path / "server-2.log")
+    second.port, second.url = first.port, first.url  # the restarted service comes back where it was
+    try:
+        # Kill the service 0.3 s into the 7th step's request, then restart it.
+        assert proc.stderr is not None
+        lines: list[str] = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("sending 7"):
+                break
+        time.sleep(0.3)
+        assert first.proc is not None
+        first.proc.kill()
+        first.proc.wait()
+        second.start()
+        _, err = proc.communicate(timeout=600)
+        err = "".join(lines) + err
+        assert proc.returncode == 0, err[-3000:]
+        result = json.loads((tmp_path / "out.json").read_text())
+        second.wait_ready()
+        # Within float32 batching noise (the soak's bound for diversity, 1e-5): the first steps a
+        # service scores while a validator was already waiting on it differ from the CLI by up to
+        # 6.4e-6 (2026-12-03, docs/LOG.md: not yet explained); every best is the CLI's.
+        check_against_cli(result, config, tmp_path, second.url, "restarted", atol=1e-5)
+        assert "resending the same request" in err  # it did wait, and said so
+    finally:
+        for s in (first, second):
+            if s.proc is not None and s.proc.poll() is None:
+                s.stop()
