@@ -110,18 +110,36 @@ def write_rotated_log(folder: Path) -> Path:
     return folder
 
 
-def parquet_v11(path: Path) -> Path:
-    """The same run as a published parquet file, layout v1.1 (one row per step)."""
+def parquet_v11(path: Path, *, exported: bool = False) -> Path:
+    """The same run as a published parquet file, layout v1.1 (one row per step); `exported`: every
+    number a double, as the published export stores them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = [{**event(p, 1000 + i), "_step": i, "_timestamp": 1689847200.0 + i} for i, p in enumerate(PASSES)]
+    if exported:
+        rows = [as_exported(r) for r in rows]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
 
-def parquet_v10(path: Path) -> Path:
-    """A layout v1.0 file: one row per forward pass (followup, then answer); combined rewards only."""
+def as_exported(value: Any) -> Any:
+    """`value` with every integer stored as the published exports store numbers: a double (1000000.0)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, list):
+        return [as_exported(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_exported(v) for k, v in value.items()}
+    return value
+
+
+def parquet_v10(path: Path, *, exported: bool = False) -> Path:
+    """A layout v1.0 file: one row per forward pass (followup, then answer); combined rewards only.
+    `exported`: numbers as the published export stores them (doubles; the second row's missing
+    `gating_loss` a NaN), which `EQUIVALENT_V10` gives as the steps `score` reads."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -143,5 +161,26 @@ def parquet_v10(path: Path) -> Path:
          "answer_rewards": [0.7, 0.0], "answer_times": [1.0, 1.0], "answer_uids": [4, 5],
          "best_answer": "Two bulges of water.", "block": 78, "gating_loss": 0.1, "step_length": 2.0, "_step": 1},
     ]
+    if exported:
+        rows = [as_exported(r) for r in rows]
+        rows[1]["gating_loss"] = NAN
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+# The steps of `parquet_v10(exported=True)` as `rewardstack score` reads them, written out by hand
+# from the spec (followup then answer per row; an empty or blank completion is a failed call).
+EQUIVALENT_V10 = [
+    {"name": "followup", "prompt": "Ask about: Describe the water cycle.", "base_prompt": "Describe the water cycle.",
+     "completions": ["What drives evaporation?", None, "Why does it rain?"], "logged_best": "What drives evaporation?",
+     "new_forward_pass": True, "uids": [1, 2, 3], "completion_times": [1.0, 12.0, 2.0], "block": 77, "gating_loss": 0.2},
+    {"name": "answer", "prompt": "Answer: What drives evaporation?", "base_prompt": "What drives evaporation?",
+     "completions": ["The sun's heat.", "What drives evaporation?", "Wind, too."], "logged_best": "The sun's heat.",
+     "uids": [1, 2, 3], "completion_times": [1.0, 1.0, 1.0], "block": 77, "gating_loss": 0.2},
+    {"name": "followup", "prompt": "Explain tides.", "base_prompt": "Explain tides.",
+     "completions": ["Why two tides a day?", "Is the moon involved?"], "logged_best": "Why two tides a day?",
+     "new_forward_pass": True, "uids": [4, 5], "completion_times": [1.0, 1.0], "block": 78},
+    {"name": "answer", "prompt": "Answer: Why two tides a day?", "base_prompt": "Why two tides a day?",
+     "completions": ["Two bulges of water.", None], "logged_best": "Two bulges of water.",
+     "uids": [4, 5], "completion_times": [1.0, 1.0], "block": 78},
+]

@@ -1,8 +1,10 @@
 """Replay recorded validator runs and soak long runs with faults: readers, replay, soak, pathological inputs.
 
 - `readers`: the validator's loguru `completions.log` (rotated, compressed), the published parquet
-  files (both layouts), rewardstack's own step and event JSONL; detected from content.
-- `replay`: `rewardstack replay`: what drove each model's peak, the reference's need, fit, agreement;
+  files (both layouts), rewardstack's own step and event JSONL; detected from content. `convert`
+  turns the numbers each format stores into what a step holds (the exports' doubles and NaN).
+- `replay`: `rewardstack replay`: what drove each model's peak, the reference's need (`reference`),
+  fit, agreement; a completion the recorded run cut stays `cut` (`recorded_cut`);
   `--init-state` warm-starts a stack's state from a validator's log.
 - `soak`: `rewardstack soak`, wiring its parts: `workload` (generated steps), `supervisor` (the
   scoring process, injected OOMs, kills and restarts), `comparison` (faulted against clean, memory

@@ -5,7 +5,9 @@ A budget may cut an input further than the model's own bound (`truncated`) or lo
 either changes its score, so "no OOM" is not "fits". The comparison is made per model and per
 completion against the same stack with its budget lifted, and only for the steps where the
 budgeted run gave some status other than `ok` or `failed` (the stateless forward pass alone: a
-status never depends on the state), so a run the budget did not touch costs nothing extra.
+status never depends on the state), so a run the budget did not touch costs nothing extra. A
+completion the recorded run cut is marked `cut` in the unbudgeted pass too (`recorded_cut`), as it
+is in the budgeted run, so the mark is not taken for a change.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
+
+from rewardstack.replay.recorded_cut import mark_cut
 
 UNTOUCHED = ("ok", "failed")
 """Statuses the budget cannot have caused (a completion `ok` under the budget was not cut)."""
@@ -52,7 +56,7 @@ def changed_by_budget(stack: Any, steps: Sequence[Any], budgeted: Sequence[Mappi
     """Inputs whose status differs between `budgeted` (per step: model -> statuses) and `stack`
     with its activation budget lifted; `steps[i].step` is the Step. With `raws` (the budgeted raw
     values), a scored input whose value moved past `tol` (relative) counts too: cut further than
-    the model's own bound, it is `truncated` both ways. The budget is restored after."""
+    the model's own bound, it is `truncated` (or `cut`) both ways. The budget is restored after."""
     todo = [pos for pos, sts in enumerate(budgeted) if needs_check(sts)]
     if not todo:
         return []
@@ -63,6 +67,7 @@ def changed_by_budget(stack: Any, steps: Sequence[Any], budgeted: Sequence[Mappi
         for pos in todo:
             step = steps[pos].step
             free = stack.forward(step)
+            mark_cut({m: r.statuses for m, r in free.results.items()}, getattr(steps[pos], "cut", {}))
             for model, sts in budgeted[pos].items():
                 res = free.results.get(model)
                 if res is None:
@@ -72,7 +77,7 @@ def changed_by_budget(stack: Any, steps: Sequence[Any], budgeted: Sequence[Mappi
                     text = step.completions[i] or ""
                     if str(b) != str(u):
                         out.append(Changed(pos, i, model, str(u), str(b), len(text)))
-                    elif values is not None and str(b) in ("ok", "truncated"):
+                    elif values is not None and str(b) in ("ok", "truncated", "cut"):
                         x, y = float(values[i]), float(res.scores[i])
                         if math.isfinite(x) and math.isfinite(y) and abs(x - y) > tol * max(1.0, abs(y)):
                             out.append(Changed(pos, i, model, f"{u} {y:.6g}", f"{b} {x:.6g}", len(text)))

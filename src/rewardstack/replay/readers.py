@@ -20,9 +20,18 @@ and is scored as `""`. rewardstack's own events say it in `statuses`, which win 
 model whose logged raw and normalized values are all exactly 0 for a step was off in that run
 (the validator logs zeros for it) and does not count as logged.
 
+Numbers are converted from what each format stores to what a step holds here, at the edge
+(`replay.convert`: the published exports store every number as a double and a missing one as NaN);
+`Step.from_dict` stays as strict as `score` needs it.
+
+A completion rewardstack's own event records as `cut` (read to `[input] max_chars` only) keeps the
+recorded head exactly as it was read, and `RunStep.cut` says which models cut it, so replay calls it
+`cut` again (`replay.recorded_cut`).
+
 Readers are lenient: unknown fields are ignored, missing optional ones take defaults, and a bad
-record is reported with its file and line (or row) and skipped; the rest is still read. Python's
-`json` reads the bare `NaN`/`Infinity` the validator's `json` wrote.
+record (a value that cannot be converted included) is reported with its file and line (or row) and
+skipped; the rest is still read. Python's `json` reads the bare `NaN`/`Infinity` the validator's
+`json` wrote.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from rewardstack.config import ALL_MODELS, REWARD_MODELS
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack.jsonio import JSONInputError, parse
+from rewardstack.replay.convert import step_numbers, text
 from rewardstack.stack import Step
 
 log = logging.getLogger("rewardstack.replay")
@@ -73,6 +83,8 @@ class RunStep:
     """The validator's normalized values, per model, when logged."""
     logged_rewards: list[float] | None = None
     """The validator's combined rewards, when logged."""
+    cut: dict[str, list[int]] = field(default_factory=dict)
+    """Per model, the completions the recorded run read only up to its `max_chars` (status `cut`)."""
 
 
 @dataclass
@@ -83,6 +95,17 @@ class Run:
     errors: list[str] = field(default_factory=list)
     files: list[tuple[Path, str]] = field(default_factory=list)
     """Each file read and its detected kind, in reading order."""
+
+    def why_empty(self) -> str:
+        """Why no step was read (for a run with none), in one line."""
+        where = ", ".join(f"{p} ({k})" for p, k in self.files)
+        if self.errors:
+            return (f"read no step from {where}: all {len(self.errors)} record(s) were skipped; "
+                    f"the first: {self.errors[0]}")
+        kinds = {k for _, k in self.files}
+        held = ("no EVENTS record (the validator logs each step at level EVENTS)" if kinds == {LOGURU}
+                else "no record")
+        return f"read no step from {where}: it holds {held}"
 
 
 # -- opening and detecting ------------------------------------------------------------------------
@@ -276,23 +299,35 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
     name, prompt, best = ev.get("name"), ev.get("prompt"), ev.get("best")
     if not isinstance(name, str) or not isinstance(prompt, str):
         raise InputError("'name' and 'prompt' must be strings", line=line)
+    numbers = step_numbers(ev, line=line)  # before the base prompts move on: a skipped record changes nothing
     base, opens = bases(name, prompt, best if isinstance(best, str) else None, where)
     if isinstance(ev.get("base_prompt"), str):
         base = ev["base_prompt"]  # the event says what was scored (rewardstack's events do): no rebuilding
-    d: dict[str, Any] = {"name": name, "prompt": prompt, "completions": completions}
+    d: dict[str, Any] = {"name": name, "prompt": prompt, "completions": completions, **numbers}
     if base is not None:
         d["base_prompt"] = base
     if opens:
         d["new_forward_pass"] = True
     if isinstance(best, str):
         d["logged_best"] = best
-    for key in ("uids", "completion_times", "block", "gating_loss"):
-        if ev.get(key) is not None:
-            d[key] = ev[key]
-    if isinstance(d.get("completion_times"), list):
-        d["completion_times"] = [0.0 if t is None else t for t in d["completion_times"]]
     step = Step.from_dict(d, line=line)
-    return RunStep(step, where, logged, logged_norm, _floats(ev.get("rewards"), n))
+    cut = _recorded_cut(ev.get("model_statuses"), n)
+    for i in sorted({i for ix in cut.values() for i in ix}):
+        if step.completions[i] is not None:
+            # The recorded head exactly as the models read it: `from_dict` strips, and a head may end in a space.
+            step.completions[i] = comps[i]
+    return RunStep(step, where, logged, logged_norm, _floats(ev.get("rewards"), n), cut)
+
+
+def _recorded_cut(model_statuses: Any, n: int) -> dict[str, list[int]]:
+    """Per model, the completions rewardstack's event records as `cut` (`model_statuses`)."""
+    if not isinstance(model_statuses, Mapping):
+        return {}
+    out = {}
+    for model, sts in model_statuses.items():
+        if isinstance(sts, list) and len(sts) == n and "cut" in sts:
+            out[str(model)] = [i for i, s in enumerate(sts) if s == "cut"]
+    return out
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -336,12 +371,14 @@ def _read_parquet_v10(path: Path, run: Run) -> None:
     for row_no, row in enumerate(_parquet_rows(path)):
         where = f"{path}: row {row_no}"
         try:
-            base = row.get("base_prompt")
-            followup_prompt = row.get("followup_prompt") or base
-            best_followup = row.get("best_followup")
+            base = text(row.get("base_prompt"), "base_prompt")
+            followup_prompt = text(row.get("followup_prompt"), "followup_prompt") or base
+            best_followup = text(row.get("best_followup"), "best_followup")
+            steps = []  # the row's two steps, kept only when both read: a row is one forward pass
             for name, prompt, step_base, prefix, best, opens in (
                 ("followup", followup_prompt, base, "followup", best_followup, True),
-                ("answer", row.get("answer_prompt"), best_followup, "answer", row.get("best_answer"), None),
+                ("answer", text(row.get("answer_prompt"), "answer_prompt"), best_followup, "answer",
+                 text(row.get("best_answer"), "best_answer"), None),
             ):
                 comps = row.get(f"{prefix}_completions")
                 if not isinstance(comps, list):
@@ -350,16 +387,17 @@ def _read_parquet_v10(path: Path, run: Run) -> None:
                 d: dict[str, Any] = {
                     "name": name, "prompt": prompt,
                     "completions": [c if isinstance(c, str) and c.strip() else None for c in comps],
-                    "base_prompt": step_base, "logged_best": best, "block": row.get("block"),
-                    "gating_loss": row.get("gating_loss"),
+                    "base_prompt": step_base, "logged_best": best,
+                    **step_numbers(row, uids=f"{prefix}_uids", times_of=f"{prefix}_times"),
                 }
                 if opens:
                     d["new_forward_pass"] = True
-                for key, col in (("uids", f"{prefix}_uids"), ("completion_times", f"{prefix}_times")):
-                    if isinstance(row.get(col), list) and len(row[col]) == len(comps):
-                        d[key] = row[col]
+                for key in ("uids", "completion_times"):  # a list of another length than the completions: left out
+                    if len(d.get(key) or comps) != len(comps):
+                        del d[key]
                 step = Step.from_dict({k: v for k, v in d.items() if v is not None}, line=None)
-                run.steps.append(RunStep(step, f"{where} ({name})", logged_rewards=_floats(row.get(f"{prefix}_rewards"), len(comps))))
+                steps.append(RunStep(step, f"{where} ({name})", logged_rewards=_floats(row.get(f"{prefix}_rewards"), len(comps))))
+            run.steps.extend(steps)
         except InputError as e:
             run.errors.append(f"{where}: {e}")
 

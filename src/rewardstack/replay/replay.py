@@ -10,17 +10,24 @@ measured per step (tracker peak on CPU, allocator peak on CUDA). The report ends
 - per model, the top inputs behind its peak: the steps where its measured peak was highest, each
   named by its longest input (step position, completion index, length, first characters); ties
   (a bounded model peaks the same on every input past its bound) go to the longer input;
-- for each, what the unbounded reference would have asked for (`rewardstack.planning.simulate.
-  reference_need` at the input's untruncated token count, in the reference's dtype) beside what
-  rewardstack used; when the simulation is not available the figure is said to be unavailable,
-  never extrapolated;
+- for each, what the unbounded reference would have asked for (`replay.reference`: the full-size
+  simulation of the reference's call at the input's untruncated token count, in the reference's
+  dtype) beside what rewardstack used; when it cannot be told the figure is said to be
+  unavailable and why, never extrapolated;
 - with `--budget` (bytes or sizes such as 40GiB): whether the run fits that card (CPU: the simulated
   device of that size; CUDA: a hard cap through `torch.cuda.set_per_process_memory_fraction`), with
   the OOMs it hit;
 - where the log has the validator's per-model values, agreement: per model, how many raw values
   are within 1e-4 (relative, floor 1), the largest difference and the worst inputs.
 
+A completion the recorded run cut (its event says `cut`) is `cut` again (`replay.recorded_cut`).
+
 `--init-state` instead rebuilds the state from the log (`rewardstack.replay.initstate`).
+
+Exit codes (the command's, as `rewardstack.cli_errors` numbers them for every command): 0 every
+record read and the run fits; 2 some records were skipped (each named), the others replayed; 3 the
+run does not fit `--budget` (whatever was skipped); 1 an error, one line saying why: among them a
+run of which no step could be read, and a `--steps` that selects none.
 """
 
 from __future__ import annotations
@@ -38,12 +45,14 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from rewardstack.config import REWARD_MODELS, load_config
+from rewardstack.config import load_config
 from rewardstack.errors import RewardStackError
 from rewardstack.fileio import merge_json_section
 from rewardstack.memory.observers import MemoryObserver
 from rewardstack.memory.peaks import PeakWindow
 from rewardstack.replay.readers import RunStep, read_run
+from rewardstack.replay.recorded_cut import KeepCut
+from rewardstack.replay.reference import reference_figure, reference_need_of
 from rewardstack.models import owner_of, spec
 from rewardstack.paths import run_dir_for
 
@@ -51,6 +60,10 @@ log = logging.getLogger("rewardstack.replay")
 
 AGREEMENT_TOL = 1e-4
 HEAD_CHARS = 60
+# `rewardstack.cli_errors`' codes (that module sits above this layer, so they are repeated here).
+EXIT_OK = 0
+EXIT_SKIPPED = 2
+EXIT_DOES_NOT_FIT = 3
 
 
 def parse_steps(text: str | None, n: int) -> range:
@@ -123,6 +136,8 @@ class TopInput:
     reference_bytes: int | None = None
     reference_largest_bytes: int | None = None
     reference_note: str = ""
+    recorded_cut: bool = False
+    """The recorded run read this input only up to its `max_chars` (`chars`): the rest is not in the log."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -217,49 +232,7 @@ def _head(text: str) -> str:
     return h + ("..." if len(text) > HEAD_CHARS else "")
 
 
-# -- reference need -------------------------------------------------------------------------------
-
-def _token_count(scorer: Any, model: str, prompt: str, completion: str) -> int | None:
-    """Untruncated token count of the model's input (the pair for OpenAssistant), None if unknown."""
-    tok = getattr(scorer, "tokenizer", None)
-    if tok is None:
-        return None
-    try:
-        if spec(model).pair_input:
-            return len(tok(prompt, completion, truncation=False)["input_ids"])
-        return len(tok(prompt + completion, truncation=False)["input_ids"])
-    except Exception as e:  # noqa: BLE001 - a figure for the report, never a crash
-        log.info("%s: cannot count tokens: %s", model, e)
-        return None
-
-
-def reference_figure(model: str, tokens: int | None) -> tuple[int | None, int | None, str]:
-    """(peak, largest allocation, note) the unbounded reference would have asked for, or None and why."""
-    if tokens is None:
-        return None, None, "unavailable: the model has no tokenizer to count the input's tokens"
-    try:
-        from rewardstack.planning.simulate import reference_need, scorer_bound
-    except ImportError:
-        return None, None, "unavailable: the full-size simulation (rewardstack.planning.simulate) is not installed"
-    n = tokens
-    try:
-        if not spec(model).reference_unbounded:
-            # The reference truncated the other models to their position limit.
-            n = min(n, int(scorer_bound(model)))
-        res = reference_need(model, n)
-    except Exception as e:  # noqa: BLE001
-        return None, None, f"unavailable: the simulation failed ({type(e).__name__}: {e})"
-    note = f"{n} tokens" + (" (the reference's truncation)" if n < tokens else "")
-    return int(res.peak_bytes), int(res.largest_alloc_bytes), note
-
-
 # -- replay ---------------------------------------------------------------------------------------
-
-def _input_text(model: str, rs: RunStep, i: int) -> tuple[str, str]:
-    step = rs.step
-    prompt = step.prompt if model in REWARD_MODELS else (step.base_prompt if step.base_prompt is not None else step.prompt)
-    return prompt, step.completions[i] or ""
-
 
 def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]], k: int,
                reference: bool = True) -> dict[str, list[TopInput]]:
@@ -281,13 +254,13 @@ def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]
         tops = []
         for peak, chars, _, pos, i in ranked[:k]:
             text = steps[pos].step.completions[i] or ""
-            t = TopInput(model, pos, i, chars, _head(text), steps[pos].where, peak)
+            t = TopInput(model, pos, i, chars, _head(text), steps[pos].where, peak,
+                         recorded_cut=i in steps[pos].cut.get(model, ()))
             if reference and (spec(model).reference_unbounded or not tops):
                 # Every top input of the OpenAssistant model (the one whose unbounded reference
                 # crashed validators); the first of each other model.
-                prompt, comp = _input_text(model, steps[pos], i)
-                t.tokens = _token_count(stack.scorers.get(model), model, prompt, comp)
-                t.reference_bytes, t.reference_largest_bytes, t.reference_note = reference_figure(model, t.tokens)
+                t.tokens, t.reference_bytes, t.reference_largest_bytes, t.reference_note = reference_need_of(
+                    stack.scorers.get(model), model, steps[pos].step, i)
             tops.append(t)
         out[model] = tops
     return out
@@ -321,6 +294,7 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
 
     report = ReplayReport(steps=len(steps), budget_bytes=stack.memory.budget_bytes)
     probe = PeakProbe(stack)
+    keep_cut = KeepCut().install(stack)
     oom_start = stack.memory.ooms_total  # a total: oom_log is a bounded ring buffer
     statuses: Counter[str] = Counter()
     lost: Counter[str] = Counter()
@@ -329,6 +303,7 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
     try:
         for pos, rs in enumerate(steps):
             probe.step = pos
+            keep_cut.current = rs
             result = stack.score_step(rs.step, save=False)
             raws.append(result.raw)
             model_statuses.append(result.model_statuses)
@@ -339,6 +314,7 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
                 on_event(result.event)
     finally:
         probe.close()
+        keep_cut.remove(stack)
     report.completions = dict(statuses)
     report.oom_completions = {m: n for m, n in lost.items() if n}
     new_ooms = stack.memory.ooms_total - oom_start
@@ -369,6 +345,9 @@ def format_report(report: ReplayReport) -> str:
         rows.append(f"  {model}: peak {_fmt_bytes(report.peaks.get(model))}")
         for t in tops:
             rows.append(f"    step {t.step}, completion {t.index}: {t.chars} chars {t.head!r}  ({t.where})")
+            if t.recorded_cut:
+                rows.append(f"      cut at {t.chars} characters by the recorded run ([input] max_chars): "
+                            "the rest was never read, and is not in the log")
             if t.reference_bytes is not None:
                 rows.append(
                     f"      the unbounded reference would have needed {_fmt_bytes(t.reference_bytes)} "
@@ -416,16 +395,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from rewardstack.stack import RewardStack
 
     run = read_run(args.logs)
+    if not run.steps:  # an empty replay is no answer: say why, before any model loads
+        raise RewardStackError(run.why_empty())
     selected = parse_steps(args.steps, len(run.steps))
+    if not selected:
+        raise RewardStackError(f"--steps {args.steps} selects none of the {len(run.steps)} steps read (0-based positions)")
     steps = [run.steps[i] for i in selected]
     cfg = load_config(args.config)
     kinds = ", ".join(sorted({k for _, k in run.files}))
     print(f"read {len(run.steps)} steps from {len(run.files)} file(s) ({kinds}); "
           f"{len(run.errors)} record(s) skipped; replaying {len(steps)}", file=sys.stderr)
+    skipped = EXIT_SKIPPED if run.errors else EXIT_OK
     if args.init_state:
         from rewardstack.replay.initstate import cmd_init_state
 
-        return cmd_init_state(args, cfg, run, steps)
+        return cmd_init_state(args, cfg, run, steps) or skipped
     budget = parse_bytes(args.budget, key="--budget") if args.budget else None
     with ExitStack() as ctx:
         # From empty state, in a folder of its own: the operator's state is never read or written.
@@ -459,7 +443,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 **report.to_dict(), "logs": [str(p) for p, _ in run.files],
                 "selected": [selected.start, selected.stop], "time": time.time()})
     print(format_report(report))
-    return 0 if report.fits else 3
+    return skipped if report.fits else EXIT_DOES_NOT_FIT
 
 
 __all__ = ["ReplayReport", "TopInput", "Agreement", "agreement", "cmd_replay", "format_report", "parse_steps", "replay",
