@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import contextmanager
+from typing import Iterator
 
 MOOT: dict[str, tuple[str, ...]] = {
     "transformers.tokenization_utils_base": ("Token indices sequence length is longer than the specified maximum",),
@@ -49,6 +51,21 @@ def silence_moot_warnings() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, MootFilter) for f in logger.filters):
             logger.addFilter(MootFilter(fragments))
+
+
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' per-checkpoint "Loading weights" bars off inside (the stack loads as quietly
+    from Python as from the CLI, which turns them off for good), the caller's setting after."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def quiet_libraries() -> None:

@@ -468,7 +468,9 @@ class RewardStack:
         self.models = ModelCache(self.device)  # loads on the host: placement moves what stays resident
         self.runtime = Runtime(device=self.device, memory=self.memory, models=self.models)
         self.scorers: dict[str, Scorer] = {}
-        with self.memory.deferred_calibration():  # place, then load onto the card, then profile
+        from rewardstack.quiet import no_progress_bars
+
+        with self.memory.deferred_calibration(), no_progress_bars():  # place, then load onto the card, then profile
             for cfg in config.active_models():
                 log.info("building %s", cfg.name)
                 self.memory.describe_model(cfg)
