@@ -13,9 +13,9 @@ from rewardstack.service.namespaces import ALL_NAMESPACES, Access, is_loopback, 
 def test_tokens_from_the_environment_and_a_file_of_digests(tmp_path) -> None:  # noqa: ANN001
     f = tmp_path / "tokens.toml"
     f.write_text(f'"{hashlib.sha256(b"tok-a").hexdigest()}" = "validator-a"\n')
-    access = Access.load(str(f), environ={"REWARDSTACK_TOKEN": "admin"})
+    access = Access.load(str(f), environ={"REWARDSTACK_TOKEN": "admin-token-16ch"})
     assert access.required
-    assert access.namespace_of("admin") == ALL_NAMESPACES
+    assert access.namespace_of("admin-token-16ch") == ALL_NAMESPACES
     assert access.namespace_of("tok-a") == "validator-a"
     assert access.namespace_of("tok-b") is None and access.namespace_of(None) is None
     assert access.namespace_of(token_hash("tok-a")) is None  # the digest itself is not a token
@@ -39,3 +39,10 @@ def test_names_and_loopback() -> None:
     assert not any(valid_name(n) for n in ("", "x" * 65, "../a", "a/b", "a b", ".", None, 3))
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2") and not is_loopback("example.org")
+
+
+@pytest.mark.parametrize("token", ["x", "fifteen-chars15"])
+def test_a_token_shorter_than_16_characters_is_refused_at_start(token: str) -> None:
+    """Issue 33 #10: a one-character REWARDSTACK_TOKEN was accepted."""
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        Access.load(None, environ={"REWARDSTACK_TOKEN": token})

@@ -109,3 +109,46 @@ def test_a_namespace_bound_token_sees_only_its_own_namespace(make_service) -> No
     assert seen_by_alpha["namespaces"] == ["alpha"]
     assert "beta" not in json.dumps(seen_by_alpha)
     assert seen_by_admin["namespaces"] == ["alpha", "beta", "gamma"]
+
+
+# -- 10. the minor items ------------------------------------------------------------------------------
+
+def test_unknown_routes_and_methods_answer_the_documented_error_shape(make_service) -> None:  # noqa: ANN001
+    app, _ = make_service()
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        async with client(app) as c:
+            return await c.get("/v1/nothing-here"), await c.get("/v1/score")
+
+    missing, wrong_method = asyncio.run(run())
+    assert missing.status_code == 404 and missing.json() == {
+        "error": {"message": "no route GET /v1/nothing-here", "type": "not_found", "field": None}}
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "method_not_allowed"
+    assert wrong_method.headers["allow"] == "POST"
+
+
+def test_duplicate_keys_are_refused_with_a_clear_error(make_service) -> None:  # noqa: ANN001
+    from rewardstack.errors import InputError
+    from rewardstack.jsonio import parse
+
+    with pytest.raises(InputError, match='duplicate key "prompt"'):
+        parse('{"name": "augment", "prompt": "a", "completions": [], "prompt": "b"}')
+    app, _ = make_service()
+    body = b'{"name": "augment", "prompt": "first", "prompt": "second", "completions": ["x y"]}'
+
+    async def run() -> httpx.Response:
+        async with client(app) as c:
+            return await c.post("/v1/score", content=body, headers={"content-type": "application/json"})
+
+    r = asyncio.run(run())
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json", r.text
+    assert 'duplicate key "prompt"' in r.json()["error"]["message"]
+
+
+def test_a_json_error_says_at_column_once() -> None:
+    from rewardstack.errors import InputError
+    from rewardstack.jsonio import parse
+
+    with pytest.raises(InputError) as e:
+        parse('{"prompt": "a\x01b"}')
+    assert "at at" not in str(e.value) and "Invalid control character at column 14" in str(e.value), str(e.value)

@@ -93,4 +93,5 @@ def json_error_column(e: "json.JSONDecodeError") -> int:
 
 def json_error_message(e: "json.JSONDecodeError") -> str:
     """'not valid JSON (<what> at column N)', the column as `json_error_column` counts it."""
-    return f"not valid JSON ({e.msg} at column {json_error_column(e)})"
+    # Some of json's messages end in "at" ("Invalid control character at"): said once here.
+    return f"not valid JSON ({e.msg.removesuffix(' at')} at column {json_error_column(e)})"

@@ -11,6 +11,9 @@ that names it, never a traceback that stops the run:
   parses and then breaks every recursive consumer after it (the event writer, `json.dumps`). No
   step needs more than a few levels, so 64 is far from any real input and far from the limit.
 
+A key that appears twice in one object is refused (`json` would keep the last one silently, so
+what a reader scores and what the writer meant could differ without a word).
+
 `strict=True` also refuses the bare `NaN` / `Infinity` constants Python's `json` accepts (they are
 not JSON); the step file keeps accepting them because the validator's own logs hold them.
 
@@ -58,6 +61,21 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _DuplicateKey(ValueError):
+    """A key seen twice in one object (raised from inside `json.loads`, caught by `parse`)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # the common case costs one length comparison
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
 def decode_line(data: str | bytes, *, line: int | None = None) -> str:
     """`data` as text (bytes are decoded as UTF-8), or a JSONInputError naming the first bad byte."""
     if not isinstance(data, (bytes, bytearray)):
@@ -73,9 +91,13 @@ def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, m
     """One JSON document from `data` (bytes are decoded as UTF-8), or a JSONInputError naming why not."""
     text = decode_line(data, line=line)
     try:
-        obj = json.loads(text, parse_constant=_refuse_constant if strict else None)
+        obj = json.loads(text, parse_constant=_refuse_constant if strict else None, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise JSONInputError(json_error_message(e), "syntax", line=line) from None
+    except _DuplicateKey as e:
+        key = json.dumps(str(e.args[0])[:40], ensure_ascii=False)
+        raise JSONInputError(f"not valid JSON (duplicate key {key}: a key may appear once in an object)", "syntax",
+                             line=line) from None
     except ValueError as e:  # a refused constant (strict)
         raise JSONInputError(f"not valid JSON ({e})", "syntax", line=line) from None
     except RecursionError:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack.service.errors import ServiceError
@@ -28,6 +29,8 @@ def status_for(exc: BaseException) -> int:
         return exc.status
     if isinstance(exc, (InputError, RequestValidationError)):
         return 422
+    if isinstance(exc, StarletteHTTPException):
+        return exc.status_code
     return 500
 
 
@@ -48,6 +51,20 @@ def install_error_handlers(app: FastAPI) -> None:
         where = ".".join(str(x) for x in errs[0].get("loc", ())[1:]) if errs else None
         return await service_error(request, ServiceError(422, "invalid_request", errs[0]["msg"] if errs else "invalid",
                                                          field=where or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The router's own refusals (no such route, a method the route does not take) answer the
+        # same shape as every other error, not FastAPI's `{"detail": ...}`.
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            error = ServiceError(404, "not_found", f"no route {where}")
+        elif exc.status_code == 405:
+            error = ServiceError(405, "method_not_allowed", f"{where}: the route does not take this method")
+        else:
+            error = ServiceError(exc.status_code, "http_error", str(exc.detail))
+        error.headers = dict(exc.headers or {})  # 405 keeps its Allow header
+        return await service_error(request, error)
 
     @app.exception_handler(RewardStackError)
     async def library_error(request: Request, exc: RewardStackError) -> JSONResponse:

@@ -37,6 +37,9 @@ NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_NAMESPACE = "default"
 TOKEN_ENV = "REWARDSTACK_TOKEN"
 ALL_NAMESPACES = "*"
+MIN_TOKEN_CHARS = 16
+"""Shortest `REWARDSTACK_TOKEN` accepted: a shorter one can be guessed by trying (the tokens file
+holds digests, whose tokens cannot be measured; its owner makes them)."""
 
 
 def valid_name(name: object) -> bool:
@@ -220,6 +223,10 @@ class Access:
         hashes: dict[str, str] = {}
         token = env.get(TOKEN_ENV)
         if token:
+            if len(token) < MIN_TOKEN_CHARS:
+                raise ConfigError(f"${TOKEN_ENV}", f"the token is {len(token)} character(s) long; a token needs at "
+                                  f"least {MIN_TOKEN_CHARS} characters (make one with: python -c 'import secrets; "
+                                  "print(secrets.token_urlsafe(32))')")
             hashes[token_hash(token)] = ALL_NAMESPACES
         if tokens_file:
             path = Path(tokens_file)
