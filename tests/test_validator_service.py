@@ -105,20 +105,80 @@ def config(standins: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_config(standins, tmp / "state", "validator")
 
 
+@pytest.fixture(scope="module")
+def steady(config: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A service that stays up for the module's steady tests (each its own namespace)."""
+    server = Server(config, log=tmp_path_factory.mktemp("steady") / "server.log").start().wait_ready()
+    yield server
+    server.stop()
+
+
 def test_a_validator_with_two_concurrent_forward_passes_gets_the_clis_rewards(
-        validator_python: Path, config: Path, tmp_path: Path) -> None:
-    server = Server(config, log=tmp_path / "server.log").start().wait_ready()
-    try:
-        proc = drive(validator_python, server.url, "steady", tmp_path / "out.json")
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-        result = json.loads((tmp_path / "out.json").read_text())
-        check_against_cli(result, config, tmp_path, server.url, "steady")
-        # The service's memory record reached the validator's wandb rows.
-        assert all("rewardstack/memory/allocated_bytes" in row for row in result["rows"])
-        assert "WARNING" not in err, err[-2000:]  # no retry, no mismatch, nothing unscored
-    finally:
-        server.stop()
+        validator_python: Path, config: Path, steady: Server, tmp_path: Path) -> None:
+    proc = drive(validator_python, steady.url, "steady", tmp_path / "out.json")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    check_against_cli(result, config, tmp_path, steady.url, "steady")
+    # The service's memory record reached the validator's wandb rows.
+    assert all("rewardstack/memory/allocated_bytes" in row for row in result["rows"])
+    assert "WARNING" not in err, err[-2000:]  # no retry, no mismatch, nothing unscored
+
+
+def oldest_python() -> Path | None:
+    """A Python 3.8 interpreter: $REWARDSTACK_PY38, pyenv's, or python3.8 on the PATH."""
+    import shutil
+
+    env = os.environ.get("REWARDSTACK_PY38")
+    if env:
+        return Path(env)
+    found = sorted(Path.home().glob(".pyenv/versions/3.8.*/bin/python3.8"))
+    if found:
+        return found[-1]
+    which = shutil.which("python3.8")
+    return Path(which) if which else None
+
+
+OLDEST = """
+import asyncio, sys
+from rewardstack_client import AsyncClient, Client
+from rewardstack_client.openvalidators import OpenValidatorsStack
+assert sys.version_info[:2] == (3, 8), sys.version
+url = sys.argv[1]
+with Client(url, namespace="py38") as c:
+    first = c.score({"name": "augment", "prompt": "p one?", "completions": ["a b c", "d e f", None]})
+    rs = OpenValidatorsStack.remote(c, weights=[0.0, 1.0, 0.0, 0.0, 0.0], wandb=None)
+    rs.blacklist.reset()
+    second = rs.score("p two?", ["g h i", "j k l"], "augment")
+    third = asyncio.run(rs.score_step("p three?", ["m n o", "p q r"], "followup0", base_prompt=second["best"]))
+async def via_async():
+    async with AsyncClient(url, namespace="py38") as a:
+        return await a.score({"name": "answer0", "prompt": "p four?", "completions": ["s t", "u v"]})
+fourth = asyncio.run(via_async())
+print([e["sequence"] for e in (first, second, third, fourth)], first["statuses"], "memory" in first)
+"""
+
+
+def test_the_client_runs_on_the_oldest_python_it_claims(steady: Server, tmp_path: Path) -> None:
+    """Python 3.8: the client, the async client and the drop-in's scoring path (no torch there)."""
+    py38 = oldest_python()
+    if py38 is None:
+        pytest.skip("no Python 3.8 interpreter on this machine ($REWARDSTACK_PY38, pyenv, python3.8)")
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                            "--disable-pip-version-check", "-q", "-w", str(wheels), str(validator_env.CLIENT)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    subprocess.run([str(py38), "-m", "venv", str(tmp_path / "v38")], check=True)
+    python = tmp_path / "v38" / "bin" / "python"
+    # httpx for 3.8 comes from the package index (the one network step of the suite).
+    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        str(next(wheels.glob("*.whl")))], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([str(python), "-c", OLDEST, steady.url], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "[1, 2, 3, 4] ['ok', 'ok', 'failed'] True", r.stdout
 
 
 def test_a_validator_waits_for_a_service_down_at_start_and_rides_out_a_kill_mid_step(
