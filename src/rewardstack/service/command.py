@@ -89,8 +89,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(config, settings, access)
     worker = app.state.worker
 
+    stopped_by: list[str] = []  # the signal that asked for the shutdown, for its one line
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
+            stopped_by.append(signal.Signals(sig).name)
             worker.begin_drain()  # queued steps get 503 now; the running batch finishes and commits
             super().handle_exit(sig, frame)
 
@@ -108,4 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if worker.error:
         print(f"rewardstack: error: the stack failed to load: {worker.error}", file=sys.stderr)
         return 1
+    why = f" on {stopped_by[0]}" if stopped_by else ""
+    print(f"rewardstack serve: stopped{why}: drained, {worker.scored} steps scored, every namespace's state "
+          f"committed in {config.state_dir}/namespaces", file=sys.stderr, flush=True)
     return 0
