@@ -265,12 +265,14 @@ def memory_slope(rest_path: Path, n_steps: int, *, process_warmup: int | None = 
         first.setdefault(r["pid"], r["steps"])
     settled = [r for r in recs if r["steps"] - first[r["pid"]] >= process_warmup]
     full = [r for r in settled if r["history_rows"] >= HISTORY_MAX]
+    # Said as a person reads it: which steps count, and which were left out as warm-up.
+    each = f", each process's first {process_warmup} steps left out" if process_warmup else ""
     if len(full) >= 20:
-        pts, basis = full, f"after the diversity history filled and {process_warmup} steps of each process"
+        pts, basis = full, f"once the diversity history was full{each}"
     else:
         warm = max(3, n_steps // 5)
         pts = [r for r in settled if r["steps"] > warm]
-        basis = f"after a warm-up of {warm} steps and {process_warmup} of each process (the history did not fill)"
+        basis = f"from step {warm + 1} on (the first {warm} steps are warm-up; the diversity history never filled){each}"
     spans: dict[int, list[int]] = {}
     for r in pts:
         spans.setdefault(r["pid"], []).append(r["steps"])

@@ -120,6 +120,18 @@ def _clean_memory_line(cm: dict[str, Any], m: dict[str, Any]) -> str:
                f"{cm['rss_bytes_min'] / 2**20:.0f}..{cm['rss_bytes_max'] / 2**20:.0f} MiB" if rss is not None else "RSS not measured"))
 
 
+def pace(steps_per_second: float) -> str:
+    """A run's pace in words: steps a second, or seconds a step when slower than one a second
+    (a 25 s step read "0.0 steps/s")."""
+    if steps_per_second <= 0:
+        return "no step timed"
+    return f"{steps_per_second:.1f} steps a second" if steps_per_second >= 1 else f"{1 / steps_per_second:.1f} s a step"
+
+
+def _mib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
 def format_verdict(v: dict[str, Any]) -> str:
     """The verdict for a person."""
     c, o, m = v["comparison"], v["ooms"], v["memory"]
@@ -133,7 +145,8 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"reported 'oom' {o['reported']}",
         f"  kills {v['kills']}, restarts {v['restarts']}, crashes {v['crashes']}",
         f"  memory at rest ({m['basis']}; {m['points']} points, {m.get('processes', '?')} processes): tracked slope "
-        f"{m['slope_bytes_per_step']:.2f} bytes/step (limit {m['max_slope']:g}), range {m['rest_bytes_min']}..{m['rest_bytes_max']}; "
+        f"{m['slope_bytes_per_step']:.2f} bytes/step (limit {m['max_slope']:g}), between {_mib(m['rest_bytes_min'])} and "
+        f"{_mib(m['rest_bytes_max'])}; "
         + (f"RSS slope {rss:.0f} bytes/step, range {m['rss_bytes_min'] / 2**20:.0f}..{m['rss_bytes_max'] / 2**20:.0f} MiB"
            + (f"; over the clean run's at the same process age {excess:.0f} bytes/step, {m['rss_excess_min'] / 2**20:.1f}.."
               f"{m['rss_excess_max'] / 2**20:.1f} MiB" if excess is not None else "")
@@ -146,7 +159,8 @@ def format_verdict(v: dict[str, Any]) -> str:
         f"float32 batching noise after a split {c['rebatched_values']} {c['rebatched_by_model']} (largest "
         f"{c['rebatched_max_diff']:.2g}, bound {REBATCH_TOL:g}, diversity {DIVERSITY_REBATCH_TOL:g}); unexplained exclusions {c['unexplained_exclusions']}; "
         f"normalizers equal {c['normalizers_equal']} (max diff {c['max_normalizer_diff']:.3g})",
-        f"  {v['seconds']} s ({v.get('steps_per_second', 0):.1f} steps/s per run, faulted and clean side by side)",
+        f"  {v['seconds']:,.0f} s in all, start-ups and restarts included: the faulted and the clean run side by side, "
+        f"each {v['steps']} steps at {pace(v.get('steps_per_second', 0))}",
     ]
     for r in c.get("rebatched", [])[:5]:
         rows.append(f"    batching noise: step {r['step']}, completion {r['index']}, {r['model']}: {r['diff']:.2g}")
