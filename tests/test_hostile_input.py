@@ -125,7 +125,7 @@ def service(fake_config):  # noqa: ANN001, ANN201
 
     async def post_all(bodies: list[bytes | dict]) -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # a 500 is an answer here
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
             return await asyncio.gather(*[
                 client.post("/v1/score", content=b if isinstance(b, bytes) else json.dumps(b).encode(),
                             headers={"content-type": "application/json"}) for b in bodies])

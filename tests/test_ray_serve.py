@@ -86,7 +86,7 @@ def urls(cluster, standins, tmp_path_factory):  # noqa: ANN001, ANN201
     # The replicas load in the cluster while the reference service loads here.
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     reference = create_app(standins_config(standins, root / "service-state"), settings, Access({}))
-    with TestClient(reference) as service:
+    with TestClient(reference, base_url="http://127.0.0.1") as service:  # loopback without a token: a local Host
         deadline = time.monotonic() + 600
         while service.get("/readyz").status_code != 200:
             assert time.monotonic() < deadline, "the reference service did not get ready"
@@ -114,7 +114,7 @@ def post(client, body: dict, retry: bool = False) -> tuple[int, dict, dict]:  # 
     """One request; with `retry`, a failure of the transport or a 5xx is retried with the same body."""
     for attempt in range(600):  # a replacement replica loads its stack: up to minutes on a busy machine
         try:
-            r = client.post("/v1/score", content=json.dumps(body))
+            r = client.post("/v1/score", content=json.dumps(body), headers={"content-type": "application/json"})
         except httpx.TransportError as e:
             if not retry:
                 raise

@@ -152,3 +152,51 @@ def test_a_json_error_says_at_column_once() -> None:
     with pytest.raises(InputError) as e:
         parse('{"prompt": "a\x01b"}')
     assert "at at" not in str(e.value) and "Invalid control character at column 14" in str(e.value), str(e.value)
+
+
+# -- 4. loopback writes only from clients that mean it ------------------------------------------------
+
+def test_on_loopback_without_a_token_a_browsers_cross_origin_write_is_refused(make_service) -> None:  # noqa: ANN001
+    """Issue 33 #4: a text/plain POST with a foreign Host and Origin (a page in a browser on the
+    same machine, or DNS rebinding) was scored and applied."""
+    app, _ = make_service(host="127.0.0.1", port=8000)
+    body = json.dumps(_step("csrf", namespace="func")).encode()
+
+    async def run() -> dict[str, httpx.Response]:
+        async with client(app) as c, client(app, base_url="http://rebound.example:8000") as rebound:
+            out = {
+                "text/plain": await c.post("/v1/score", content=body, headers={"content-type": "text/plain"}),
+                "no type": await c.post("/v1/score", content=body),
+                "form": await c.post("/v1/score", content=body,
+                                     headers={"content-type": "application/x-www-form-urlencoded"}),
+                "rebound host": await rebound.post("/v1/score", content=body, headers={"content-type": "application/json"}),
+                "rebound read": await rebound.get("/v1/stack"),
+                "foreign origin": await c.post("/v1/score", content=body, headers={
+                    "content-type": "application/json", "origin": "http://evil.example"}),
+            }
+            out["sequence"] = await c.get("/v1/namespaces/func")
+            out["ok"] = await c.post("/v1/score", content=body, headers={"content-type": "application/json; charset=utf-8"})
+            async with client(app, base_url="http://localhost:9000") as tunnel:  # an SSH tunnel's port
+                out["tunnel"] = await tunnel.post("/v1/score", json=_step("t", namespace="func"),
+                                                  headers={"origin": "http://localhost:9000"})
+            return out
+
+    out = asyncio.run(run())
+    for key in ("text/plain", "no type", "form"):
+        assert out[key].status_code == 415 and out[key].json()["error"]["type"] == "unsupported_media_type", key
+    for key in ("rebound host", "rebound read"):
+        assert out[key].status_code == 403 and out[key].json()["error"]["field"] == "host", (key, out[key].text)
+    assert out["foreign origin"].status_code == 403 and out["foreign origin"].json()["error"]["field"] == "origin"
+    assert out["sequence"].json()["sequence"] == 0  # nothing above was applied
+    assert out["ok"].status_code == 200 and out["tunnel"].status_code == 200, (out["ok"].text, out["tunnel"].text)
+
+
+def test_with_a_token_any_host_name_may_reach_the_service(make_service) -> None:  # noqa: ANN001
+    app, _ = make_service(tokens(), host="0.0.0.0")
+
+    async def run() -> httpx.Response:
+        async with client(app, base_url="http://scorer.internal:8000", token=ADMIN) as c:
+            return await c.post("/v1/score", json=_step("remote"))
+
+    assert asyncio.run(run()).status_code == 200
+

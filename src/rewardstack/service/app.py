@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack.service.errors import ServiceError
-from rewardstack.service.guard import authorizer, install_error_handlers, status_for
+from rewardstack.service.guard import authorizer, install_error_handlers, loopback_guard, require_json, status_for
 from rewardstack.service.namespaces import ALL_NAMESPACES, Access
 from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline,
                                           committed_sequence, error_responses, memory_header, namespace_for,
@@ -89,7 +89,9 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         worker.begin_drain()
         await asyncio.to_thread(worker.join)
 
+    local = loopback_guard(settings.host, access)  # loopback without a token: Host and Origin must be this machine
     app = FastAPI(title="rewardstack", version="0.1.0", lifespan=lifespan,
+                  dependencies=[Depends(local)] if local is not None else [],
                   description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
     app.state.worker = worker
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -102,7 +104,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
               responses={200: {"description": "the event line `rewardstack score` writes, plus `sequence`"},
                          **error_responses(*SCORE_CODES)})
-    async def score(request: Request, scope: str | None = Depends(authorize)) -> Response:
+    async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
         arrived = time.monotonic()
         code = 500
         try:

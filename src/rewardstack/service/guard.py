@@ -1,5 +1,7 @@
-"""What every rewardstack HTTP app puts in front of its routes: the one error chokepoint and bearer
-access (the namespace rule, `namespace_for`, is the protocol's: service/protocol.py).
+"""What every rewardstack HTTP app puts in front of its routes: the one error chokepoint, bearer
+access (the namespace rule, `namespace_for`, is the protocol's: service/protocol.py), and the
+checks that keep a browser from writing to a loopback service without a token (`require_json`,
+`loopback_guard`; docs/SERVICE.md, "Loopback without a token").
 
 `rewardstack serve` (service/app.py) and the Ray Serve replicas (distributed/serve.py) answer the
 same contract; both install these, so a refusal reads the same from either.
@@ -17,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack.service.errors import ServiceError
-from rewardstack.service.namespaces import Access
+from rewardstack.service.namespaces import Access, is_loopback
 from rewardstack.service.protocol import namespace_for  # noqa: F401 - the namespace rule, re-exported
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,61 @@ def install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
         return await service_error(request, ServiceError(500, "internal", f"internal error ({type(exc).__name__})"))
+
+
+def require_json(request: Request) -> None:
+    """A FastAPI dependency: 415 unless the body is declared `application/json`.
+
+    A web page can make a browser send a cross-origin POST without asking the server first only
+    with a "simple" content type (text/plain, a form, or none at all); `application/json` makes the
+    browser ask first (a CORS preflight), which this service never grants. So a page on another
+    site cannot get a step scored, whatever the body holds.
+    """
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "application/json":
+        raise ServiceError(415, "unsupported_media_type", f"the body must be sent as Content-Type: application/json "
+                           f"(got {kind or 'none'}); the step was not scored", field="content-type")
+
+
+def _host_name(value: str) -> str:
+    """The name part of a Host header (`[::1]:8000` -> `::1`, `localhost:9000` -> `localhost`)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _is_local_name(name: str, bound: str) -> bool:
+    return name == bound.lower() or is_loopback(name)
+
+
+def loopback_guard(host: str, access: Access) -> Callable[[Request], None] | None:
+    """A FastAPI dependency for every route of a service bound to loopback without a token, else None.
+
+    Without a token, being on this machine is the only credential, and a browser on this machine
+    can be made to send requests: DNS rebinding points a site's own name at 127.0.0.1, so its
+    page reads and writes the service as if same-origin. Such requests carry that site's name in
+    `Host`, and a page's cross-origin requests carry its `Origin`: both must name this machine
+    (`localhost`, a loopback address, or the bound host). The port is not checked: an SSH tunnel
+    may forward another one.
+    """
+    if access.required or not is_loopback(host):
+        return None
+
+    def guard(request: Request) -> None:
+        name = _host_name(request.headers.get("host", ""))
+        if not _is_local_name(name, host):
+            raise ServiceError(403, "forbidden_host", f"Host {name or '(none)'!r} is not this machine: without a token "
+                               "the service answers only requests addressed to localhost or a loopback address",
+                               field="host")
+        origin = request.headers.get("origin")
+        if origin is not None:
+            _, _, rest = origin.partition("://")
+            if not rest or not _is_local_name(_host_name(rest.split("/", 1)[0]), host):
+                raise ServiceError(403, "forbidden_origin", f"Origin {origin[:100]!r} is not this machine: without a "
+                                   "token the service refuses requests from web pages of other sites", field="origin")
+
+    return guard
 
 
 def bearer(request: Request) -> str | None:

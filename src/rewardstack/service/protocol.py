@@ -62,7 +62,7 @@ SCORE_SCHEMA: dict[str, Any] = {
 }
 ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"}, "field": {"type": ["string", "null"]}}}}}
-SCORE_CODES = (400, 401, 403, 409, 413, 422, 429, 503, 504)
+SCORE_CODES = (400, 401, 403, 409, 413, 415, 422, 429, 503, 504)
 """The error statuses `POST /v1/score` may answer."""
 DEADLINE_HEADER = "x-rewardstack-deadline-s"
 
