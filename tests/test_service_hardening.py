@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -200,3 +201,49 @@ def test_with_a_token_any_host_name_may_reach_the_service(make_service) -> None:
 
     assert asyncio.run(run()).status_code == 200
 
+
+# -- 5. a client that goes away mid-body --------------------------------------------------------------
+
+def _count(metrics_text: str, code: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith("rewardstack_service_requests_total{") and f'code="{code}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_disconnect_mid_body_is_a_client_error_in_one_line(make_service, caplog) -> None:  # noqa: ANN001
+    """Issue 33 #5: counted as code="500", with two tracebacks per disconnect."""
+    app, _ = make_service()
+    body = json.dumps(_step("gone")).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/score", "raw_path": b"/v1/score", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+    messages = [{"type": "http.request", "body": body[:10], "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def run() -> tuple[str, BaseException | None, str]:
+        async with client(app) as c:
+            before = (await c.get("/metrics")).text
+            raised = None
+            try:
+                await app(scope, receive, send)
+            except Exception as e:  # noqa: BLE001 - today's behaviour: the server re-raises it
+                raised = e
+            return before, raised, (await c.get("/metrics")).text
+
+    with caplog.at_level("INFO"):
+        before, raised, after = asyncio.run(run())
+    assert raised is None, repr(raised)
+    assert _count(after, "500") == _count(before, "500")
+    assert _count(after, "499") == _count(before, "499") + 1
+    said = [r for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith(("rewardstack", "uvicorn"))]
+    assert len(said) == 1 and said[0].exc_info is None and "went away" in said[0].getMessage(), \
+        [(r.name, r.getMessage()) for r in said]

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack.service.errors import ServiceError
@@ -33,7 +34,13 @@ def status_for(exc: BaseException) -> int:
         return 422
     if isinstance(exc, StarletteHTTPException):
         return exc.status_code
+    if isinstance(exc, ClientDisconnect):
+        return CLIENT_GONE
     return 500
+
+
+CLIENT_GONE = 499
+"""The status counted for a client that went away before its answer (nginx's code; never sent)."""
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -67,6 +74,15 @@ def install_error_handlers(app: FastAPI) -> None:
             error = ServiceError(exc.status_code, "http_error", str(exc.detail))
         error.headers = dict(exc.headers or {})  # 405 keeps its Allow header
         return await service_error(request, error)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client closed its connection while sending the body: its mistake or its network's,
+        # not the server's, so one line and no traceback (and the answer goes nowhere).
+        log.info("%s %s: the client went away before its request body was complete; nothing was scored",
+                 request.method, request.url.path)
+        return await service_error(request, ServiceError(CLIENT_GONE, "client_gone", "the client went away "
+                                                         "before its request body was complete"))
 
     @app.exception_handler(RewardStackError)
     async def library_error(request: Request, exc: RewardStackError) -> JSONResponse:
