@@ -17,16 +17,14 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
 from rewardstack.memory.budget import weights_bytes
 from rewardstack.memory.peaks import PeakWindow
-from rewardstack.stepobservers import StepObserver
-
-if TYPE_CHECKING:  # pragma: no cover
-    from rewardstack.stack import RewardStack, StepResult
+from rewardstack.stepobservers import ScoringStack, StepObserver
+from rewardstack.stepresult import StepResult
 
 log = logging.getLogger("rewardstack.stack")
 
@@ -51,7 +49,7 @@ def revision_of(path: str | Sequence[str] | None, configured: str | None, module
     return "the hub's default branch (not locked: rewardstack download pins it)"
 
 
-def log_models(stack: "RewardStack") -> None:
+def log_models(stack: ScoringStack) -> None:
     """One INFO line per loaded model: checkpoint, revision, dtype, weights bytes, device."""
     for name, scorer in stack.scorers.items():
         modules = scorer.modules()
@@ -78,19 +76,19 @@ class OperatorLog(StepObserver):
     def __init__(self) -> None:
         self._tls = threading.local()
 
-    def step_started(self, stack: "RewardStack", name: str) -> None:
+    def step_started(self, stack: ScoringStack, name: str) -> None:
         s = self._tls
         # watch=True: the model calls inside the step enter the tracker themselves, and their peak counts
         s.name, s.window, s.seconds = name, PeakWindow(stack.device, stack.memory.tracker, watch=True), 0.0
         s.started = time.perf_counter()
         s.window.__enter__()
 
-    def step_ended(self, stack: "RewardStack") -> None:
+    def step_ended(self, stack: ScoringStack) -> None:
         s = self._tls
         s.window.__exit__(None, None, None)
         s.seconds = time.perf_counter() - s.started
 
-    def step_scored(self, stack: "RewardStack", result: "StepResult") -> None:
+    def step_scored(self, stack: ScoringStack, result: StepResult) -> None:
         s = self._tls
         counts = Counter(result.statuses)
         statuses = ", ".join(f"{st} {n}" for st, n in sorted(counts.items())) or "no completions"

@@ -44,6 +44,7 @@ from rewardstack.scorers.rules import Blacklist, BlacklistState
 from rewardstack.scorers.loading import ModelCache
 from rewardstack.state import StateStore
 from rewardstack.stepobservers import StepObserver, StepReport, step_record
+from rewardstack.stepresult import StepResult
 
 log = logging.getLogger("rewardstack.stack")
 
@@ -209,23 +210,6 @@ def _is_valid_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-@dataclass
-class StepResult:
-    """What scoring one step gives back."""
-
-    rewards: list[float]
-    best: str
-    raw: dict[str, list[float]]
-    normalized: dict[str, list[float]]
-    statuses: list[str]
-    """One status per completion: the most severe over every active scorer."""
-    model_statuses: dict[str, list[str]]
-    event: dict[str, Any] = field(default_factory=dict)
-    sequence: int | None = None
-    """The step's index in the state that applied it (`RewardState.steps_scored` after it): the
-    service applies steps to each namespace's state, not the stack's, so the records read it here."""
 
 
 BLACKLIST = models.BLACKLIST.name

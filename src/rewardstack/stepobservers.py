@@ -23,22 +23,35 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Protocol
 
 import torch
 
+from rewardstack.config import StackConfig
+from rewardstack.memory import MemoryManager
 from rewardstack.memory.snapshot import MemorySnapshot
+from rewardstack.stepresult import StepResult
 
-if TYPE_CHECKING:  # pragma: no cover
-    from rewardstack.stack import RewardStack, StepResult
+
+class ScoringStack(Protocol):
+    """What an observer reads of the stack that calls it (`rewardstack.stack.RewardStack`): a
+    protocol, so that observers and the stack do not import each other."""
+
+    config: StackConfig
+    memory: MemoryManager
+    scorers: Mapping[str, Any]
+    device: torch.device
+
+    @property
+    def steps_scored(self) -> int: ...
 
 
 @dataclass
 class StepReport:
     """One published step: its result, its memory record and the snapshot the record was read from."""
 
-    stack: "RewardStack"
-    result: "StepResult"
+    stack: ScoringStack
+    result: StepResult
     record: dict[str, Any]
     snapshot: MemorySnapshot
 
@@ -49,13 +62,13 @@ class StepObserver:
     wants_records = False
     """Whether `publish_step` should build the memory record and call `step_done`."""
 
-    def step_started(self, stack: "RewardStack", name: str) -> None:
+    def step_started(self, stack: ScoringStack, name: str) -> None:
         """A step named `name` begins (before its forward passes)."""
 
-    def step_ended(self, stack: "RewardStack") -> None:
+    def step_ended(self, stack: ScoringStack) -> None:
         """The step's work is over (also when it raised)."""
 
-    def step_scored(self, stack: "RewardStack", result: "StepResult") -> None:
+    def step_scored(self, stack: ScoringStack, result: StepResult) -> None:
         """The step was applied to the stack's state; `result.sequence` is its sequence number."""
 
     def step_done(self, report: StepReport) -> None:
@@ -79,7 +92,7 @@ def declared_growth(stack: Any) -> dict[str, int]:
     return out
 
 
-def step_record(stack: "RewardStack", result: "StepResult", snap: MemorySnapshot) -> dict[str, Any]:
+def step_record(stack: ScoringStack, result: StepResult, snap: MemorySnapshot) -> dict[str, Any]:
     """The memory record of the step just scored, from what the stack knows and a snapshot taken now.
 
     The per-model breakdown (`models`, `calls`, `ooms`, `peak_bytes`, `budget_line_bytes`) is left
