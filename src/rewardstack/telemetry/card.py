@@ -128,7 +128,9 @@ def plot_card(d: Any, path: Path) -> None:
         base = top
     act = [(s["card"].get("activation_peak") or 0) / MIB for s in steps]
     top = [b + v for b, v in zip(base, act)]
-    ax.fill_between(edges, band(base), band(top), step="post", color="#d62728", alpha=0.35, label="activations (step's peak call)")
+    # Cross-hatched on white: tab10's red is also the fourth model's weights colour.
+    ax.fill_between(edges, band(base), band(top), step="post", facecolor="white", edgecolor="#444444", hatch="xx",
+                    linewidth=0.0, label="activations (step's peak call)")
     base = top
     frag = [max(0, s["card"].get("fragmentation") or 0) / MIB for s in steps]
     if any(frag):
