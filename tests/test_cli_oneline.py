@@ -77,6 +77,15 @@ def test_a_cuda_index_the_machine_lacks_is_one_line(tmp_path: Path, no_model_loa
     assert "cuda:3" in str(e.value) and "1 CUDA device" in str(e.value) and no_model_loads == []
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the torch here has CUDA")
+def test_soak_checks_the_device_before_it_starts_a_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "stack.toml"
+    config.write_text(f'device = "cuda:0"\nstate_dir = "{tmp_path / "state"}"\n')
+    rc = main(["soak", "--config", str(config), "--steps", "2", "--run-dir", str(tmp_path / "run")])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 1 and "cuda:0" in line and not (tmp_path / "run").exists(), line
+
+
 def _report_run(tmp_path: Path) -> list[str]:
     run = tmp_path / "run"
     run.mkdir()
@@ -94,6 +103,13 @@ def _rescore(tmp_path: Path) -> list[str]:
     config = tmp_path / "stack.toml"
     config.write_text(f'device = "cpu"\nstate_dir = "{tmp_path / "state"}"\n')
     return ["rescore", str(_steps(tmp_path)), "--config", str(config), "--output", str(tmp_path / "out")]
+
+
+def test_a_broken_import_in_serve_is_not_a_missing_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only an extra's own modules are a missing extra; rewardstack's own failing to import is a bug.
+    monkeypatch.setitem(sys.modules, "rewardstack.service.app", None)
+    with pytest.raises(ModuleNotFoundError):
+        main(_serve(tmp_path))
 
 
 @pytest.mark.parametrize("argv, module, extra", [

@@ -48,7 +48,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
     from rewardstack.replay.supervisor import spawn, supervise
     from rewardstack.replay.workload import soak_steps, write_steps
 
-    load_config(args.config)  # fails here, clearly, before any process starts
+    from rewardstack.memory.manager import check_device
+
+    check_device(load_config(args.config).device)  # fails here, clearly, before any process starts
     run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "soak")
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()

@@ -62,7 +62,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from rewardstack.service.app import create_app
         from rewardstack.service.namespaces import Access, is_loopback
     except ImportError as e:  # depends on the install: one line and the exit code of a missing extra
-        raise (MissingExtraError.of(e) or MissingExtraError("service", getattr(e, "name", None) or "fastapi")) from e
+        missing = MissingExtraError.of(e)
+        if missing is None:  # not an extra's module: a broken install or a bug, its traceback kept
+            raise
+        raise missing from e
     from rewardstack.config import load_config
 
     from rewardstack.memory.manager import check_device
