@@ -232,6 +232,14 @@ class ServiceSettings:
     """Most namespaces (clients with their own state); a request for a new one past this is 403."""
     tokens_file: str | None = None
     """TOML table of token SHA-256 hex digest -> namespace the token may use (relative to the config file). $REWARDSTACK_TOKEN is a token for every namespace."""
+    header_timeout_s: float = field(default=10.0, metadata={"check": _positive})
+    """Seconds a connection may take to send a request's headers (from connecting, or from its previous answer); slower is closed."""
+    body_timeout_s: float = field(default=30.0, metadata={"check": _positive})
+    """Seconds a request may take to send its whole body; slower is answered 408 and its connection closed."""
+    max_connections: int = field(default=256, metadata={"check": _positive})
+    """Most open connections; more are closed as they arrive (the cap is also kept 64 under the process's open-file limit)."""
+    drain_timeout_s: float = field(default=30.0, metadata={"check": _positive})
+    """Seconds a shutdown (SIGTERM) waits for open requests before closing them; a step already started still commits."""
 
 
 @dataclass

@@ -25,6 +25,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
+from rewardstack.service.connections import CutAtShutdown
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.guard import authorizer, install_error_handlers, loopback_guard, require_json, status_for
 from rewardstack.service.namespaces import ALL_NAMESPACES, Access
@@ -94,7 +95,8 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
                   dependencies=[Depends(local)] if local is not None else [],
                   description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
     app.state.worker = worker
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
 
     install_error_handlers(app)  # the one error chokepoint (service/guard.py)
     authorize = authorizer(access)

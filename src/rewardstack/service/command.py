@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from rewardstack.service.app import create_app
+        from rewardstack.service.connections import limit_log_rate, server_config
         from rewardstack.service.namespaces import Access, is_loopback
     except ImportError as e:  # depends on the install: one line and the exit code of a missing extra
         missing = MissingExtraError.of(e)
@@ -101,8 +102,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
 
     level = "warning" if getattr(args, "verbose", 0) == 0 else "info"
-    server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=level, workers=1,
-                                   lifespan="on", timeout_graceful_shutdown=None))
+    # Header and body timeouts, a cap on open connections, a drain bounded by drain_timeout_s.
+    server = Server(server_config(app, settings, log_level=level))
+    limit_log_rate()  # after uvicorn set up its loggers: a flood of refusals or accept errors logs a few lines
     worker.on_fatal = lambda: setattr(server, "should_exit", True)
     # uvicorn re-raises the signal it caught once it has shut down; a no-op handler installed
     # before it makes that re-raise harmless, so a drained shutdown returns and exits 0.

@@ -24,9 +24,11 @@ Every refusal is a `ServiceError`; the apps' handlers (service/guard.py) turn it
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -62,7 +64,7 @@ SCORE_SCHEMA: dict[str, Any] = {
 }
 ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"}, "field": {"type": ["string", "null"]}}}}}
-SCORE_CODES = (400, 401, 403, 409, 413, 415, 422, 429, 503, 504)
+SCORE_CODES = (400, 401, 403, 408, 409, 413, 415, 422, 429, 503, 504)
 """The error statuses `POST /v1/score` may answer."""
 DEADLINE_HEADER = "x-rewardstack-deadline-s"
 
@@ -75,17 +77,21 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 # -- request size, counted as the bytes arrive ------------------------------------------------
 
 class BodyLimit:
-    """Pure ASGI middleware: a body past `limit` bytes raises ServiceError(413) from `receive`.
+    """Pure ASGI middleware: a body past `limit` bytes raises ServiceError(413) from `receive`, and
+    a body not complete `body_timeout_s` after its headers raises ServiceError(408).
 
     The count is of bytes received, so a chunked body or a lying Content-Length cannot get past
     it; a declared Content-Length over the limit fails at the first read without waiting for the
-    bytes. Raising from `receive` puts the error inside the route, where the app's exception
-    handlers answer it like every other error.
+    bytes. The timeout is for the whole body, not per read: a client sending a byte a second
+    never waits long between reads, yet holds its connection forever. Raising from `receive`
+    puts the error inside the route, where the app's exception handlers answer it like every
+    other error.
     """
 
-    def __init__(self, app: Any, limit: int) -> None:
+    def __init__(self, app: Any, limit: int, body_timeout_s: float | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -100,20 +106,35 @@ class BodyLimit:
                     declared = None
         received = 0
         limit = self.limit
+        timeout = self.body_timeout_s
+        started = time.monotonic()  # the headers are complete when the app is called
+        body_done = False
 
         def too_large() -> ServiceError:
             return ServiceError(413, "body_too_large", f"the request body is larger than {limit} bytes "
                                 "(service.max_body_bytes)", field="body")
 
+        def too_slow() -> ServiceError:
+            return ServiceError(408, "body_timeout", f"the request body did not arrive within {timeout:g} s "
+                                "(service.body_timeout_s); the step was not scored", field="body",
+                                headers={"Connection": "close"})
+
         async def limited_receive() -> dict:
-            nonlocal received
+            nonlocal received, body_done
             if declared is not None and declared > limit:
                 raise too_large()
-            message = await receive()
+            if body_done or timeout is None:  # after the body, a read waits for the disconnect: no limit
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, started + timeout - time.monotonic()))
+                except TimeoutError:
+                    raise too_slow() from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise too_large()
+                body_done = not message.get("more_body", False)
             return message
 
         await self.app(scope, limited_receive, send)
