@@ -46,9 +46,14 @@ def validator_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
+ROUNDS = 1
+"""run.py's loop turns: each gathers 2 forward passes of 5 steps (augment, 2 x (followup, answer))."""
+
+
 def drive(python: Path, url: str, namespace: str, out: Path, *, deadline: float = 300.0) -> subprocess.Popen:
     """validator_driver.py in the validator's venv (the real forward.py where its source is here)."""
-    args = [str(python), str(TESTS / "validator_driver.py"), url, namespace, str(out), "--deadline", str(deadline)]
+    args = [str(python), str(TESTS / "validator_driver.py"), url, namespace, str(out), "--deadline", str(deadline),
+            "--concurrent", "2", "--rounds", str(ROUNDS)]
     if SOURCE is not None:
         args += ["--real", str(SOURCE)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REWARDSTACK_TOKEN")}
@@ -77,7 +82,7 @@ def check_against_cli(result: dict[str, Any], config: Path, tmp: Path, service_u
                       atol: float = 1e-7) -> float:
     """Assert the validator's rewards are the CLI's (to `atol`); the largest difference seen."""
     sent, rows = result["sent"], result["rows"]
-    assert len(rows) == len(sent) == 2 * 2 * 5  # 2 rounds x 2 passes x (augment + 2 x (followup, answer))
+    assert len(rows) == len(sent) == ROUNDS * 2 * 5
     # Each step applied once, in order: sequences 1..N, and the namespace expects N + 1 next.
     assert sorted(s["sequence"] for s in sent) == list(range(1, len(sent) + 1))
     ns = httpx.get(f"{service_url}/v1/namespaces/{namespace}", timeout=30).json()
@@ -191,7 +196,7 @@ def test_a_validator_waits_for_a_service_down_at_start_and_rides_out_a_kill_mid_
     second = Server(config, log=tmp_path / "server-2.log")
     second.port, second.url = first.port, first.url  # the restarted service comes back where it was
     try:
-        # Kill the service 0.3 s into the 7th step's request, then restart it.
+        # Kill the service 0.3 s into the 7th step's request (of 10), then restart it.
         assert proc.stderr is not None
         lines: list[str] = []
         for line in proc.stderr:
