@@ -1,15 +1,6 @@
-"""The card's whole account per step, and its picture: where the memory went.
+"""The card's picture in the report: where the memory went, step by step.
 
-`card_account` is recorded in each step record of the timeline (key `card`): the weights of every
-model by where they are (resident on the card, swapped in for this step, on the host), each
-loaded checkpoint counted once where models share it (`counted_bytes`, `shared_with`: the
-stand-ins' diversity mask loads relevance's second model, counted for relevance), the
-step's activation peak (the largest call's peak above what was live when it began), the
-allocator's reserved and allocated bytes (their difference is fragmentation: memory the cache
-holds with no tensor in it), the headroom kept free, the activation budget and the card's size.
-On CPU the card is the simulated device (the tensor-bytes tracker): no cache, so reserved equals
-allocated, and its size is the budget the weights were placed into.
-
+It draws the account the monitor records in each step record (`card`, telemetry/account.py).
 `plot_card` draws it as a stacked area over steps (one band per model's weights on the card,
 then activations, then fragmentation), step boundaries as vertical lines, the card's size and
 the weights + activation budget as horizontal lines, swaps and OOMs marked per step, each call's
@@ -22,42 +13,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from rewardstack.telemetry.account import ON_CARD
+from rewardstack.telemetry.drawing import input_name, model_colors, pyplot, save_figure
+
 MIB = 1024**2
-ON_CARD = ("resident", "swapped_in")
-
-
-def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[str, Any]:
-    """The device's account now, as the step record's `card` entry (bytes; None: not measured)."""
-    placement = memory.placement.summary() if getattr(memory, "placement", None) is not None else {}
-    swapped_in = set(placement.get("swapped_in", []))
-    weights: dict[str, dict[str, Any]] = {}
-    for name, d in (placement.get("models") or {}).items():
-        where = d["where"]
-        state = "resident" if where == "resident" else "swapped_in" if (where == "swap" and name in swapped_in) \
-            else "swapped_out" if where == "swap" else "host"
-        # `bytes`: the model's whole size; `counted_bytes`: what it adds to the stack's weights
-        # (placement counts a module shared by several models once, for one of them).
-        weights[name] = {"state": state, "bytes": int(d["bytes"]), "counted_bytes": int(d.get("counted_bytes", d["bytes"])),
-                         "shared_with": list(d.get("shared_with", []))}
-    budget = getattr(memory, "budget", None)
-    # The card's size: None on CPU without device_memory, where memory_budget is both the weight
-    # budget placement packs into and, separately, the activation budget (weights are not charged).
-    capacity = getattr(budget, "total_bytes", None)
-    return {
-        "source": getattr(snap, "source", None),
-        "weights": weights,
-        "weights_on_card": sum(w["counted_bytes"] for w in weights.values() if w["state"] in ON_CARD),
-        "weights_host": sum(w["counted_bytes"] for w in weights.values() if w["state"] not in ON_CARD),
-        "activation_peak": activation_peak,
-        "allocated": getattr(snap, "allocated", None),
-        "reserved": getattr(snap, "reserved", None),
-        "fragmentation": snap.fragmentation if snap is not None else None,
-        "headroom": getattr(budget, "headroom_bytes", None),
-        "activation_budget": getattr(memory, "budget_bytes", None),
-        "capacity": capacity,
-        "weight_budget": placement.get("budget_bytes"),
-        "swaps": placement.get("swaps"),
-    }
 
 
 def _steps_with_card(d: Any) -> list[dict[str, Any]]:
@@ -91,15 +50,12 @@ def _sharing(cards: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def plot_card(d: Any, path: Path) -> None:
     """The card over steps: weights per model, activations, fragmentation, against its size."""
-    from rewardstack.telemetry.report import model_colors, pyplot
-
     plt = pyplot()
     steps = _steps_with_card(d)
     fig, ax = plt.subplots(figsize=(13, 6))
     if not steps:
         ax.text(0.5, 0.5, "no per-step card account in this run's timeline", ha="center", va="center", transform=ax.transAxes)
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        save_figure(plt, fig, path)
         return
     bands = weight_bands([s["card"] for s in steps])
     shares = _sharing([s["card"] for s in steps])
@@ -185,9 +141,7 @@ def plot_card(d: Any, path: Path) -> None:
     ax.set_title(f"The card per step ({src}): weights, activations, fragmentation"
                  + (f"; {host / MIB:,.1f} MiB of weights on the host" if host else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def _m(x: Any) -> str:
@@ -198,7 +152,6 @@ def card_tables(d: Any) -> str:
     """HTML: placement and swaps (per model), one row per step, and the top inputs per model."""
     import html
 
-    from rewardstack.telemetry.report import input_name
 
     steps = _steps_with_card(d)
     parts: list[str] = []

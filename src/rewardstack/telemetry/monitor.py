@@ -36,6 +36,7 @@ from rewardstack.memory.peaks import PeakWindow
 from rewardstack.memory.snapshot import MemorySnapshot, take_snapshot
 from rewardstack.models import owner_of
 from rewardstack.stepobservers import StepObserver, StepReport
+from rewardstack.telemetry.account import card_account
 from rewardstack.telemetry.alarms import Alarms
 from rewardstack.telemetry.incidents import History, cuda_allocator_stats, describe_input
 from rewardstack.telemetry.metrics import Metrics
@@ -350,9 +351,7 @@ class Monitor(MemoryObserver, StepObserver):
             # Time spent profiling inside the step (outside every model call): its own band in the report.
             "profiling_seconds": sum(pr["seconds"] for pr in profiles), "profiles": len(profiles),
         })
-        if self._memory is not None:  # the card's whole account (telemetry/card.py)
-            from rewardstack.telemetry.card import card_account
-
+        if self._memory is not None:  # the card's whole account (telemetry/account.py)
             record["card"] = card_account(self._memory, snap, max((m["peak_bytes"] or 0 for m in models.values()), default=None))
         self.steps += 1
         # Memory at rest is the process's: its trend is over the steps this process scored, one

@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from rewardstack.telemetry.drawing import input_name, model_colors, pyplot, save_figure
 from rewardstack.telemetry.rundir import EVENTS, SUMMARY, read_incidents, read_jsonl, read_timeline
 
 MIB = 1024**2
@@ -70,31 +71,6 @@ class RunData:
 
 
 # -- plots ------------------------------------------------------------------------------------
-def pyplot():  # noqa: ANN202
-    """matplotlib's pyplot, headless, with the report's style (the card picture shares it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: no display, no GUI toolkit
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.size": 11, "axes.titlesize": 13, "axes.grid": True, "grid.alpha": 0.3})
-    return plt
-
-
-def model_colors(models: list[str]) -> dict[str, Any]:
-    """One stable colour per model, the same in every picture of the report."""
-    plt = pyplot()
-    cmap = plt.get_cmap("tab10" if len(models) <= 10 else "tab20")
-    return {m: cmap(i % cmap.N) for i, m in enumerate(models)}
-
-
-def _save(plt: Any, fig: Any, path: Path) -> None:
-    """Lay out, write and close one figure (every plot of the report ends so)."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
 def plot_memory(d: RunData, path: Path) -> None:
     """Memory at rest per step, each call's peak by model, every OOM, the budget line; host RSS below."""
     plt = pyplot()
@@ -132,7 +108,7 @@ def plot_memory(d: RunData, path: Path) -> None:
     ax2.set_ylim(bottom=0)  # from 0: a few MiB of wiggle must not look like a leak
     ax2.set_ylabel("host RSS (MiB)")
     ax2.set_xlabel("time since the run started (s)")
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 def plot_peak_by_model(d: RunData, path: Path) -> None:
@@ -158,7 +134,7 @@ def plot_peak_by_model(d: RunData, path: Path) -> None:
         ax.text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("peak above memory at the call's start (MiB)")
     ax.set_title("Peak memory by model (per planned batch)")
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
@@ -187,7 +163,7 @@ def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
     if not models:
         axes.flat[0].text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=axes.flat[0].transAxes)
     fig.suptitle("Measured peak against padded tokens per model, the cost model's prediction for each call in red")
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 def plot_step_time(d: RunData, path: Path) -> None:
@@ -220,7 +196,7 @@ def plot_step_time(d: RunData, path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("time (s)")
     ax.set_title("Step time split by model (time inside each model's forward passes), profiling and the rest")
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 def plot_statuses(d: RunData, path: Path) -> None:
@@ -240,7 +216,7 @@ def plot_statuses(d: RunData, path: Path) -> None:
     ax.set_xlabel("step (line of events.jsonl)")
     ax.set_ylabel("completions (count)")
     ax.set_title("Completions by status over time")
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 def profiling_by_step(d: RunData) -> dict[Any, float]:
@@ -266,18 +242,6 @@ def top_calls(d: RunData, n: int = 5) -> list[dict[str, Any]]:
     if calls:
         return sorted(calls, key=lambda c: -c["peak_bytes"])[:n]
     return list(d.summary.get("top_calls", []))[:n]
-
-
-def input_name(call: dict[str, Any]) -> str:
-    """The input that set a call's padded length, by the step's completion index (`longest`): the
-    numbering of `events.jsonl` and every other record; the prompt (relevance embeds it); or, from
-    a scorer that did not name its inputs, its own index, said to be the scorer's."""
-    lg = call.get("longest") or {}
-    if lg.get("completion") is not None:
-        return f"completion {lg['completion']}"
-    if call.get("completions") is not None:
-        return "the prompt"
-    return f"the scorer's input {lg.get('input')}"
 
 
 def summarize(d: RunData) -> dict[str, list[str]]:
