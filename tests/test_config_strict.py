@@ -1,25 +1,27 @@
 """Strict model tables: unknown keys are errors naming the closest valid key; options are declared.
 
-Also: the declared defaults are the scorers' own (read from their source), every option a scorer
-reads is declared, and `rewardstack config --explain` lists every key.
+Also: each option's default is written once (nothing reads an option with a fallback of its own),
+every option a scorer reads is declared and every declared one is read, and `rewardstack config
+--explain` lists every key.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from rewardstack import cli, modeloptions, models
-from rewardstack.config import ALL_MODELS, from_dict
+from rewardstack.config import ALL_MODELS, ModelConfig, from_dict
 from rewardstack.errors import ConfigError
 from rewardstack.settings import TABLES
 
-SCORERS = Path(modeloptions.__file__).parent / "scorers"
+PACKAGE = Path(modeloptions.__file__).parent
+SCORERS = PACKAGE / "scorers"
 # Which models read options in which scorer module: the model registry's families.
 MODULE_MODELS: dict[str, list[str]] = {}
 for _m in models.MODELS:
@@ -47,10 +49,18 @@ def test_an_option_of_another_model_is_unknown() -> None:
         _model("blacklist_filter", max_batch=4)
 
 
-def test_options_are_typed_and_kept_only_when_set() -> None:
-    assert _model("dpo_reward_model", logits_chunk=64, shared_prefix=False).options == {"logits_chunk": 64, "shared_prefix": False}
-    assert _model("dpo_reward_model").options == {}
-    assert _model("prompt_reward_model", options={"kv_cache": False}).options == {"kv_cache": False}
+def test_options_are_typed_with_every_default() -> None:
+    assert _model("dpo_reward_model", logits_chunk=64, shared_prefix=False).options == modeloptions.DpoOptions(
+        logits_chunk=64, shared_prefix=False)
+    assert _model("dpo_reward_model").options == modeloptions.DpoOptions()
+    assert _model("prompt_reward_model", options={"kv_cache": False}).options == modeloptions.JudgeOptions(kv_cache=False)
+    assert _model("blacklist_filter").options == modeloptions.NoOptions()
+    # Configured in code, a dict of the keys to set is checked as a table is.
+    assert ModelConfig(name="dpo_reward_model", options={"max_batch": 4}).options == modeloptions.DpoOptions(max_batch=4)
+    with pytest.raises(ConfigError, match=r"models\.dpo_reward_model\.max_batch"):
+        ModelConfig(name="dpo_reward_model", options={"max_batch": 0})
+    with pytest.raises(TypeError, match="DpoOptions"):
+        ModelConfig(name="dpo_reward_model", options=modeloptions.JudgeOptions())
     for bad in ({"shared_prefix": "yes"}, {"logits_chunk": 0}, {"logits_chunk": 1.5}, {"options": {"max_batch": "4"}}):
         with pytest.raises(ConfigError, match=r"models\.dpo_reward_model\."):
             _model("dpo_reward_model", **bad)
@@ -74,41 +84,51 @@ def test_remote_code_defaults_belong_to_the_default_checkpoint() -> None:
     assert not any(m.get("trust_remote_code") for n, m in data["models"].items() if n != "dpo_reward_model")
 
 
-def _reads(module: str) -> dict[str, ast.expr | None]:
-    """Option key -> default expression of every `cfg.options.get(key[, default])` / `opts.get` in a module."""
-    tree = ast.parse((SCORERS / module).read_text())
-    out: dict[str, ast.expr | None] = {}
+def _option_reads(path: Path) -> tuple[set[str], list[str]]:
+    """Keys a module reads as `<...>options.<key>` or `opts.<key>`, and every read with a fallback
+    of its own (`options.get(key, default)`, `getattr(options, key, default)`)."""
+    tree = ast.parse(path.read_text())
+    keys: set[str] = set()
+    fallbacks: list[str] = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                and re.search(r"(options|opts)$", ast.unparse(node.func.value))
-                and node.args and isinstance(node.args[0], ast.Constant) and "runtime" not in ast.unparse(node.func.value)):
-            out[node.args[0].value] = node.args[1] if len(node.args) > 1 else None
-    return out
+        if isinstance(node, ast.Attribute) and re.search(r"(\boptions|\bopts)$", ast.unparse(node.value)) \
+                and "runtime" not in ast.unparse(node.value):
+            if node.attr == "get":
+                fallbacks.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+            else:
+                keys.add(node.attr)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                and len(node.args) == 3 and re.search(r"options$", ast.unparse(node.args[0])):
+            keys.add(ast.literal_eval(node.args[1]))
+    return keys, fallbacks
+
+
+def test_no_option_default_is_written_twice() -> None:
+    """Each default is declared once (`modeloptions`): nothing in the package reads an option with
+    a fallback of its own, which would be a second copy of the default."""
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) for f in _option_reads(path)[1]]
+    assert not found, found
 
 
 @pytest.mark.parametrize("module", sorted(MODULE_MODELS))
-def test_every_option_a_scorer_reads_is_declared_with_its_default(module: str) -> None:
-    reads = _reads(module)
+def test_every_option_a_scorer_reads_is_declared(module: str) -> None:
+    reads, _ = _option_reads(SCORERS / module)
     assert reads, module
-    for key, default in reads.items():
-        owners = [m for m in MODULE_MODELS[module] if key in models.option_keys(m)]
-        assert owners, f"{module} reads option {key!r}, which no model of it declares"
-        for m in owners:
-            f = {f.name: f for f in fields(models.spec(m).options)}[key]
-            declared = f.default if f.default is not MISSING else f.default_factory()
-            if isinstance(default, ast.Constant):
-                assert declared == default.value, (m, key)
-            elif isinstance(default, ast.Attribute) or (isinstance(default, ast.Call) and key != "bounds"):
-                # Computed at load (the model's bound, a device default): declared as unset.
-                assert declared is None, (m, key, ast.unparse(default))
+    for key in reads:
+        assert any(key in models.option_keys(m) for m in MODULE_MODELS[module]), \
+            f"{module} reads option {key!r}, which no model of it declares"
 
 
-def test_declared_defaults_match_named_constants() -> None:
-    from rewardstack.scorers.dahoas import BASE_CONFIG
-    from rewardstack.scorers.embedding import RELEVANCE_BOUNDS
+def test_every_declared_option_is_read() -> None:
+    reads = set().union(*(_option_reads(path)[0] for path in PACKAGE.rglob("*.py")))
+    for m in models.MODELS:
+        assert models.option_keys(m.name) <= reads, (m.name, models.option_keys(m.name) - reads)
 
-    assert modeloptions.DahoasOptions().base_config == BASE_CONFIG
-    assert modeloptions.RelevanceOptions().bounds == list(RELEVANCE_BOUNDS)
+
+def test_declared_defaults_are_the_references() -> None:
+    """The spec's own numbers, written once, as the options' defaults."""
+    assert modeloptions.DahoasOptions().base_config == "EleutherAI/gpt-j-6b"
+    assert modeloptions.RelevanceOptions().bounds == [-0.0246, 0.3]
 
 
 def test_explain_lists_every_key(capsys: pytest.CaptureFixture) -> None:

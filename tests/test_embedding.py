@@ -62,7 +62,7 @@ def test_relevance_parity(fresh) -> None:  # noqa: ANN001
     # The stand-in's scores sit far from the production bounds: put the bounds inside the sample
     # so both stages pass and stop completions.
     bounds = (sorted(r[0] for r in raw)[len(raw) // 3], sorted(r[1] for r in raw)[len(raw) // 3])
-    _, rel, _ = fresh(options={"bounds": bounds})
+    _, rel, _ = fresh(options={"bounds": list(bounds)})
     res = rel.score(ScoreRequest(BASE, list(texts)))
     want = [ref_relevance_mask(r, bounds) for r in raw]
     assert res.scores == want
@@ -73,7 +73,7 @@ def test_relevance_parity(fresh) -> None:  # noqa: ANN001
 def test_relevance_parity_short_windows(fresh) -> None:  # noqa: ANN001
     """A 32-token bound makes many overflow windows out of short texts (cheap window coverage)."""
     texts = random_texts(12, 25, max_chars=400)
-    _, rel, _ = fresh(max_length=32, options={"bounds": (-1.0, -1.0)})
+    _, rel, _ = fresh(max_length=32, options={"bounds": [-1.0, -1.0]})
     m1, t1 = rel.first.model, rel.first.tokenizer
     got = rel.first.embed([BASE] + texts)
     for t, (v, st) in zip([BASE] + texts, got):
@@ -101,7 +101,7 @@ def test_diversity_parity_with_history(fresh) -> None:  # noqa: ANN001
 
 
 def test_each_text_embedded_once_per_step(fresh) -> None:  # noqa: ANN001
-    rt, rel, div = fresh(options={"bounds": (-1.0, 0.0)})  # every completion reaches model 2
+    rt, rel, div = fresh(options={"bounds": [-1.0, 0.0]})  # every completion reaches model 2
     rows = {"bert": 0, "mpnet": 0}
 
     def counter(key):  # noqa: ANN001, ANN202
@@ -155,7 +155,7 @@ def test_failed_and_empty(pair) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("which", ["relevance", "diversity"])
 def test_long_completion_peak_memory_is_flat(fresh, which) -> None:  # noqa: ANN001
-    rt, rel, div = fresh(options={"bounds": (-1.0, 0.0)})
+    rt, rel, div = fresh(options={"bounds": [-1.0, 0.0]})
     scorer = rel if which == "relevance" else div
     rng = random.Random(9)
     peak = {}

@@ -226,3 +226,17 @@ def test_the_penalty_constant_is_the_scorers(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(torch, "tensor", tensor)
     S.simulate_peak("dpo_reward_model", 2, 64, "float32", prompt=8, chunk=32, arch=arch)
     assert 1.75 in made and 1.2 not in made
+
+
+def test_the_bounds_are_the_scorers_own() -> None:
+    """Without a tokenizer the simulation's bounds are the published ones; the judge's is capped by
+    its `max_input` option (2048, less the 2 tokens it generates) whatever the model's own."""
+    from rewardstack.config import default_config
+
+    assert {m: S.scorer_bound(m) for m in S.SCORERS} == {
+        "dpo_reward_model": 8192, "rlhf_reward_model": 512, "reciprocate_reward_model": 2048,
+        "dahoas_reward_model": 2048, "prompt_reward_model": 2046, "relevance_filter[0]": 512,
+        "relevance_filter[1]": 512, "diversity_reward_model": 512, "nsfw_filter": 512}
+    cfg = default_config()
+    cfg.models["prompt_reward_model"].max_length = 4096
+    assert S.scorer_bound("prompt_reward_model", cfg) == 2046

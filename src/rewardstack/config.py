@@ -28,12 +28,14 @@ import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from rewardstack import paths
 from rewardstack.errors import ConfigError
 from rewardstack.lockfile import apply_lock
-from rewardstack.models import ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, option_keys, parse_options, spec
+from rewardstack.modeloptions import ModelOptions, NoOptions
+from rewardstack.models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, option_keys, options_class,
+                                parse_options, spec)
 from rewardstack.settings import TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
 
 # The model names and their defaults (the openvalidators 1.2.0 default stack) are declared once, in
@@ -65,10 +67,21 @@ class ModelConfig:
     """Upper bound on the batch size the planner may choose."""
     trust_remote_code: bool = False
     """Let the checkpoint run its own modeling code: only from a commit locked by `rewardstack download`, or from a local folder."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """The scorer's options that were set (declared in `rewardstack.modeloptions`; written flat in the model's table)."""
+    options: ModelOptions = field(default_factory=NoOptions)
+    """The scorer's options (written flat in the model's table): the dataclass its model declares in `rewardstack.modeloptions`, every key left out at its default."""
     locked: dict[str, str] = field(default_factory=dict)
     """Hub id -> commit, from the lock file beside the config (`rewardstack.lockfile`); not a config key."""
+
+    def __post_init__(self) -> None:
+        declared = options_class(self.name)
+        if isinstance(self.options, declared):
+            return
+        if isinstance(self.options, Mapping):  # configured in code (tests, benchmarks): checked as a table is
+            self.options = parse_options(self.name, self.options)
+        elif type(self.options) is NoOptions:  # left out: the defaults
+            self.options = declared()
+        else:
+            raise TypeError(f"{self.name}: options must be {declared.__name__} or a dict, got {type(self.options).__name__}")
 
     @property
     def is_reward(self) -> bool:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 from rewardstack.errors import ConfigError
 from rewardstack.fileio import atomic_write_text
-from rewardstack.models import option_default
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import ModelConfig, StackConfig
@@ -70,8 +69,8 @@ def hub_ids(cfg: "ModelConfig") -> list[str]:
     out = [p for p in ([cfg.path] if cfg.path else []) + list(cfg.paths) if is_hub_id(p)]
     # A model whose options name a base config (Dahoas: the body shape and tokenizer, read only
     # when the folder lacks them) locks it too: it is the same kind of moving target.
-    base = cfg.options.get("base_config", option_default(cfg.name, "base_config"))
-    if isinstance(base, str) and is_hub_id(base):
+    base = getattr(cfg.options, "base_config", None)
+    if base is not None and is_hub_id(base):
         out.append(base)
     return list(dict.fromkeys(out))
 

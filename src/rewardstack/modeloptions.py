@@ -10,8 +10,9 @@ closest valid one. Options are written flat in the model's table:
     path = "cerebras/btlm-3b-8k-base"
     logits_chunk = 256
 
-A scorer reads `cfg.options.get(key, default)`: only the keys the operator set are in `options`
-(the defaults below are the scorers' own; `tests/test_config_strict.py` checks they agree).
+`ModelConfig.options` holds the model's dataclass, every field filled: a scorer, `plan` and the
+simulation read `cfg.options.<key>`, so each default is written once, here (`tests/test_config_strict.py`
+checks that nothing reads an option with a fallback of its own).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def _positive_int(default: int | None) -> Any:
 
 def _attention_choice(v: Any) -> str | None:
     return None if v in ("blocked", "own") else f'must be "blocked" or "own", got {v!r}'
+
+
+def _two(v: Any) -> str | None:
+    return None if len(v) == 2 else f"must be two numbers, got {v!r}"
 
 
 @dataclass
@@ -105,7 +110,7 @@ class JudgeOptions:
 class RelevanceOptions:
     """Relevance filter (`relevance_filter`)."""
 
-    bounds: list[float] = field(default_factory=lambda: [-0.0246, 0.3])
+    bounds: list[float] = field(default_factory=lambda: [-0.0246, 0.3], metadata={"check": _two})
     """The two similarity thresholds (model 1, model 2) a completion must exceed to pass."""
     max_batch_tokens: int | None = _positive_int(None)
     """Most tokens per forward pass (unset: a device-dependent default)."""
@@ -122,3 +127,7 @@ class EmbeddingOptions:
 @dataclass
 class NoOptions:
     """Rule masks: no options."""
+
+
+ModelOptions = DpoOptions | ClassifierOptions | ReciprocateOptions | DahoasOptions | JudgeOptions | RelevanceOptions | EmbeddingOptions | NoOptions
+"""What `ModelConfig.options` holds: the dataclass its model declares (`ModelSpec.options`)."""

@@ -36,6 +36,7 @@ from rewardstack.memory.budget import split_card, usable_bytes, weights_bytes
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.placement import Placement
 from rewardstack.models import MODELS, owner_of
+from rewardstack.scorers.encoding import default_pass_tokens
 
 VERDICTS = ("fits", "fits with swapping", "cannot fit")
 
@@ -218,14 +219,15 @@ def _cost_dict(c: CostModel) -> dict:
 
 def scorer_max_batch(name: str, cfg: StackConfig, bound: int) -> int:
     """The most inputs of `bound` tokens the scorer puts in one pass on a GPU, whatever the budget:
-    `batch_size`, else the decoders' `max_batch` (16), else the encoders' per-pass token cap
-    (`max_batch_tokens`, 16 windows on an accelerator)."""
+    `batch_size`, else the decoders' `max_batch` option, else the encoders' per-pass token cap
+    (their `max_batch_tokens` option, else the scorers' default on an accelerator)."""
     mc = cfg.models[owner_of(name)]
     if mc.batch_size:
         return int(mc.batch_size)
     if S.SCORERS[name][0] in ("classifier", "encoder"):
-        return max(1, int(mc.options.get("max_batch_tokens", 16 * bound)) // bound)
-    return int(mc.options.get("max_batch", 16))
+        tokens = mc.options.max_batch_tokens or default_pass_tokens(bound, torch.device("cuda"))
+        return max(1, tokens // bound)
+    return mc.options.max_batch
 
 
 def _longest_fitting(name: str, cfg: StackConfig, dtype: str, arch: S.Arch, bound: int, limit: float) -> int:

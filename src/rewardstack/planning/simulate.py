@@ -121,8 +121,7 @@ def scorer_bound(model: str, config: Any | None = None, arch: Arch | None = None
         return bound
     positions = next((int(getattr(conf, k)) for k in ("n_positions", "max_position_embeddings") if getattr(conf, k, None)), 2048)
     if kind == "judge":
-        cap = int(mc.options.get("max_input", 2048))
-        return min(mc.max_length or positions, cap) - 2
+        return min(mc.max_length or positions, mc.options.max_input) - 2
     return min(mc.max_length or positions, positions)
 
 

@@ -54,7 +54,7 @@ class _Classifier(Scorer):
         source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
         self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForSequenceClassification, dtype=cfg.dtype, **how)
         self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, cfg.max_length, default_length)
-        self.max_tokens = int(cfg.options.get("max_batch_tokens", enc.default_pass_tokens(self.max_length, runtime.device)))
+        self.max_tokens = cfg.options.max_batch_tokens or enc.default_pass_tokens(self.max_length, runtime.device)
         self.max_batch = cfg.batch_size
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
@@ -63,7 +63,7 @@ class _Classifier(Scorer):
 
     def _calibrate(self, head: Any) -> None:
         token = min(1000, self.model.config.vocab_size - 1)
-        tuned = "max_batch_tokens" not in self.cfg.options  # a size set in the config is kept
+        tuned = self.cfg.options.max_batch_tokens is None  # a size set in the config is kept
 
         def set_pass_tokens(n: int) -> None:
             self.max_tokens = n
@@ -151,7 +151,7 @@ class NSFWMask(_Classifier):
         # The spec's window is 512 ids; an explicit max_length (or a shorter model) changes it.
         self.window = int(cfg.max_length) if cfg.max_length else min(NSFW_WINDOW, self.max_length)
         self.max_length = self.window
-        self.max_tokens = int(cfg.options.get("max_batch_tokens", enc.default_pass_tokens(self.window, runtime.device)))
+        self.max_tokens = cfg.options.max_batch_tokens or enc.default_pass_tokens(self.window, runtime.device)
         self._calibrate(hate_value)
 
     def score(self, request: ScoreRequest) -> ScoreResult:

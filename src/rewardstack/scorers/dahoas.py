@@ -29,7 +29,6 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
-from rewardstack.modeloptions import DahoasOptions
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.kvcache import choose_path
@@ -37,8 +36,6 @@ from rewardstack.scorers.loading import load_checkpoint_file, load_into_empty_mo
 from rewardstack.memory.planner import PADDING_SLACK
 from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, profile_runner, save_standin_tokenizer, split_prefix
 from rewardstack.models import DAHOAS
-
-BASE_CONFIG = DahoasOptions.base_config  # the reference's body config and tokenizer (declared once, as the option's default)
 
 
 def wrap(text: str) -> str:
@@ -80,7 +77,7 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
     from transformers import AutoConfig, GPTJModel
 
     folder = _local_folder(str(cfg.path), cfg.locked.get(str(cfg.path), cfg.revision))  # locked commit first
-    base = str(cfg.options.get("base_config", BASE_CONFIG))
+    base = cfg.options.base_config
     dtype = torch_dtype(cfg.dtype, runtime.device)
     has_tok = (folder / "tokenizer_config.json").exists()
     base_rev = cfg.locked.get(base)  # the lock file pins the base config's hub id too
@@ -119,9 +116,9 @@ class DahoasScorer(Scorer):
         self.eos_id = self.tokenizer.eos_token_id
         self.fill_id = int(self.eos_id if self.eos_id is not None else 0)
         self.max_len = int(cfg.max_length or getattr(self.body.config, "n_positions", 2048))
-        self.use_prefix = choose_path(self.name, self.body, int(self.body.config.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
-        self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
-        calib = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
+        self.use_prefix = choose_path(self.name, self.body, int(self.body.config.vocab_size), wanted=cfg.options.shared_prefix)
+        self.max_batch = cfg.batch_size or cfg.options.max_batch
+        calib = min(self.max_len, cfg.options.calibration_length or self.max_len)  # the planner admits no more
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
 
     def modules(self) -> list[torch.nn.Module]:

@@ -94,24 +94,24 @@ class DpoScorer(Scorer):
         self.max_len = sane_max_length(self.tokenizer, self.model.config, cfg.max_length)
         # logits_chunk bounds the [rows, V] buffer (memory); within it the fastest row count is
         # measured at load (on CPU a cache-sized chunk is ~4x faster than 512 rows).
-        max_chunk = max(1, int(cfg.options.get("logits_chunk", 512)))
+        opts = cfg.options
+        max_chunk = opts.logits_chunk
         self.vocab = int(self.lm_head.weight.shape[0])
         self.logit_head = LogitHead(self.lm_head, self.scale)
-        tune = bool(cfg.options.get("tune_logits_chunk", True))
+        tune = opts.tune_logits_chunk
         # The shared prefix needs cache objects: a legacy-cache model runs full sequences.
-        self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=bool(cfg.options.get("shared_prefix", True)))
+        self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=opts.shared_prefix)
         # Models whose own attention builds [heads, L, L] scores (BTLM's ALiBi) run it in blocks of
         # query rows when the load probe agrees (`attention.install`); `attention = "own"` opts out.
-        if str(cfg.options.get("attention", "blocked")) == "own":
+        if opts.attention == "own":
             self.attention = AttentionChoice("own", "attention = \"own\" in the config")
             log.info("%s: %s", self.name, self.attention.describe())
         else:
-            rows = int(cfg.options.get("attention_block", 512))
-            self.attention = install_attention(self.name, self.body, rows=rows, vocab=self.vocab)
-        self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
+            self.attention = install_attention(self.name, self.body, rows=opts.attention_block, vocab=self.vocab)
+        self.max_batch = cfg.batch_size or opts.max_batch
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        self.calib_len = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
+        self.calib_len = min(self.max_len, opts.calibration_length or self.max_len)  # the planner admits no more
         # `tune` runs with the calibration (on the device the model runs on), or the calibration
         # cache gives the chunk it found before; a tight budget may lower both knobs per call.
         self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=max_chunk, max_len=self.max_len,

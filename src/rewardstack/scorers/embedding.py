@@ -36,7 +36,6 @@ from rewardstack.models import DIVERSITY, RELEVANCE
 
 log = logging.getLogger("rewardstack.embedding")
 
-RELEVANCE_BOUNDS = (-0.0246, 0.3)
 HISTORY_SKIP = 500  # the oldest rows the history part ignores
 HISTORY_MAX = 15_500
 CACHE_ENTRIES = 1024  # ~3 MB of 768-d vectors: several steps of prompt + 50 completions
@@ -88,15 +87,14 @@ class Embedder:
     """One encoder checkpoint: windowed (relevance model 1) or truncated (model 2, diversity)."""
 
     def __init__(self, runtime: Runtime, path: str, dtype: str, *, windowed: bool, name: str,
-                 override: int | None = None, revision: str | None = None, options: dict | None = None) -> None:
+                 override: int | None = None, revision: str | None = None, max_batch_tokens: int | None = None) -> None:
         from transformers import AutoModel
 
         self.runtime, self.windowed, self.name = runtime, windowed, name
         self.key = (path, dtype, revision, windowed)
         self.tokenizer, self.model = runtime.models.pretrained(path, AutoModel, dtype=dtype, revision=revision)
         self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, override)
-        opts = options or {}
-        self.max_tokens = int(opts.get("max_batch_tokens", enc.default_pass_tokens(self.max_length, runtime.device)))
+        self.max_tokens = max_batch_tokens or enc.default_pass_tokens(self.max_length, runtime.device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.cache: EmbeddingCache = runtime.options.setdefault("embedding_cache", EmbeddingCache())
         token = min(1000, self.model.config.vocab_size - 1)
@@ -105,7 +103,7 @@ class Embedder:
             self.max_tokens = n
 
         enc.calibrate(runtime, name, self.model, pooled, self.max_length, token, pass_tokens=self.max_tokens,
-                      set_pass_tokens=None if "max_batch_tokens" in opts else set_pass_tokens)
+                      set_pass_tokens=set_pass_tokens if max_batch_tokens is None else None)  # a size set in the config is kept
 
     @classmethod
     def shared(cls, runtime: Runtime, path: str, cfg: ModelConfig, *, windowed: bool, name: str) -> "Embedder":
@@ -115,7 +113,7 @@ class Embedder:
         if key not in pool:
             source, how = load_source(cfg, path)  # a locked commit's snapshot, or the hub id as given
             pool[key] = cls(runtime, source, cfg.dtype, windowed=windowed, name=name, override=cfg.max_length,
-                            revision=how.get("revision"), options=cfg.options)
+                            revision=how.get("revision"), max_batch_tokens=cfg.options.max_batch_tokens)
         return pool[key]
 
     def embed(self, texts: list[str], completions: Sequence[int | None] | None = None) -> list[Embedding]:
@@ -191,7 +189,7 @@ class RelevanceMask(Scorer):
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         if len(cfg.paths) != 2:
             raise ValueError(f"{self.name} takes exactly two embedding models")
-        self.bounds = tuple(cfg.options.get("bounds", RELEVANCE_BOUNDS))
+        self.bounds = tuple(cfg.options.bounds)
         self.first = Embedder.shared(runtime, cfg.paths[0], cfg, windowed=True, name=f"{self.name}[0]")
         self.second = Embedder.shared(runtime, cfg.paths[1], cfg, windowed=False, name=f"{self.name}[1]")
 

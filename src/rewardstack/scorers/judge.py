@@ -77,16 +77,15 @@ class JudgeScorer(Scorer):
         self.cfg, self.runtime = cfg, runtime
         source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
         self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForCausalLM, dtype=cfg.dtype, **how)
-        cap = int(cfg.options.get("max_input", 2048))
-        self.max_len = min(sane_max_length(self.tokenizer, self.model.config, cfg.max_length), cap) - NEW_TOKENS
+        self.max_len = min(sane_max_length(self.tokenizer, self.model.config, cfg.max_length), cfg.options.max_input) - NEW_TOKENS
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
-        self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
+        self.max_batch = cfg.batch_size or cfg.options.max_batch
         # generate() reuses keys and values through cache objects; a legacy-cache model recomputes.
         self.use_cache = choose_path(self.name, self.model.base_model, int(self.model.config.vocab_size),
-                                     wanted=bool(cfg.options.get("kv_cache", True)))
-        calib = min(self.max_len, int(cfg.options.get("calibration_length", 512)))
+                                     wanted=cfg.options.kv_cache)
+        calib = min(self.max_len, cfg.options.calibration_length)
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
 
     def modules(self) -> list[torch.nn.Module]:

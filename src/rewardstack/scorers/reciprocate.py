@@ -97,9 +97,9 @@ class ReciprocateScorer(Scorer):
         self.max_len = min(sane_max_length(self.tokenizer, conf, cfg.max_length), int(getattr(conf, "n_positions", 1 << 30)))
         self.pad_id = conf.pad_token_id
         self.fill_id = int(self.pad_id if self.pad_id is not None else 0)
-        self.use_prefix = choose_path(self.name, self.body, int(conf.vocab_size), wanted=bool(cfg.options.get("shared_prefix", True)))
-        self.max_batch = cfg.batch_size or int(cfg.options.get("max_batch", 16))
-        calib = min(self.max_len, int(cfg.options.get("calibration_length", self.max_len)))  # the planner admits no more
+        self.use_prefix = choose_path(self.name, self.body, int(conf.vocab_size), wanted=cfg.options.shared_prefix)
+        self.max_batch = cfg.batch_size or cfg.options.max_batch
+        calib = min(self.max_len, cfg.options.calibration_length or self.max_len)  # the planner admits no more
         runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=16, max_tokens=4 * calib,
                                  prefix_run=self._dummy_after_prefix if self.use_prefix else None)
 
