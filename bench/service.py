@@ -11,6 +11,13 @@ namespace must end at the number of steps sent (no request lost, none applied tw
 runs 4 clients against a second server with `--batch-requests 1` (no packing) to measure what
 taking several queued requests together buys. Target: the service within 1.15x of the library's
 throughput at 4 clients. Without `--config` it builds the offline stand-ins in a temporary folder.
+
+The fairness row (`--fairness-only` runs it alone) measures what one namespace's largest admitted
+requests do to another's small one: `--fair-large` senders in one namespace keep requests of
+`--fair-work` characters of work (a `--max-chars` prompt, short completions: the shape of issue 33's
+stall) queued back to back, while another namespace sends small steps one after another; the row
+gives the small steps' latency p50/p99/max and how many missed their deadline (504). The server
+runs with `--max-work-chars` set to that work, so the large requests are the largest it admits.
 """
 
 from __future__ import annotations
@@ -179,6 +186,63 @@ def run_library(stack: Any, order: list[tuple[int, dict]], clients: int, state_r
             "p99": _pct(latencies, 99), "peak": _vmhwm(os.getpid()), "lost": 0}
 
 
+def run_fairness(url: str, *, work: int, max_chars: int, large_senders: int, smalls: int) -> dict[str, Any]:
+    """Small steps of one namespace while `large_senders` threads keep large steps of another queued."""
+    import httpx
+
+    n_large = max(1, work // (max_chars + 100))
+    large = {"name": "augment", "prompt": ("a long prompt " * (max_chars // 14 + 1))[:max_chars],
+             "completions": [f"short answer {j}" for j in range(n_large)], "namespace": "fair-large"}
+    stop = threading.Event()
+    large_done: list[float] = []
+    codes: list[int] = []
+
+    def send_large() -> None:
+        with httpx.Client(base_url=url, timeout=900) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                r = c.post("/v1/score", json=large)
+                codes.append(r.status_code)
+                if r.status_code == 200:
+                    large_done.append(time.perf_counter() - t)
+
+    small = {"name": "augment", "prompt": "small?", "namespace": "fair-small",
+             "completions": ["a short answer", "another short answer"]}
+    with httpx.Client(base_url=url, timeout=900) as c:  # unmeasured: first shapes profiled, both namespaces made
+        c.post("/v1/score", json=large)
+        c.post("/v1/score", json=small)
+    threads = [threading.Thread(target=send_large, daemon=True) for _ in range(large_senders)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)  # one running, the others queued behind it
+    latencies: list[float] = []
+    missed = 0
+    with httpx.Client(base_url=url, timeout=900) as c:
+        for k in range(smalls):
+            t = time.perf_counter()
+            r = c.post("/v1/score", json={**small, "prompt": f"small {k}?"})
+            latencies.append(time.perf_counter() - t)
+            missed += r.status_code == 504
+    stop.set()
+    for t in threads:
+        t.join()
+    return {"work": n_large * (max_chars + len(large["completions"][0])), "large_s": statistics.median(large_done) if large_done else float("nan"),
+            "p50": _pct(latencies, 50), "p99": _pct(latencies, 99), "max": max(latencies), "missed": missed,
+            "smalls": smalls, "large_codes": sorted(set(codes))}
+
+
+def _fair_flags(args: argparse.Namespace) -> list[str]:
+    """The fairness row's server flags: the large requests are the largest the server admits."""
+    cap = [] if args.no_work_cap else ["--max-work-chars", str(args.fair_work)]
+    return cap + ["--max-chars", str(args.fair_chars)]
+
+
+def _fair_row(r: dict[str, Any]) -> str:
+    return (f"small request while large ones ({r['work']:,} chars of work, {r['large_s']:.1f} s each) queue from "
+            f"another namespace: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, max {r['max'] * 1000:.0f} ms, "
+            f"missed deadline {r['missed']}/{r['smalls']}")
+
+
 def _row(r: dict[str, Any]) -> str:
     peak = f"{r['peak'] / MiB:8.0f}" if r.get("peak") else "       -"
     return (f"{r['clients']:>7} {r['mode']:<18} {r['requests']:>8} {r['rps']:>8.2f} {r['cps']:>11.1f} "
@@ -194,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per row after which no new request starts")
     p.add_argument("--no-packing-row", action="store_true", help="skip the 4-client row without packing")
     p.add_argument("--quick", action="store_true", help="tiny run: 8 steps of 4 short completions, 1 and 4 clients")
+    p.add_argument("--fairness-only", action="store_true", help="run only the fairness row")
+    p.add_argument("--fair-work", type=int, default=1_048_576, help="characters of work of each large request")
+    p.add_argument("--fair-chars", type=int, default=65_536, help="prompt characters of each large request")
+    p.add_argument("--fair-large", type=int, default=4, help="threads keeping large requests queued")
+    p.add_argument("--fair-smalls", type=int, default=12, help="small requests measured")
+    p.add_argument("--no-work-cap", action="store_true",
+                   help="start the fairness row's server without --max-work-chars (to time a version without it)")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.completions, args.clients, args.time_limit = 8, 4, "1,4", min(args.time_limit, 120.0)
@@ -228,6 +299,17 @@ def main(argv: list[str] | None = None) -> int:
             for s in steps:
                 s["completions"] = [c[:120] for c in s["completions"]]
         queue = str(max(64, 2 * max(counts)))
+        if args.fairness_only:
+            fair_server = ServerProcess(config, tmp / "server-fair.log", *_fair_flags(args))
+            try:
+                fair_server.wait_ready(1800)
+                fair = run_fairness(fair_server.url, work=args.fair_work, max_chars=args.fair_chars,
+                                    large_senders=args.fair_large, smalls=args.fair_smalls)
+            finally:
+                rc = fair_server.stop()
+            print(_fair_row(fair))
+            print(json.dumps({"fairness": fair}), file=sys.stderr)
+            return 0 if rc == 0 else 1
         server = ServerProcess(config, tmp / "server.log", "--queue-size", queue)
         t_load = time.perf_counter()
         stack = RewardStack(load_config(config), load_state=False)
@@ -244,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(_row(svc), file=sys.stderr)
         finally:
             rc = server.stop()
+        fair_server = ServerProcess(config, tmp / "server-fair.log", *_fair_flags(args))
+        try:
+            fair_server.wait_ready(1800)
+            fair = run_fairness(fair_server.url, work=args.fair_work, max_chars=args.fair_chars,
+                                large_senders=args.fair_large, smalls=args.fair_smalls)
+        finally:
+            fair_server.stop()
         if not args.no_packing_row and 4 in counts:
             plain = ServerProcess(config, tmp / "server-nopack.log", "--queue-size", queue, "--batch-requests", "1")
             try:
@@ -267,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if (4, "service, no packing") in by and (4, "service") in by:
         gain = by[(4, "service")]["rps"] / by[(4, "service, no packing")]["rps"]
         print(f"packing queued requests (batch_requests 16 vs 1) at 4 clients: {gain:.2f}x throughput")
+    print(_fair_row(fair))
     lost = sum(r["lost"] for r in rows)
     print(f"requests lost or applied twice: {lost}; server exit status {rc}")
     print(json.dumps({"rows": [{k: v for k, v in r.items() if k not in ("order",)} for r in rows]}), file=sys.stderr)

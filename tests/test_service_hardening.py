@@ -247,3 +247,65 @@ def test_a_disconnect_mid_body_is_a_client_error_in_one_line(make_service, caplo
     said = [r for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith(("rewardstack", "uvicorn"))]
     assert len(said) == 1 and said[0].exc_info is None and "went away" in said[0].getMessage(), \
         [(r.name, r.getMessage()) for r in said]
+
+
+# -- 2. a per-request work cap, and fairness between namespaces ----------------------------------------
+
+def _slow_forward(worker: Worker, seconds_per_char: float) -> list[list[str]]:
+    """Make the worker's forward pass take time in proportion to the characters it reads; returns
+    the log of each turn's prompts."""
+    forward_many = worker.stack.forward_many
+    turns: list[list[str]] = []
+
+    def slow(steps):  # noqa: ANN001, ANN202
+        chars = sum(len(s.prompt) * len(s.completions) + sum(len(c or "") for c in s.completions) for s in steps)
+        turns.append([s.prompt[:12] for s in steps])
+        time.sleep(chars * seconds_per_char)
+        return forward_many(steps)
+
+    worker.stack.forward_many = slow
+    return turns
+
+
+def _big(tag: str) -> dict:
+    return {"name": "augment", "prompt": f"big {tag} " + "p" * 10_000, "completions": [f"{tag} {j} " + "c" * 2000 for j in range(8)]}
+
+
+def test_a_request_past_the_work_cap_is_413_before_any_model_runs(make_service) -> None:  # noqa: ANN001
+    app, worker = make_service(max_work_chars=100_000, max_chars=65536, max_completions=256)
+    turns = _slow_forward(worker, 0.0)
+    too_much = {"name": "augment", "prompt": "p" * 20_000, "completions": ["c"] * 16}  # 16 x 20,001 > 100,000
+
+    async def run() -> httpx.Response:
+        async with client(app) as c:
+            return await c.post("/v1/score", json={**too_much, "namespace": "heavy"})
+
+    r = asyncio.run(run())
+    assert r.status_code == 413 and r.json()["error"]["type"] == "too_much_work", (r.status_code, r.text[:300])
+    assert r.json()["error"]["field"] == "completions" and "max_work_chars" in r.json()["error"]["message"]
+    assert turns == []  # refused before any tokenization or forward pass
+
+
+def test_one_namespaces_largest_requests_do_not_hold_back_anothers_small_one(make_service) -> None:  # noqa: ANN001
+    """Issue 33 #2: another namespace's small request waited behind every large request queued
+    before it (one turn took them all, first come first served)."""
+    app, worker = make_service(max_work_chars=100_000, max_chars=65536, max_completions=256, batch_requests=16,
+                               deadline_s=60.0)
+    per_big = 0.8
+    turns = _slow_forward(worker, per_big / 96_000)  # one large request: 0.8 s
+
+    async def run() -> tuple[float, list[httpx.Response], httpx.Response]:
+        async with client(app, timeout=60) as c:
+            bigs = [asyncio.ensure_future(c.post("/v1/score", json={**_big(str(k)), "namespace": "large"}))
+                    for k in range(4)]
+            await asyncio.sleep(0.3)  # the first large one is running, three wait
+            t0 = time.monotonic()
+            small = await c.post("/v1/score", json=_step("small", namespace="small"))
+            took = time.monotonic() - t0
+            return took, list(await asyncio.gather(*bigs)), small
+
+    took, bigs, small = asyncio.run(run())
+    assert small.status_code == 200 and [b.status_code for b in bigs] == [200] * 4
+    # It waits for the large request that is running, then goes first: not behind the other three.
+    assert took < per_big + 0.6, (took, turns)
+    assert sorted(b.json()["sequence"] for b in bigs) == [1, 2, 3, 4]  # each applied once

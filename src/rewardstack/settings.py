@@ -232,6 +232,8 @@ class ServiceSettings:
     """Most namespaces (clients with their own state); a request for a new one past this is 403."""
     tokens_file: str | None = None
     """TOML table of token SHA-256 hex digest -> namespace the token may use (relative to the config file). $REWARDSTACK_TOKEN is a token for every namespace."""
+    max_work_chars: int = field(default=1024**2, metadata={"check": _positive})
+    """Most work one request may ask, in characters the models read: each live completion with its prompt (and its base prompt when given); more is 413 before tokenizing. A turn of the worker takes at most this much too, so another namespace's request waits for at most one such turn."""
     header_timeout_s: float = field(default=10.0, metadata={"check": _positive})
     """Seconds a connection may take to send a request's headers (from connecting, or from its previous answer); slower is closed."""
     body_timeout_s: float = field(default=30.0, metadata={"check": _positive})

@@ -80,7 +80,7 @@ def metrics_registry() -> Any:
 def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None) -> FastAPI:
     """The FastAPI app; its lifespan starts the worker (models load in the worker's thread)."""
     worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
-                              max_namespaces=settings.max_namespaces)
+                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars)
     metrics = Metrics.create()
 
     @asynccontextmanager
@@ -248,6 +248,7 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, sco
         "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
                                                set(worker.namespaces.on_disk()))
                        if scope in (None, ALL_NAMESPACES) or name == scope],
-        "limits": {k: getattr(settings, k) for k in ("max_body_bytes", "max_completions", "max_chars", "deadline_s")},
+        "limits": {k: getattr(settings, k) for k in ("max_body_bytes", "max_completions", "max_chars", "max_work_chars",
+                                                      "deadline_s")},
         "steps_scored": worker.scored,
     }

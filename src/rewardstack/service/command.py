@@ -18,7 +18,7 @@ from rewardstack.settings import ServiceSettings, field_docs, parse_bytes
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import StackConfig
 
-_INT_FLAGS = ("port", "max_completions", "max_chars", "queue_size", "batch_requests", "max_namespaces")
+_INT_FLAGS = ("port", "max_completions", "max_chars", "max_work_chars", "queue_size", "batch_requests", "max_namespaces")
 
 
 def add_parser(sub: Any) -> None:
@@ -31,6 +31,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-body-bytes", help=docs.get("max_body_bytes"))
     s.add_argument("--max-completions", type=int, help=docs.get("max_completions"))
     s.add_argument("--max-chars", type=int, help=docs.get("max_chars"))
+    s.add_argument("--max-work-chars", type=int, help=docs.get("max_work_chars"))
     s.add_argument("--queue-size", type=int, help=docs.get("queue_size"))
     s.add_argument("--deadline-s", type=float, help=docs.get("deadline_s"))
     s.add_argument("--batch-requests", type=int, help=docs.get("batch_requests"))

@@ -4,8 +4,9 @@ One module for the request and response contract of `POST /v1/score`, so the two
 drift (service/app.py on one worker, distributed/serve.py over state actors):
 
 - the schemas (`SCORE_SCHEMA`, `ERROR_SCHEMA`, `error_responses`) for the OpenAPI document;
-- the body limit (`BodyLimit`, bytes counted as they arrive) and the size limits of a step
-  (`check_limits`: completions and characters, before any tokenization);
+- the body limit (`BodyLimit`, bytes counted as they arrive, and its timeout) and the size limits
+  of a step (`check_limits`: completions, characters and work (`step_work`), before any
+  tokenization);
 - body parsing (`parse_score`): strict JSON through `rewardstack.jsonio` (bad UTF-8, bad syntax,
   `NaN`, nesting past 64 levels are all 400 `invalid_json`, never a 500), then the namespace, the
   sequence number and the step's own validation (422 naming the field);
@@ -186,11 +187,25 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
     return ScoreCall(namespace, sequence, step)
 
 
+def step_work(step: Step) -> int:
+    """The work a step asks of the models, in characters they read: each live (not failed)
+    completion with its prompt, and with its base prompt when one is given (the masks read it).
+
+    A measure known before tokenizing, which grows with what the forward passes cost: the texts'
+    lengths times how many completions read them (`service.max_work_chars` caps it).
+    """
+    live = [c for c in step.completions if c is not None]
+    per = len(step.prompt) + (len(step.base_prompt) if step.base_prompt is not None else 0)
+    return len(live) * per + sum(len(c) for c in live)
+
+
 def check_limits(step: Step, settings: ServiceSettings, limits: InputSettings | None = None) -> None:
     """413 naming the field when the step is past a size limit (checked before any tokenization).
 
     The service refuses what the library would cut: `service.max_chars` and the smaller of
-    `service.max_completions` and `[input] max_completions`.
+    `service.max_completions` and `[input] max_completions`; and a step whose work
+    (`step_work`) is past `service.max_work_chars`, so that no single request holds the one
+    worker for long.
     """
     most = settings.max_completions if limits is None else min(settings.max_completions, limits.max_completions)
     if len(step.completions) > most:
@@ -202,6 +217,12 @@ def check_limits(step: Step, settings: ServiceSettings, limits: InputSettings | 
         if text is not None and len(text) > settings.max_chars:
             raise ServiceError(413, "text_too_long", f"field '{name}': {len(text)} characters, more than "
                                f"{settings.max_chars} (service.max_chars)", field=name)
+    work = step_work(step)
+    if work > settings.max_work_chars:
+        raise ServiceError(413, "too_much_work", f"field 'completions': the step asks the models to read {work} "
+                           f"characters (each live completion with its prompt and base prompt), more than "
+                           f"{settings.max_work_chars} (service.max_work_chars); send fewer or shorter texts",
+                           field="completions")
 
 
 def client_deadline(headers: Mapping[str, str]) -> float:
@@ -367,4 +388,4 @@ def committed_sequence(folder: Path) -> int:
 __all__ = ["BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreCall", "check_limits",
            "answer_of", "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit",
            "parse_score", "response_body", "same_step", "sequence_conflict", "sequence_gap", "step_digest",
-           "stored_answer"]
+           "step_work", "stored_answer"]

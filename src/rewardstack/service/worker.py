@@ -20,6 +20,7 @@ worker and read without waiting by `/healthz`.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import math
@@ -34,7 +35,7 @@ from rewardstack.errors import StateError
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import Namespace, NamespaceLimitError, Namespaces
 from rewardstack.service.protocol import (answer_of, memory_summary, namespace_limit, response_body, same_step,
-                                          sequence_conflict, sequence_gap, step_digest, stored_answer)
+                                          sequence_conflict, sequence_gap, step_digest, step_work, stored_answer)
 from rewardstack.stack import ForwardResult, RewardStack, Step
 
 log = logging.getLogger("rewardstack.service")
@@ -101,13 +102,21 @@ class Worker:
 
     def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
                  max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None,
-                 run_dir: str | None = None) -> None:
+                 run_dir: str | None = None, turn_work: int | None = None) -> None:
         self.config = config
         self.run_dir = run_dir if run_dir is not None else config.telemetry.run_dir
         """Telemetry run directory (timeline, events, incidents, summary); None: none written."""
         self.telemetry: Any = None
         self.batch_requests = max(1, batch_requests)
         self.queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
+        # Jobs taken off the queue and waiting for a turn, one line per namespace (worker thread only).
+        self._lines: dict[str, collections.deque[tuple[int, Job]]] = {}
+        self._waiting = 0  # jobs in the lines (read by the app's thread for the queue length)
+        self._arrivals = 0  # arrival order of the jobs in the lines
+        self._served: dict[str, int] = {}  # namespace -> when it last had a job taken (the rotation)
+        self._picks = 0
+        self.turn_work = turn_work if turn_work is not None else config.service.max_work_chars
+        """Most work (`protocol.step_work`) one turn takes, after its first job (`service.max_work_chars`)."""
         self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
         self.stack: RewardStack | None = None
         self._factory = stack_factory or (lambda cfg: RewardStack(cfg, load_state=False))
@@ -132,12 +141,13 @@ class Worker:
         return self._thread.is_alive()
 
     def queue_length(self) -> int:
-        return self.queue.qsize()
+        """Steps waiting for the worker (in the queue, or taken off it and waiting for their turn)."""
+        return self.queue.qsize() + self._waiting
 
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the queue's expected drain time, at least 1."""
         per = self.step_seconds or 1.0
-        return max(1, math.ceil(self.queue.qsize() * per / self.batch_requests))
+        return max(1, math.ceil(self.queue_length() * per / self.batch_requests))
 
     def submit(self, job: Job) -> None:
         """Queue a job, or raise ServiceError 503 (not ready, shutting down) or 429 (queue full)."""
@@ -149,6 +159,8 @@ class Worker:
                 raise ServiceError(503, "not_ready", "the service is still loading its models; the step was not scored",
                                    headers={"Retry-After": "5"})
             try:
+                if self.queue_length() >= self.queue.maxsize:  # steps waiting for a turn count too
+                    raise queue.Full
                 self.queue.put_nowait(job)
             except queue.Full:
                 raise ServiceError(429, "queue_full", f"the queue is full ({self.queue.maxsize} steps waiting); "
@@ -201,28 +213,60 @@ class Worker:
             self._close()
 
     def _take(self) -> list[Job]:
-        try:
-            first = self.queue.get(timeout=0.2)
-        except queue.Empty:
-            return []
-        batch = [first]
-        while len(batch) < self.batch_requests:
-            try:
-                batch.append(self.queue.get_nowait())
-            except queue.Empty:
+        """The next turn's jobs: fair between namespaces, each namespace's own in order.
+
+        Queued jobs join their namespace's line. A turn takes jobs one at a time from the line of
+        the namespace served least recently (a namespace new to the rotation goes first), up to
+        `batch_requests` jobs and `turn_work` of work (the first job always fits); a job joins
+        only if the turn already holds at least as much work as it brings, so joining at most
+        doubles the turn: a large request never rides along with a small one (whose answer would
+        then wait for it), while requests of like size still share a turn. So a namespace that
+        sends many large requests gets one turn's share in rotation, and another namespace's small
+        request waits for the turn that is running, not for every request queued before it.
+        Within the turn, jobs run in arrival order.
+        """
+        self._admit(wait=not self._lines)
+        picked: list[tuple[int, Job]] = []
+        work = 0
+        while self._lines and len(picked) < self.batch_requests:
+            name = min(self._lines, key=lambda n: self._served.get(n, -1))  # ties: the earliest to arrive
+            line = self._lines[name]
+            cost = step_work(line[0][1].step)
+            if picked and (work + cost > self.turn_work or cost > work):
                 break
-        return batch
+            picked.append(line.popleft())
+            work += cost
+            self._waiting -= 1
+            self._served[name] = self._picks
+            self._picks += 1
+            if not line:
+                del self._lines[name]
+        if len(self._served) > 4 * max(64, self.namespaces.max_namespaces):  # names of refused requests too
+            self._served = {n: t for n, t in self._served.items() if n in self._lines}
+        return [job for _, job in sorted(picked, key=lambda p: p[0])]
+
+    def _admit(self, *, wait: bool) -> None:
+        """Move the queued jobs into their namespaces' lines (waiting up to 0.2 s for one if `wait`)."""
+        while True:
+            try:
+                job = self.queue.get(timeout=0.2) if wait else self.queue.get_nowait()
+            except queue.Empty:
+                return
+            wait = False
+            self._lines.setdefault(job.namespace, collections.deque()).append((self._arrivals, job))
+            self._arrivals += 1
+            self._waiting += 1
 
     def _close(self) -> None:
         """No more jobs: answer what is queued with 503, commit every namespace, stop."""
         with self._lock:
             self.closed = True
             self.ready = False
-        while True:
-            try:
-                job = self.queue.get_nowait()
-            except queue.Empty:
-                break
+        self._admit(wait=False)
+        waiting = [job for line in self._lines.values() for _, job in line]
+        self._lines.clear()
+        self._waiting = 0
+        for job in waiting:
             if job.try_cancel():
                 job.answer(ServiceError(503, "shutting_down", "the service shut down before this step started; "
                                         "it was not scored", headers={"Retry-After": "5"}))
