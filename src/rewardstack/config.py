@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from rewardstack import paths
 from rewardstack.errors import ConfigError
-from rewardstack.lockfile import apply_lock
+from rewardstack.lockfile import is_hub_id, lock_path, read_lock
 from rewardstack.modeloptions import ModelOptions, NoOptions
 from rewardstack.models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, option_keys, options_class,
                                 parse_options, spec)
@@ -292,6 +292,50 @@ def _resolve_dir(path: str, base: Path | None) -> str:
     if base is None or Path(path).is_absolute():
         return path
     return str((base / path).resolve())
+
+
+# -- the lock file, applied (lockfile.py knows the file; the config knows its models' hub ids) --
+_lock_log = logging.getLogger("rewardstack.hub")
+
+
+def hub_ids(cfg: ModelConfig) -> list[str]:
+    """Every hub id one model's config names, in order (paths, then the `base_config` option's)."""
+    out = [p for p in ([cfg.path] if cfg.path else []) + list(cfg.paths) if is_hub_id(p)]
+    # A model whose options name a base config (Dahoas: the body shape and tokenizer, read only
+    # when the folder lacks them) locks it too: it is the same kind of moving target.
+    base = getattr(cfg.options, "base_config", None)
+    if base is not None and is_hub_id(base):
+        out.append(base)
+    return list(dict.fromkeys(out))
+
+
+def apply_lock(cfg: StackConfig, path: str | Path | None = None) -> Path | None:
+    """Pin the config's hub ids to the commits of its lock file (if there is one); returns that file.
+
+    An entry whose requested revision is not what the config asks for now is stale: an error that
+    says to run `download` again (loading another revision than the one locked would defeat it).
+    """
+    if path is None:
+        if cfg.source is None:
+            return None
+        path = lock_path(cfg.source)
+    p = Path(path)
+    if not p.exists():
+        return None
+    for e in read_lock(p):
+        mc = cfg.models.get(e.model)
+        if mc is None or e.hub_id not in hub_ids(mc):
+            _lock_log.info("lock file %s: %s no longer names %s (entry ignored)", p.name, e.model, e.hub_id)
+            continue
+        requested = mc.revision if e.hub_id in ([mc.path] if mc.path else []) + list(mc.paths) else None
+        if requested != e.requested_revision:
+            raise ConfigError(
+                f"models.{e.model}.revision",
+                f"the config asks for {requested or 'the default branch'} of {e.hub_id} but {p.name} locked "
+                f"{e.requested_revision or 'the default branch'}; run `rewardstack download --config {cfg.source}`",
+            )
+        mc.locked[e.hub_id] = e.commit
+    return p
 
 
 def load_config(path: str | Path) -> StackConfig:

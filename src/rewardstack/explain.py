@@ -51,7 +51,8 @@ def explain() -> str:
 
 def check(path: str | Path) -> str:
     """Validate a config file (and the lock file beside it); one line per active model."""
-    from rewardstack.lockfile import hub_ids, lock_path
+    from rewardstack.config import hub_ids
+    from rewardstack.lockfile import lock_path
 
     cfg = load_config(path)
     lock = lock_path(path)

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rewardstack.config import ALL_MODELS
 from rewardstack.errors import ConfigError, ModelLoadError
-from rewardstack.lockfile import COMMIT, LockEntry, hub_ids, is_hub_id, lock_path, write_lock
+from rewardstack.config import hub_ids
+from rewardstack.lockfile import COMMIT, LockEntry, is_hub_id, lock_path, write_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import ModelConfig, StackConfig
