@@ -177,7 +177,7 @@ class _Session:
             event = self.score(body)
         p.opened = False
         p.step = _Step(name, text, base, completions, event)
-        p.bests[name] = str(event.get("best", ""))
+        p.bests[name] = str(event.get("best") or "")
         self._observe(p.step)
         return p.step
 
