@@ -16,7 +16,11 @@ stand-in weights:
    floor, and memory against length); `--real-only` runs just these and rewrites just their section.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
-only to `--out` (a temporary folder by default), never over the committed results.
+only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
+test suite's run (tests/test_bench.py): one tiny row of each kind on the tiny stand-ins (one step of
+three completions, a one-model start-up, one length, the real rows on one step with a short DPO
+calibration); its figures mean nothing, it proves that every row's code runs and writes its table,
+RESULTS.md and plots.
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ def fmt_bytes(n: int | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every row on tiny shapes (~2 min); never overwrites bench/RESULTS.md")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the test suite's run: one tiny row of each kind on the tiny stand-ins (figures mean nothing); "
+                         "never overwrites bench/RESULTS.md")
     ap.add_argument("--out", help="folder for RESULTS.md and the plots (default: bench/ for a full run, a temp folder for --quick)")
     ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu", help="device for the stack")
     ap.add_argument("--uptime-steps", type=int, default=400, help="short steps for the memory-at-rest curve")
@@ -103,8 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     torch.manual_seed(0)
     t_all = time.perf_counter()
-    q = args.quick
-    steps = heavy_tailed_steps(2, 6, long_chars=3_000) if q else heavy_tailed_steps()
+    smoke = args.smoke
+    q = args.quick or smoke
+    fullstack.TINY = smoke
+    if smoke:
+        steps = heavy_tailed_steps(1, 3, long_chars=600, prompt_chars=100)
+    else:
+        steps = heavy_tailed_steps(2, 6, long_chars=3_000) if q else heavy_tailed_steps()
     heavy = max(range(len(steps)), key=lambda k: max(len(c or "") for c in steps[k].completions))
     ref_idx = [0] if q else sorted({0, 1, heavy})
     out_dir = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="bench-quick-")) if q else HERE)
@@ -130,18 +142,24 @@ def main(argv: list[str] | None = None) -> int:
         dpo_rows: list[list[str]] = []
         prop = {"n_embd": 128, "n_layer": 2, "n_head": 2} if q else {"n_embd": 512, "n_layer": 8, "n_head": 8}
         dpo_idx = ref_idx if q else [k for k in range(len(steps)) if k != heavy][:2]
-        dpos = [causal.bench_dpo(root, "tiny CI stand-in", None, steps, ref_idx if q else list(range(len(steps))), dpo_rows, peaks=not q),
-                causal.bench_dpo(root, "proportioned stand-in", prop, steps, dpo_idx, dpo_rows, peaks=False)]
+        # --smoke: no chunk tuning and a short profile (the stand-ins' 8k bound profiles for a minute each)
+        dpo_opts = {"calibration_length": 512, "tune_logits_chunk": False} if smoke else None
+        dpos = [causal.bench_dpo(root, "tiny CI stand-in", None, steps, ref_idx if q else list(range(len(steps))), dpo_rows,
+                                 peaks=not q, options=dpo_opts),
+                causal.bench_dpo(root, "proportioned stand-in", prop, steps, dpo_idx, dpo_rows, peaks=False, options=dpo_opts)]
         stage("start-up: cold, warm and the floor (fresh processes)")
-        su = startup(root / "standins" / "stack.toml", list(st.floor_s), runs=1 if q else 3)
+        if smoke:  # one model: the probes' code, without loading the whole stack three times
+            su = startup(_one_model_config(root / "standins" / "stack.toml"), ["rlhf_reward_model"], runs=1)
+        else:
+            su = startup(root / "standins" / "stack.toml", list(st.floor_s), runs=1 if q else 3)
         stage("memory against length")
         stack = fullstack.build_stack(root, device=args.device)
-        lengths = (500, 2_000) if q else curves.LENGTHS
+        lengths = (500,) if smoke else (500, 2_000) if q else curves.LENGTHS
         length_rows = curves.memory_vs_length(stack, lengths)
         stage("memory against uptime, step time against completions (a fresh stack)")
         stack = fullstack.build_stack(root, device=args.device)
-        up = curves.memory_vs_uptime(stack, 12 if q else args.uptime_steps, 5 if q else 50)
-        sizes = (5, 10) if q else (10, 25, 50, 100, 200)
+        up = curves.memory_vs_uptime(stack, 4 if smoke else 12 if q else args.uptime_steps, 2 if smoke else 5 if q else 50)
+        sizes = (2, 4) if smoke else (5, 10) if q else (10, 25, 50, 100, 200)
         scaling = curves.step_time_vs_completions(stack, sizes, repeats=1 if q else 2)
 
     # -- the table -------------------------------------------------------------------------------
@@ -203,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     say("step time against completions per step: " + ", ".join(f"{n}: {t:.2f} s" for n, t in scaling)
         + f"; per completion {per[0] * 1000:.1f} -> {per[-1] * 1000:.1f} ms ({'linear or better' if per[-1] <= per[0] * 1.1 else 'worse than linear'})")
     stage("rows on the real checkpoints")
-    real_lines = _real_lines(1 if q else 2, 2 if q else None)
+    real_lines = _real_lines(1 if q else 2, 1 if smoke else 2 if q else None, smoke=smoke)
     say()
     for line in real_lines:
         say(line)
@@ -213,18 +231,39 @@ def main(argv: list[str] | None = None) -> int:
     results.plot_length(length_rows, plots / "memory_vs_length.png")
     results.plot_uptime(up, plots / "memory_vs_uptime.png")
     results.plot_scaling(scaling, plots / "step_time_vs_completions.png")
-    _write_markdown(out_dir / "RESULTS.md", lines, q)
+    _write_markdown(out_dir / "RESULTS.md", lines, q, smoke=smoke)
     print(f"\nwrote {out_dir / 'RESULTS.md'} and {plots}/*.png")
     return 0
 
 
-def _real_lines(repeats: int, n_steps: int | None = None) -> list[str]:
+def _one_model_config(config: Path) -> Path:
+    """A copy of the stand-ins' config with OpenAssistant alone (weight 1) and every mask off, beside it."""
+    import tomllib
+
+    data = tomllib.loads(config.read_text(encoding="utf-8"))
+    lines = [f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"' for k, v in data.items() if not isinstance(v, dict)]
+    for name, entry in data["models"].items():
+        lines.append(f"[models.{name}]")
+        for k, v in entry.items():
+            if k == "weight":
+                v = 1.0 if name == "rlhf_reward_model" else 0.0
+            elif k == "enabled":
+                v = False
+            lines.append(f"{k} = " + (f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)))
+        if "weight" not in entry and "enabled" not in entry and name != "rlhf_reward_model":
+            lines.append("enabled = false")
+    out = config.with_name("one-model.toml")
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def _real_lines(repeats: int, n_steps: int | None = None, *, smoke: bool = False) -> list[str]:
     """bench.real's rows, or one line saying why they did not run (the checkpoints are not fetched)."""
     from bench import real
     from rewardstack.realmodels import RealModelsError
 
     try:
-        return real.measure(repeats, n_steps)
+        return real.measure(repeats, n_steps, smoke=smoke)
     except RealModelsError as e:
         return [f"real checkpoints: not run ({e})"]
 
@@ -267,7 +306,7 @@ def _real_section(lines: list[str]) -> str:
                       "```", *lines, "```", REAL_END])
 
 
-def _write_markdown(path: Path, lines: list[str], quick: bool) -> None:
+def _write_markdown(path: Path, lines: list[str], quick: bool, *, smoke: bool = False) -> None:
     """RESULTS.md: the printed table verbatim, the plots, and the reading (kept from the last edit)."""
     reading_marker = "<!-- reading -->"
     reading = ""
@@ -276,7 +315,7 @@ def _write_markdown(path: Path, lines: list[str], quick: bool) -> None:
         if reading_marker in old:
             reading = old.split(reading_marker, 1)[1].strip()
     body = [
-        "# Benchmark results" + (" (quick dry run)" if quick else ""),
+        "# Benchmark results" + (" (smoke run: figures mean nothing)" if smoke else " (quick dry run)" if quick else ""),
         "",
         "Regenerated by `python -m bench` (CPU, offline stand-ins). The table as printed:",
         "",

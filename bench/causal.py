@@ -70,12 +70,13 @@ def print_table(rows: list[list[str]]) -> None:
 
 
 def bench_dpo(root: Path, label: str, overrides: dict | None, steps: list[Step], ref_idx: list[int],
-              out: list[list[str]], peaks: bool) -> dict:
+              out: list[list[str]], peaks: bool, options: dict | None = None) -> dict:
     """One DPO stand-in: rewardstack (per step), the literal reference on the `ref_idx` steps, the
-    body-only floor and the head's matmul on the scored rows; peaks on request."""
+    body-only floor and the head's matmul on the scored rows; peaks on request. `options`: the
+    scorer's own options (`--smoke`: a short calibration, no chunk tuning)."""
     folder = root / f"dpo_{label}"
     entry = dpo.make_standin(folder, config_overrides=overrides)
-    cfg = model_config("dpo_reward_model", folder, entry)
+    cfg = model_config("dpo_reward_model", folder, entry, **({"options": options} if options else {}))
     t_load = time.perf_counter()
     sc = untracked(dpo.build(cfg, runtime(False)))
     t_load = time.perf_counter() - t_load

@@ -52,11 +52,17 @@ class StackTimes:
         return sum(self.ref_s.values())
 
 
+TINY = False
+"""`python -m bench --smoke` sets this: the tiny stand-ins (`make-standins --tiny`: the same families
+and code paths at hidden size 16) instead of the standard ones, so every row runs in seconds."""
+
+
 def build_stack(root: Path, *, device: str = "cpu", extra: dict[str, Any] | None = None) -> RewardStack:
     """The stand-in default stack under `root` (stand-ins built once), with a fresh state dir."""
     from rewardstack.standins import make_standins
+    from rewardstack.standins_tiny import make_tiny_standins
 
-    cfg = load_config(make_standins(root / "standins"))
+    cfg = load_config(make_tiny_standins(root / "standins") if TINY else make_standins(root / "standins"))
     cfg.device = device
     cfg.state_dir = str(root / f"state-{time.monotonic_ns()}")
     for k, v in (extra or {}).items():

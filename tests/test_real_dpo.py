@@ -6,8 +6,12 @@ penalty's two branches (divide a positive logit, multiply a negative one) both m
 in float32 and float16, with the shared-prefix KV cache on (LLaMA takes transformers' cache
 objects) and off, must equal a literal transcription of openvalidators 1.2.0's `reward_single`
 (tests/real_reference.py), run on its own copy of the model in the same dtype, within 1e-4
-relative (float16: the reference's value or its float16 neighbour, see `close`), on the 100 real-text completions of `rewardstack.realtexts` in 10 steps (the one-, two-
-and four-character ones score -11; six run past the bound and are cut).
+relative (float16: the reference's value or its float16 neighbour, see `close`), on three of the
+ten steps of `rewardstack.realtexts` (30 real-text completions): the step of the tiniest ones (the
+one-, two- and four-character ones score -11), the step of natural passages and pairs, and the
+step of the longest ones (heavy repetition; six run past the bound and are cut). The other seven
+steps hold passages of the lengths in between, the same code paths: they cost CI minutes (the
+literal reference's per-position loop over [L, 49,152] logits) and proved nothing these do not.
 
 The length bound is 256 tokens here, not SmolLM2's 8,192: the scorer takes it from `max_length`
 and the reference from its tokenizer's `model_max_length` (the one value the reference reads), so
@@ -36,6 +40,13 @@ pytestmark = pytest.mark.real
 BOUND = 256
 TOL = 1e-4
 _REFERENCE: dict[str, dict[str, float]] = {}
+STEPS = (0, 8, 9)  # the tiniest completions, natural passages (passage0), the longest (cut, repetition)
+
+
+def steps() -> list:
+    """The real-text steps these tests score (`STEPS` of `realtexts.steps()`)."""
+    every = realtexts.steps()
+    return [every[k] for k in STEPS]
 
 
 FLOAT16_TOL = 2e-3  # docs/SEMANTICS.md: agreement within 2e-3 relative in float16
@@ -66,7 +77,7 @@ def reference_scores(dtype: str) -> dict[str, float]:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
         ref = DirectPreferenceRewardModel(model, tok)
         _REFERENCE[dtype] = {label: float(ref.reward_single(prompt, c, "augment"))
-                             for prompt, step in realtexts.steps() for label, c in step}
+                             for prompt, step in steps() for label, c in step}
     return _REFERENCE[dtype]
 
 
@@ -85,11 +96,11 @@ def test_dpo_equals_literal_reference(dtype: str, shared_prefix: bool) -> None:
     assert sc.use_prefix == shared_prefix  # LLaMA passes the cache probe: the cache path really runs
     want = reference_scores(dtype)
     got: dict[str, tuple[float, str, int]] = {}
-    for prompt, step in realtexts.steps():
+    for prompt, step in steps():
         res = sc.score(ScoreRequest(prompt, [c for _, c in step]))
         for (label, c), v, st in zip(step, res.scores, res.statuses):
             got[label] = (v, st, len(sc.tokenizer(prompt + c).input_ids))
-    assert len(got) == 100
+    assert len(got) == 10 * len(STEPS)
     for label, (v, st, n) in got.items():
         assert st == (Status.TRUNCATED if n > BOUND else Status.OK), (label, st, n)
         assert math.isfinite(v) and close(v, want[label], dtype), (dtype, label, v, want[label])

@@ -130,12 +130,18 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
 
 
+TINY_SOAK_STEPS = 60  # the mechanism at CI size; the 10,000-step soak is a command (docs/REPLAY.md)
+
+
 @pytest.mark.slow
 def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    """200 steps on the tiny stack, 10% injected OOMs, 3 SIGKILLs: the verdict passes, and what it
-    claims is recounted here from the files (events once and in order, OOM records, the state)."""
+    """60 steps on the tiny stack (200 until 2026-12-03), 10% injected OOMs, 3 SIGKILLs: the
+    verdict passes, and what it claims is recounted here from the files (events once and in
+    order, OOM records, the state). Seen red at this size with a resume that lost its last
+    committed event (`reconcile_output` returning one hash short: the step scored twice)."""
     rd = tmp_path / "soak"
-    rc = main(["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", "200", "--completions", "10",
+    n = TINY_SOAK_STEPS
+    rc = main(["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", str(n), "--completions", "5",
                "--budget", "64MiB", "--faults", "0.1", "--kills", "3", "--run-dir", str(rd), "--seed", "3"])
     out = capsys.readouterr().out
     v = json.loads((rd / "summary.json").read_text())["soak"]
@@ -154,26 +160,28 @@ def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys
     gave_up = sum(r["action"] == "gave_up" for r in recs)
     assert gave_up == sum(s == "oom" for e in faulted for sts in e["model_statuses"].values() for s in sts)
     state = StateStore(rd / "faulted" / "state").load()
-    assert state["stack"]["steps_scored"] == 200
+    assert state["stack"]["steps_scored"] == n
     assert v["memory"]["points"] >= 10 and v["memory"]["rss_slope_bytes_per_step"] is not None
     # No tensor made on the simulated device outlives its step (a kept activation would show here).
     assert v["memory"]["rest_bytes_max"] == 0
     assert "soak verdict: PASS" in out
     # The clean run's one process is fitted over (nearly) the whole run and printed.
-    assert v["clean_memory"]["processes"] == 1 and v["clean_memory"]["span_steps"] >= 150
+    assert v["clean_memory"]["processes"] == 1 and v["clean_memory"]["span_steps"] >= 3 * n // 4
     assert "clean run's memory at rest" in out
     # --rejudge compares the same files again (nothing scored): the same verdict, the first kept;
     # with one committed value moved by 1e-3 it fails.
-    args = ["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", "200", "--completions", "10",
+    args = ["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", str(n), "--completions", "5",
             "--budget", "64MiB", "--faults", "0.1", "--kills", "3", "--rejudge", str(rd)]
     assert main(args) == 0
     again = json.loads((rd / "summary.json").read_text())
     assert again["soak_before"] == v and again["soak"]["comparison"] == v["comparison"]
     lines = (rd / "faulted" / "events.jsonl").read_text(encoding="utf-8").splitlines()
-    e = json.loads(lines[100])
-    k = next(i for i, x in enumerate(e["rlhf_reward_model"]) if isinstance(x, float) and math.isfinite(x))
+    e = json.loads(lines[n // 2])
+    # A value the comparison checks: finite, of a completion not reported lost ('oom' is skipped).
+    k = next(i for i, x in enumerate(e["rlhf_reward_model"])
+             if isinstance(x, float) and math.isfinite(x) and e["statuses"][i] != "oom")
     e["rlhf_reward_model"][k] += 1e-3
-    lines[100] = json.dumps(e)
+    lines[n // 2] = json.dumps(e)
     (rd / "faulted" / "events.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     capsys.readouterr()
     assert main(args) == 1
