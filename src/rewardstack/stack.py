@@ -216,6 +216,9 @@ BLACKLIST = models.BLACKLIST.name
 DIVERSITY = models.DIVERSITY.name
 RECENT_RESULTS = 64
 """How many committed results a state keeps for retried requests (by sequence number)."""
+RECENT_BYTES = 64 * 2**20
+"""At most this many bytes of kept results (UTF-8): a state holds 64 small answers, or fewer large
+ones (the newest always), so what it keeps of texts is bounded whatever the steps hold."""
 
 
 @dataclass
@@ -281,6 +284,8 @@ class RewardState:
         self.steps_scored = 0
         self.recent: OrderedDict[int, str] = OrderedDict()
         """Sequence number -> the stored response of that step (JSON text), the last RECENT_RESULTS."""
+        self.recent_bytes: int | None = 0
+        """The UTF-8 size of `recent` (None: not counted since a load)."""
         self.dormant: dict[str, dict[str, Any]] = {}
         """Saved state of scorers switched off in this run: carried over untouched, not dropped."""
 
@@ -294,7 +299,7 @@ class RewardState:
         """None when `sequence` (or no sequence) is the next step; the stored result of a repeat.
 
         Raises SequenceError naming the expected number for a gap, or for a repeat whose result is
-        no longer kept (older than the last RECENT_RESULTS).
+        no longer kept (older than the last RECENT_RESULTS, or pushed out by RECENT_BYTES).
         """
         if sequence is None or sequence == self.steps_scored + 1:
             return None
@@ -304,10 +309,15 @@ class RewardState:
         raise SequenceError(sequence, self.steps_scored + 1)
 
     def remember(self, sequence: int, response: str) -> None:
-        """Keep the response of committed step `sequence` for retries (the oldest beyond 64 go)."""
+        """Keep the response of committed step `sequence` for retries: the oldest go beyond
+        RECENT_RESULTS answers or RECENT_BYTES bytes (the newest is always kept)."""
         self.recent[sequence] = response
-        while len(self.recent) > RECENT_RESULTS:
-            self.recent.popitem(last=False)
+        self.recent_bytes = self.recent_bytes + len(response.encode()) if self.recent_bytes is not None else None
+        if self.recent_bytes is None:  # a state just loaded: counted once
+            self.recent_bytes = sum(len(r.encode()) for r in self.recent.values())
+        while len(self.recent) > 1 and (len(self.recent) > RECENT_RESULTS or self.recent_bytes > RECENT_BYTES):
+            _, dropped = self.recent.popitem(last=False)
+            self.recent_bytes -= len(dropped.encode())
 
     # -- the stateful half of a step --------------------------------------------------------
     def _active(self, name: str) -> bool:
@@ -399,6 +409,7 @@ class RewardState:
             stack = sections.get("stack", {})
             self.steps_scored = int(stack.get("steps_scored", 0))
             self.recent = OrderedDict(sorted((int(k), str(v)) for k, v in dict(stack.get("recent", {})).items()))
+            self.recent_bytes = None
             if self._active(BLACKLIST) and BLACKLIST in sections:
                 self.blacklist.load_state_dict(sections[BLACKLIST])
             if self._active(DIVERSITY) and DIVERSITY in sections:

@@ -1,7 +1,10 @@
 """Atomic, versioned persistence of everything that must outlive the process, in one safetensors file.
 
 Tensors (the diversity history) are stored as tensors; everything else (normalizer statistics,
-blacklist lists, the commit journal of `rewardstack.runner`) is JSON in the file's metadata. A save
+blacklist lists, kept answers, the commit journal of `rewardstack.runner`) is one JSON document,
+stored as UTF-8 bytes in a uint8 tensor of the file's body: the safetensors header, where it lived
+up to format 2, is capped at 100 MB and escapes every non-ASCII character (an emoji took 12 bytes),
+so valid steps of long non-ASCII texts made a state that could never be saved again. A save
 writes a temporary file in the same folder, fsyncs it, renames it over the old file and fsyncs the
 folder, so a kill at any moment leaves either the complete old state or the complete new one.
 Never pickle.
@@ -11,6 +14,8 @@ Format versions (`FORMAT_VERSION`, stored in the file):
   2: adds the optional `journal` section (the last commit of `rewardstack score`: which output file,
      how many events it holds after that commit, and the event lines of that commit), so that a
      state one commit ahead of its output can be reconciled after a kill.
+  3: the JSON document moves from the header's metadata into the body (tensor `rewardstack_json`,
+     UTF-8, non-ASCII written as is); the metadata keeps only the format version.
 An older file is migrated when loaded (`MIGRATIONS`); before the first save over it, the original is
 copied to `state.v<N>.safetensors`, so an upgrade never loses it. A file from a newer rewardstack is
 refused with a clear `StateError` and left untouched.
@@ -42,7 +47,9 @@ log = logging.getLogger("rewardstack.state")
 STATE_FILE = "state.safetensors"
 LOCK_FILE = "lock"
 _JSON_KEY = "rewardstack_json"
-FORMAT_VERSION = 2
+"""The JSON document: a metadata key up to format 2, a uint8 tensor of the body from format 3."""
+_VERSION_KEY = "rewardstack_format"
+FORMAT_VERSION = 3
 
 
 class StateLockedError(StateError):
@@ -54,7 +61,13 @@ def _migrate_1_to_2(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
     return sections
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]]] = {1: _migrate_1_to_2}
+def _migrate_2_to_3(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    # Version 3 changes where the JSON is stored, not what it holds.
+    return sections
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]]] = {
+    1: _migrate_1_to_2, 2: _migrate_2_to_3}
 """Format N -> N + 1, applied in order when an older state is loaded."""
 
 
@@ -77,10 +90,13 @@ class StateStore:
                     tensors[f"{section}/{key}"] = value.detach().to("cpu").contiguous()
                 else:
                     plain.setdefault(section, {})[key] = value
-        meta = {_JSON_KEY: json.dumps({"version": FORMAT_VERSION, "sections": plain}, allow_nan=False)}
+        doc = json.dumps({"version": FORMAT_VERSION, "sections": plain}, allow_nan=False, ensure_ascii=False)
+        tensors[_JSON_KEY] = torch.frombuffer(bytearray(doc.encode("utf-8")), dtype=torch.uint8)
+        data = save(tensors, metadata={_VERSION_KEY: str(FORMAT_VERSION)})
         self._keep_older_format()
-        atomic_write_bytes(self.path, save(tensors, metadata=meta), mode=0o600)  # private, as before
+        atomic_write_bytes(self.path, data, mode=0o600)  # private, as before
         self.loaded_version = FORMAT_VERSION
+        log.debug("state saved to %s: %d bytes (%d of JSON)", self.path, len(data), len(doc))
 
     def _keep_older_format(self) -> None:
         """Before the first save over a migrated file, keep the original beside it."""
@@ -114,7 +130,8 @@ class StateStore:
 
             with safe_open(self.path, framework="pt") as f:
                 meta = f.metadata() or {}
-            doc = json.loads(meta.get(_JSON_KEY, "{}"))
+            body = tensors.pop(_JSON_KEY, None)
+            doc = json.loads(body.numpy().tobytes().decode("utf-8") if body is not None else meta.get(_JSON_KEY, "{}"))
         except (SafetensorError, OSError, ValueError) as e:
             raise StateError(f"cannot read state file {self.path}: {e}") from e
         version = doc.get("version", 1)
