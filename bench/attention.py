@@ -54,7 +54,7 @@ def _ids(sc: dpo.DpoScorer, batch: int, length: int) -> list[list[int]]:
 
 def _pass(sc: dpo.DpoScorer, ids: list[list[int]]) -> list[float]:
     with torch.inference_mode():
-        return sc._forward(PrefixRunner(sc.body, [], pad_id=sc.pad_id), ids, [16] * len(ids))
+        return sc._forward(PrefixRunner(sc.body, [], pad_id=sc.fill_id), ids, [16] * len(ids))
 
 
 def _time(sc: dpo.DpoScorer, ids: list[list[int]]) -> float:

@@ -76,7 +76,7 @@ def _scores(sc: dpo.DpoScorer, inputs: list[tuple[list[int], int]]) -> list[floa
     # One input per pass (the model's own attention holds [2, 8192, 8192] float32 scores, 512 MiB
     # each); the scorer's path: full sequence (legacy cache), chunked logits and penalty.
     with torch.inference_mode():
-        return [sc._forward(PrefixRunner(sc.body, [], pad_id=sc.pad_id), [ids], [p])[0] for ids, p in inputs]
+        return [sc._forward(PrefixRunner(sc.body, [], pad_id=sc.fill_id), [ids], [p])[0] for ids, p in inputs]
 
 
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("float16", marks=pytest.mark.slow)])
@@ -155,7 +155,7 @@ def _peak(sc: dpo.DpoScorer, length: int) -> int:
     ids = [[1000 + i % 97 for i in range(length)]]
     tracker = TensorBytesTracker()
     with torch.inference_mode(), tracker.window("dpo") as w:
-        sc._forward(PrefixRunner(sc.body, [], pad_id=sc.pad_id), ids, [1])  # the scoring path
+        sc._forward(PrefixRunner(sc.body, [], pad_id=sc.fill_id), ids, [1])  # the scoring path
     return w.peak_increase
 
 

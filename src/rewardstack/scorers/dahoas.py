@@ -29,12 +29,13 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
-from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
+from rewardstack.scorers.causal import CausalScorer
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
 from rewardstack.memory.planner import PADDING_SLACK
-from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, padding_groups, profile_runner, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
 from rewardstack.models import DAHOAS
 
 
@@ -104,29 +105,28 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
     return tokenizer, body, head
 
 
-class DahoasScorer(Scorer):
+class DahoasScorer(CausalScorer):
     """GPT-J value model; reward is the score with the prompt minus the score without it."""
 
     name = DAHOAS.name
-    kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
-        self.cfg, self.runtime = cfg, runtime
+        super().__init__(cfg, runtime)
         self.tokenizer, self.body, self.head = load_dahoas(cfg, runtime)
         self.eos_id = self.tokenizer.eos_token_id
         self.fill_id = int(self.eos_id if self.eos_id is not None else 0)
         self.max_len = int(cfg.max_length or getattr(self.body.config, "n_positions", 2048))
-        self.use_prefix = choose_path(self.name, self.body, int(self.body.config.vocab_size), wanted=cfg.options.shared_prefix)
-        self.max_batch = cfg.batch_size or cfg.options.max_batch
-        calib = min(self.max_len, cfg.options.calibration_length or self.max_len)  # the planner admits no more
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
+        self.vocab = int(self.body.config.vocab_size)
+        self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=cfg.options.shared_prefix)
+        # Not profiled after a shared prefix: a step's two groups of texts share different prefixes,
+        # and `memory.run` is told neither.
+        self._calibrate(max_batch=4)
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.body, self.head]
 
-    def _dummy(self, b: int, length: int) -> None:
-        ids = dummy_ids(self.body.config.vocab_size, b, length)
-        self._forward(profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.fill_id), ids)
+    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
+        return self._forward(runner, ids)
 
     def _forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
         """Values at the last token of each (already cut) input."""
@@ -175,16 +175,9 @@ class DahoasScorer(Scorer):
 
         outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch, slack=PADDING_SLACK,
                                            prepare=lambda: [r.state() for r in runners], completions=live + live)
-        for k, i in enumerate(live):
-            a, b = outcomes[k], outcomes[n + k]
-            bad = a.status if a.status != "ok" else b.status
-            if bad != "ok":
-                res.scores[i], res.statuses[i] = math.nan, bad
-                continue
-            res.scores[i] = float(a.value) - float(b.value)
-            if cut[k] or cut[n + k]:
-                res.statuses[i] = Status.TRUNCATED
-        return res
+        # Each completion's two runs: with the prompt (first n), alone (next n); reward = the difference.
+        return self._fill(res, live, outcomes, lambda a, b: float(a) - float(b), parts=2,
+                          cut=[cut[k] or cut[n + k] for k in range(n)])
 
 
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:

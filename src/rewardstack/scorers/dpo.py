@@ -32,17 +32,17 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from rewardstack.config import ModelConfig
-from rewardstack.hub import load_source
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.models import DPO
 from rewardstack.scorers.attention import AttentionChoice
 from rewardstack.scorers.attention import install as install_attention
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.causal import CausalScorer
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.common import pad_rows, sane_max_length
 from rewardstack.scorers.dpo_chunks import ChunkPolicy, tune_chunk
@@ -59,15 +59,7 @@ from rewardstack.scorers.dpo_numerics import (  # noqa: F401 - re-exported: the 
 )
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.memory.planner import PADDING_SLACK
-from rewardstack.scorers.prefix import (
-    dummy_ids,
-    PrefixRunner,
-    model_device,
-    profile_runner,
-    run_in_groups,
-    save_standin_tokenizer,
-    split_prefix,
-)
+from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
 
 log = logging.getLogger(__name__)
 
@@ -76,25 +68,23 @@ __all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "PenaltyShapes", "PenaltyV
            "logits_scale", "lse_inplace", "DpoScorer", "build", "make_standin"]
 
 
-class DpoScorer(Scorer):
+class DpoScorer(CausalScorer):
     """The DPO reference-model log-probability reward."""
 
     name = DPO.name
-    kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.cfg, self.runtime = cfg, runtime
-        source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
-        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForCausalLM, dtype=cfg.dtype, **how)
+        super().__init__(cfg, runtime)
+        self.tokenizer, self.model = self._pretrained(AutoModelForCausalLM)
         self.body = self.model.base_model
         self.lm_head = self.model.get_output_embeddings()
         self.scale = logits_scale(self.model)
         self.max_len = sane_max_length(self.tokenizer, self.model.config, cfg.max_length)
+        opts = cfg.options
         # logits_chunk bounds the [rows, V] buffer (memory); within it the fastest row count is
         # measured at load (on CPU a cache-sized chunk is ~4x faster than 512 rows).
-        opts = cfg.options
         max_chunk = opts.logits_chunk
         self.vocab = int(self.lm_head.weight.shape[0])
         self.logit_head = LogitHead(self.lm_head, self.scale)
@@ -108,19 +98,17 @@ class DpoScorer(Scorer):
             log.info("%s: %s", self.name, self.attention.describe())
         else:
             self.attention = install_attention(self.name, self.body, rows=opts.attention_block, vocab=self.vocab)
-        self.max_batch = cfg.batch_size or opts.max_batch
         pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        self.calib_len = min(self.max_len, opts.calibration_length or self.max_len)  # the planner admits no more
+        self.fill_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         # `tune` runs with the calibration (on the device the model runs on), or the calibration
         # cache gives the chunk it found before; a tight budget may lower both knobs per call.
         self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=max_chunk, max_len=self.max_len,
                                   calib_len=self.calib_len, attention=self.attention)
         device_of = lambda: model_device(self.model)  # noqa: E731 - placement may have moved it
-        runtime.memory.calibrate(
-            self.name, self._dummy, max_length=self.calib_len, max_batch=16, chunk=self.chunks.chunk, chunk_rows=True,
+        self._calibrate(
+            max_batch=16, prefixed=True, chunk=self.chunks.chunk, chunk_rows=True,
             tune=(lambda: {"chunk": tune_chunk(self.logit_head, device_of(), max_chunk, self.chunks.timings)}) if tune else None,
-            apply=self.chunks.apply, prefix_run=self._dummy_after_prefix if self.use_prefix else None)
+            apply=self.chunks.apply)
 
     # The chunk policy's figures, as the scorer's (tests and benchmarks read them here).
     @property
@@ -156,9 +144,6 @@ class DpoScorer(Scorer):
     def attention_info(self) -> str:
         return self.attention.describe()
 
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.model]
-
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(h)
         return logits * self.scale if self.scale != 1.0 else logits
@@ -167,19 +152,10 @@ class DpoScorer(Scorer):
         """The length cap the budget leaves after shrinking the chunk and block (`ChunkPolicy.fit`)."""
         return self.chunks.fit(longest)
 
-    def _dummy(self, b: int, length: int) -> None:
-        """A profile pass: B random sequences of `length` tokens, all but the first row scored."""
-        self._dummy_after_prefix(b, length, 1)()
-
-    def _dummy_after_prefix(self, b: int, length: int, prefix: int) -> Callable[[], object]:
-        """A profile pass whose rows share their first `prefix` tokens, which are the prompt (not
-        scored), as a step's prompt is the shared prefix of its completions: the prefix runs now
-        (as `prepare` runs it), the returned call runs the rest."""
-        ids = dummy_ids(self.vocab, b, length)  # random ids: the penalty sees the most columns
-        runner = profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.pad_id, prefix=prefix)
-        with torch.inference_mode():
-            runner.state()
-        return lambda: self._forward(runner, ids, [max(1, runner.length)] * b)
+    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
+        # The shared prefix is the prompt (not scored), as a step's prompt is its completions'
+        # shared prefix: every row after it is scored (after the first token without a prefix).
+        return self._forward(runner, ids, [max(1, runner.length)] * len(ids))
 
     def _forward(self, runner: PrefixRunner, ids: Sequence[list[int]], plens: Sequence[int]) -> list[float]:
         """Scores of sequences `ids` (full ids, prefix included) run against the runner's prefix."""
@@ -187,7 +163,7 @@ class DpoScorer(Scorer):
         c = runner.length
         h, _ = runner.run([x[c:] for x in ids])
         n = torch.tensor([len(x) for x in ids], device=device)
-        padded = pad_rows(ids, self.pad_id)[0]
+        padded = pad_rows(ids, self.fill_id)[0]
         hidden_at = lambda s, p: runner.rows(h, s, p)  # noqa: E731
         out = chunked_logprobs(
             hidden_at, self.logit_head, padded.to(device), torch.tensor(list(plens), device=device), n,
@@ -238,7 +214,7 @@ class DpoScorer(Scorer):
         if not keep:
             return res
         prefix, _ = split_prefix(ids, self.use_prefix)
-        runner = PrefixRunner(self.body, prefix, pad_id=self.pad_id)
+        runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id)
         # The cost model's prefix: profiled as shared tokens that are also unscored prompt rows, so
         # never more than the prompt (rows past it are scored even where completions share them).
 
@@ -249,13 +225,13 @@ class DpoScorer(Scorer):
 
         outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
                                           slack=PADDING_SLACK, prefix=min(runner.length, p), completions=keep)
-        for i, o in zip(keep, outcomes):
-            if o.status != "ok":
-                res.scores[i], res.statuses[i] = math.nan, o.status
-            else:
-                v = float(o.value)
-                res.scores[i] = v if math.isfinite(v) else LOW
-        return res
+        return self._fill(res, keep, outcomes, _finite_or_low)
+
+
+def _finite_or_low(value: float) -> float:
+    """A sequence's score: the reference's NaN or inf result scores -11."""
+    v = float(value)
+    return v if math.isfinite(v) else LOW
 
 
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:

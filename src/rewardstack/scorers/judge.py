@@ -14,7 +14,6 @@ long, the filled text is cut from the left so the instructions at the end surviv
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,8 @@ from typing import Any
 import torch
 
 from rewardstack.config import ModelConfig
-from rewardstack.hub import load_source
-from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
+from rewardstack.scorers.causal import CausalScorer
 from rewardstack.scorers.common import pad_rows, sane_max_length
 from rewardstack.scorers.kvcache import choose_path, greedy_tokens
 from rewardstack.scorers.prefix import dummy_ids, model_device, save_standin_tokenizer
@@ -65,35 +64,28 @@ def extract_score(text: str) -> float:
     return int(m.group(1)) / 10 if m else 0.0
 
 
-class JudgeScorer(Scorer):
+class JudgeScorer(CausalScorer):
     """An LLM asked for a 0..10 score per completion; 2 greedy tokens, left-padded batches."""
 
     name = JUDGE.name
-    kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.cfg, self.runtime = cfg, runtime
-        source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
-        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForCausalLM, dtype=cfg.dtype, **how)
+        super().__init__(cfg, runtime)
+        self.tokenizer, self.model = self._pretrained(AutoModelForCausalLM)
         self.max_len = min(sane_max_length(self.tokenizer, self.model.config, cfg.max_length), cfg.options.max_input) - NEW_TOKENS
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
-        self.max_batch = cfg.batch_size or cfg.options.max_batch
         # generate() reuses keys and values through cache objects; a legacy-cache model recomputes.
         self.use_cache = choose_path(self.name, self.model.base_model, int(self.model.config.vocab_size),
                                      wanted=cfg.options.kv_cache)
-        calib = min(self.max_len, cfg.options.calibration_length)
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=4)
-
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.model]
+        self._calibrate(max_batch=4)
 
     def _dummy(self, b: int, length: int) -> None:
-        ids = dummy_ids(self.model.config.vocab_size, b, length)
-        self.generate(ids)
+        """A profile pass: generation from B random sequences of `length` tokens (no shared prefix)."""
+        self.generate(dummy_ids(self.model.config.vocab_size, b, length))
 
     def encode(self, prompt: str, completion: str, template: str) -> tuple[list[int], bool]:
         """Token ids of the filled template within the bound, and whether anything was cut."""
@@ -144,14 +136,7 @@ class JudgeScorer(Scorer):
 
         outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch,
                                            completions=live)
-        for (_, was_cut), i, o in zip(enc, live, outcomes):
-            if o.status != "ok":
-                res.scores[i], res.statuses[i] = math.nan, o.status
-                continue
-            res.scores[i] = extract_score(o.value)
-            if was_cut:
-                res.statuses[i] = Status.TRUNCATED
-        return res
+        return self._fill(res, live, outcomes, extract_score, cut=[was_cut for _, was_cut in enc])
 
 
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:

@@ -12,20 +12,18 @@ each input's chosen position.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from rewardstack.config import ModelConfig
-from rewardstack.hub import load_source
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack.scorers.causal import CausalScorer
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.common import sane_max_length
 from rewardstack.memory.planner import PADDING_SLACK
-from rewardstack.scorers.prefix import dummy_ids, PrefixRunner, model_device, profile_runner, run_in_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
 from rewardstack.models import RECIPROCATE
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
@@ -78,18 +76,16 @@ def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[li
     return ids, [n > 1 for n in rows_of], [list(types[first[k]]) for k in range(len(texts))] if types is not None else None
 
 
-class ReciprocateScorer(Scorer):
+class ReciprocateScorer(CausalScorer):
     """GPT-J reward classifier with the Open Assistant prompt format."""
 
     name = RECIPROCATE.name
-    kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         from transformers import AutoModelForSequenceClassification
 
-        self.cfg, self.runtime = cfg, runtime
-        source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
-        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForSequenceClassification, dtype=cfg.dtype, **how)
+        super().__init__(cfg, runtime)
+        self.tokenizer, self.model = self._pretrained(AutoModelForSequenceClassification)
         self.body = self.model.base_model
         self.head = self.model.score
         conf = self.model.config
@@ -97,26 +93,12 @@ class ReciprocateScorer(Scorer):
         self.max_len = min(sane_max_length(self.tokenizer, conf, cfg.max_length), int(getattr(conf, "n_positions", 1 << 30)))
         self.pad_id = conf.pad_token_id
         self.fill_id = int(self.pad_id if self.pad_id is not None else 0)
-        self.use_prefix = choose_path(self.name, self.body, int(conf.vocab_size), wanted=cfg.options.shared_prefix)
-        self.max_batch = cfg.batch_size or cfg.options.max_batch
-        calib = min(self.max_len, cfg.options.calibration_length or self.max_len)  # the planner admits no more
-        runtime.memory.calibrate(self.name, self._dummy, max_length=calib, max_batch=16, max_tokens=4 * calib,
-                                 prefix_run=self._dummy_after_prefix if self.use_prefix else None)
+        self.vocab = int(conf.vocab_size)
+        self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=cfg.options.shared_prefix)
+        self._calibrate(max_batch=16, prefixed=True, max_tokens=4 * self.calib_len)
 
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.model]
-
-    def _dummy(self, b: int, length: int) -> None:
-        self._dummy_after_prefix(b, length, 1)()
-
-    def _dummy_after_prefix(self, b: int, length: int, prefix: int) -> Callable[[], object]:
-        """A profile pass of B random sequences of `length` tokens sharing their first `prefix`:
-        the prefix runs now (as `prepare` runs it), the returned call runs the rest."""
-        ids = dummy_ids(self.model.config.vocab_size, b, length)
-        runner = profile_runner(self.body, ids, enabled=self.use_prefix, pad_id=self.fill_id, prefix=prefix)
-        with torch.inference_mode():
-            runner.state()
-        return lambda: self._forward(runner, ids, [length - 1] * b)
+    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
+        return self._forward(runner, ids, [len(ids[0]) - 1] * len(ids))  # read at the last token
 
     def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int],
                  types: list[list[int]] | None = None) -> list[float]:
@@ -157,12 +139,7 @@ class ReciprocateScorer(Scorer):
 
         outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
                                           slack=PADDING_SLACK, prefix=runner.length, completions=live)
-        for i, o in zip(live, outcomes):
-            if o.status != "ok":
-                res.scores[i], res.statuses[i] = math.nan, o.status
-            else:
-                res.scores[i] = float(o.value)
-        return res
+        return self._fill(res, live, outcomes, float)
 
 
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
