@@ -1,8 +1,9 @@
-"""Calibration: the memory manager's load-time profiles that fit each model's cost model.
+"""Calibration: the load-time profiles that fit each model's cost model, or the cache's saved fit.
 
-A mixin of `MemoryManager` (`rewardstack.memory.manager`): `calibrate` queues or runs a model's
-profile (or reads it from the calibration cache), `run_calibrations` runs the queue where each
-model will run, `measure` gives the peak of one call.
+`ProfileRequest` is one `MemoryManager.calibrate` call (what to run, at which shapes, and what the
+calibration key records of it); `Calibrator` owns what calibration remembers (each model's key,
+the queue kept while the models load on the host, the names profiled and the seconds spent, the
+run each fit was measured with) and fits a request; `measure_peak` is the peak of one call.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from rewardstack.memory.calibration import calibration_key, environment
+from rewardstack.memory.calibration import CalibrationCache, calibration_key, environment
 from rewardstack.memory.costmodel import CostModel, ProfileCapped, profile, profile_shapes
 from rewardstack.memory.observers import ProfileRecord
 from rewardstack.memory.peaks import PeakWindow
@@ -24,132 +26,145 @@ from rewardstack.models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
 
+Shapes = Sequence[tuple[int, int]] | Callable[[dict[str, Any]], Sequence[tuple[int, int]]] | None
 
-class Calibrating:
-    """`MemoryManager`'s calibration (state lives on the manager)."""
 
-    def calibrate(
-        self,
-        name: str,
-        run: Callable[[int, int], Any],
-        *,
-        max_length: int,
-        max_batch: int = 8,
-        shapes: Sequence[tuple[int, int]] | Callable[[dict[str, Any]], Sequence[tuple[int, int]]] | None = None,
-        chunk: int | None = None,
-        chunk_rows: bool = False,
-        max_tokens: int | None = None,
-        tune: Callable[[], dict[str, Any]] | None = None,
-        apply: Callable[[dict[str, Any]], None] | None = None,
-        limit_s: float | None = None,
-        prefix_run: Callable[[int, int, int], Any] | None = None,
-        lone_run: Callable[[int], Any] | None = None,
-    ) -> CostModel:
-        """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
+@dataclass
+class ProfileRequest:
+    """One scorer's profile as `MemoryManager.calibrate` was asked for it (its arguments, same names).
 
-        `run` must take the scorer's own path (its prefix cache, its penalty): the fit is only as
-        good as the passes it measured. The planner admits nothing past the largest profiled shape,
-        so `max_length` should be the longest input the scorer admits. `max_tokens` drops shapes
-        wider than that (B*L) from the default grid (and caps batches there).
-        `chunk`: the scorer computes logits in chunks of this many positions (adds that term);
-        `chunk_rows`: the chunks run over the rows of the whole batch, not of each sequence.
-        `tune()`: settings measured before profiling (e.g. DPO's logits chunk, {"chunk": 128});
-        `apply(settings)` hands them, or the cached ones, back to the scorer.
-        `shapes` may be a function of those settings (a tuned pass size decides how wide the
-        profiled batches must reach); its qualified name then stands for it in the cache key.
-        `limit_s` caps the profile's time (a profile asked for mid-run, inside a step): past it
-        `costmodel.ProfileCapped` is raised, nothing is fitted or cached, and the caller keeps a
-        setting it has a cost model for. Every profile that runs is told to the observers
-        (`ProfileRecord`: the telemetry's `profiling` records).
-        `prefix_run(B, L, P)`: the pass after a shared prefix of P tokens (a causal scorer's
-        `PrefixRunner`); profiled too, it lets `run(prefix=)` predict such passes below the bound.
-        `lone_run(L)`: one unpadded input (an encoder drops the mask then); fits batches of one.
+    `tracked`: `tune` is timed under the simulated device's tracker (recorded in the key).
+    """
 
-        With a calibration cache and a known model (`model_keys`), a fit saved under the same key
-        is reused without profiling. Inside `deferred_calibration()` the work is queued until
-        `run_calibrations()`, after placement has put the models where they will run.
-        """
-        grid_of = shapes if callable(shapes) else None
-        grid = list(shapes) if shapes is not None and grid_of is None else None  # type: ignore[arg-type]
-        if grid is None and grid_of is None and max_tokens is None:
-            max_tokens = int(max_length)  # batches up to one longest input's tokens (TEI-like)
-        args = {"max_length": int(max_length), "max_batch": int(max_batch),
-                "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": chunk,
-                "chunk_rows": chunk_rows, "max_tokens": max_tokens, "tuned": tune is not None}
-        if tune is not None and self.tracker is not None:  # timed under the tracker (see below)
-            args["tuned_tracked"] = True
-        if prefix_run is not None:  # only then: the other scorers' cached fits keep their keys
-            args["prefixed"] = True
-        if lone_run is not None:
-            args["lone"] = True
+    name: str
+    run: Callable[[int, int], Any]
+    max_length: int
+    max_batch: int = 8
+    shapes: Shapes = None
+    chunk: int | None = None
+    chunk_rows: bool = False
+    max_tokens: int | None = None
+    tune: Callable[[], dict[str, Any]] | None = None
+    apply: Callable[[dict[str, Any]], None] | None = None
+    limit_s: float | None = None
+    prefix_run: Callable[[int, int, int], Any] | None = None
+    lone_run: Callable[[int], Any] | None = None
+    tracked: bool = False
+    key_args: dict[str, Any] = field(init=False)
+    """What the calibration key records of the request (with the model's key and the environment)."""
 
-        def work() -> CostModel:
-            key = self._calibration_key(name, args)
-            entry = self.calibration.get(key) if (self.calibration is not None and key is not None) else None
-            if entry is not None:
-                cost = CostModel.from_dict(entry["cost"])
-                if apply is not None:
-                    apply(dict(entry.get("settings", {})))
-                log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
-            else:
-                started = time.perf_counter()
-                settings = {}
-                if tune is not None:  # timing passes, not a scoring pass: the budget does not bound them
-                    # Timed as the passes will run: on the simulated device every aten op also pays
-                    # the tracker's dispatch (~10 us), which an untracked timing leaves out; DPO's
-                    # tiny soak stack then picked 32-row chunks and spent 12,700 ops a step on them.
-                    with torch.inference_mode(), _tracked_no_budget(self.tracker):
-                        settings = tune()
-                if apply is not None:
-                    apply(dict(settings))
-                use_chunk = settings.get("chunk", chunk)
-                if grid_of is not None:
-                    shapes_ = list(grid_of(settings))
-                else:
-                    shapes_ = grid if grid is not None else profile_shapes(max_length, max_batch, use_chunk, max_tokens)
-                began = time.time()
-                try:
-                    cost = profile(run, lambda fn: self.measure(fn, f"profile:{name}"), shapes_, use_chunk, chunk_rows,
-                                   limit_s=limit_s, prefix_run=prefix_run, lone_run=lone_run)
-                except ProfileCapped as e:
-                    self.calibration_seconds += time.perf_counter() - started
-                    self._publish_profile(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started,
-                                                        len(shapes_), e.measured, True, limit_s))
-                    raise
-                self.profiled.append(name)
-                self.calibration_seconds += time.perf_counter() - started
-                self._publish_profile(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started,
-                                                    len(shapes_), len(shapes_), False, limit_s))
-                if self.calibration is not None and key is not None:
-                    self.calibration.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
-            self.set_cost_model(name, cost)
-            self._profile_runs[name] = run
-            return cost
+    def __post_init__(self) -> None:
+        grid_of = self.shapes if callable(self.shapes) else None
+        if self.shapes is None and self.max_tokens is None:
+            self.max_tokens = int(self.max_length)  # batches up to one longest input's tokens (TEI-like)
+        grid = list(self.shapes) if self.shapes is not None and grid_of is None else None  # type: ignore[arg-type]
+        self.key_args = {"max_length": int(self.max_length), "max_batch": int(self.max_batch),
+                         "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": self.chunk,
+                         "chunk_rows": self.chunk_rows, "max_tokens": self.max_tokens, "tuned": self.tune is not None}
+        if self.tracked and self.tune is not None:  # timed under the tracker (see `Calibrator.fit`)
+            self.key_args["tuned_tracked"] = True
+        if self.prefix_run is not None:  # only then: the other scorers' cached fits keep their keys
+            self.key_args["prefixed"] = True
+        if self.lone_run is not None:
+            self.key_args["lone"] = True
 
-        if self._pending is not None:
-            # Keep the name taken (a checkpoint shared by two scorers is profiled once).
-            self.cost_models.setdefault(name, CostModel())
-            self._pending.append((name, work))
-            return self.cost_models[name]
-        owner = owner_of(name)
-        if self.placement is not None and owner in self.placement.names():
-            self.placement.ensure(owner)  # a profile after start-up (DPO's smaller chunk) runs where scoring does
-        return work()
+    def grid(self, settings: dict[str, Any]) -> list[tuple[int, int]]:
+        """The shapes to profile once `settings` (what `tune` measured) are known."""
+        if callable(self.shapes):
+            return list(self.shapes(settings))
+        if self.shapes is not None:
+            return list(self.shapes)
+        return profile_shapes(self.max_length, self.max_batch, settings.get("chunk", self.chunk), self.max_tokens)
 
-    def _publish_profile(self, record: ProfileRecord) -> None:
-        for o in list(self.observers):
-            o.profiled(record)
 
-    def _calibration_key(self, name: str, args: dict[str, Any]) -> str | None:
-        owner = owner_of(name)
-        model = self.model_keys.get(name, self.model_keys.get(owner))
+class Calibrator:
+    """Fits cost models for the manager and remembers what calibration did.
+
+    `device`: where the profiles run (part of every key's environment); `publish`: told of every
+    profile that runs (`ProfileRecord`, the telemetry's `profiling` records).
+    """
+
+    def __init__(self, device: torch.device, publish: Callable[[ProfileRecord], None]) -> None:
+        self.device = device
+        self.publish = publish
+        self.model_keys: dict[str, dict[str, Any]] = {}  # scorer name -> what its fit depends on
+        self.profiled: list[str] = []  # names whose cost model was measured in this process
+        self.seconds = 0.0  # spent tuning and profiling (a cache read costs none)
+        self.profile_runs: dict[str, Callable[[int, int], Any]] = {}  # the run each fit measured
+        self._pending: list[tuple[str, Callable[[], CostModel]]] | None = None
+
+    def describe_model(self, model_cfg: Any, cache: CalibrationCache | None) -> None:
+        """Record what a scorer's fits depend on, the model part of its calibration key: its
+        checkpoints by content (`calibration.checkpoint_identity`, not where they sit, so another
+        config or folder with the same checkpoint shares the fit) and its settings."""
+        from dataclasses import asdict
+
+        from rewardstack.memory.calibration import checkpoint_identity
+
+        d = {k: v for k, v in asdict(model_cfg).items() if k not in ("weight", "enabled", "path", "paths")}
+        if cache is not None:  # hashing the checkpoint serves the cache only
+            d["checkpoints"] = [checkpoint_identity(p, cache) for p in [model_cfg.path, *model_cfg.paths] if p]
+            cache.save()  # digests of new files: not read again at the next start
+        self.model_keys[model_cfg.name] = d
+
+    def key(self, request: ProfileRequest) -> str | None:
+        """The request's calibration key (None: its model was never described, so nothing is cached)."""
+        model = self.model_keys.get(request.name, self.model_keys.get(owner_of(request.name)))
         if model is None:
             return None
-        return calibration_key({"scorer": name, **model}, args, environment(self.device))
+        return calibration_key({"scorer": request.name, **model}, request.key_args, environment(self.device))
 
+    def fit(self, request: ProfileRequest, cache: CalibrationCache | None, tracker: TensorBytesTracker | None) -> CostModel:
+        """The request's cost model: the cache's fit under its key, else tuned, profiled (peaks
+        measured under `tracker` on the simulated device) and saved there.
+
+        `costmodel.ProfileCapped` (past `limit_s`) propagates with nothing fitted or cached.
+        """
+        name = request.name
+        key = self.key(request)
+        entry = cache.get(key) if (cache is not None and key is not None) else None
+        if entry is not None:
+            cost = CostModel.from_dict(entry["cost"])
+            if request.apply is not None:
+                request.apply(dict(entry.get("settings", {})))
+            log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
+            self.profile_runs[name] = request.run
+            return cost
+        started = time.perf_counter()
+        settings: dict[str, Any] = {}
+        if request.tune is not None:  # timing passes, not a scoring pass: the budget does not bound them
+            # Timed as the passes will run: on the simulated device every aten op also pays the
+            # tracker's dispatch (~10 us), which an untracked timing leaves out; DPO's tiny soak
+            # stack then picked 32-row chunks and spent 12,700 ops a step on them.
+            with torch.inference_mode(), _tracked_no_budget(tracker):
+                settings = request.tune()
+        if request.apply is not None:
+            request.apply(dict(settings))
+        use_chunk = settings.get("chunk", request.chunk)
+        shapes = request.grid(settings)
+        began = time.time()
+        try:
+            cost = profile(request.run, lambda fn: measure_peak(fn, f"profile:{name}", tracker, self.device), shapes,
+                           use_chunk, request.chunk_rows, limit_s=request.limit_s, prefix_run=request.prefix_run,
+                           lone_run=request.lone_run)
+        except ProfileCapped as e:
+            self.seconds += time.perf_counter() - started
+            self.publish(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started,
+                                       len(shapes), e.measured, True, request.limit_s))
+            raise
+        self.profiled.append(name)
+        self.seconds += time.perf_counter() - started
+        self.publish(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started,
+                                   len(shapes), len(shapes), False, request.limit_s))
+        if cache is not None and key is not None:
+            cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
+        self.profile_runs[name] = request.run
+        return cost
+
+    # -- the queue kept while models load on the host -----------------------------------------
     @contextmanager
-    def deferred_calibration(self) -> Iterator[None]:
-        """Queue `calibrate` calls made inside (models load on the host first; see `run_calibrations`)."""
+    def deferred(self) -> Iterator[None]:
+        """Queue the work `queue` is given inside (see `MemoryManager.deferred_calibration`)."""
         self._pending = []
         try:
             yield
@@ -157,26 +172,23 @@ class Calibrating:
             self._pending = None
             raise
 
-    def run_calibrations(self) -> list[str]:
-        """Run the queued calibrations, each with its model on the device it will run on.
+    def queue(self, name: str, work: Callable[[], CostModel]) -> bool:
+        """Queue `work` when inside `deferred()` (True); False: the caller runs it now."""
+        if self._pending is None:
+            return False
+        self._pending.append((name, work))
+        return True
 
-        A model placement swaps is brought in for its profile (evicting as scoring would); a model
-        placed on the CPU is profiled there. Afterwards memory that appeared outside torch (cuBLAS
-        workspaces appear at the first matmul) is measured and taken off the activation budget.
-        Returns the names calibrated.
-        """
+    def run_queue(self, before: Callable[[str], None]) -> list[str]:
+        """Run the queued work in order, `before(name)` first for each; the names run."""
         pending, self._pending = self._pending or [], None
-        if self.placement is None and self._registered:
-            self.place(None)  # no setup (a manager handed in): every model resident, moved there now
         done = []
         from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
 
         bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
         for name, work in bar:
             bar.set_postfix_str(name)
-            owner = owner_of(name)
-            if self.placement is not None and owner in self.placement.names():
-                self.placement.ensure(owner)
+            before(name)
             t0 = time.perf_counter()
             work()
             seconds = time.perf_counter() - t0
@@ -184,33 +196,18 @@ class Calibrating:
                 log.info("calibration of %s took %.1fs", name, seconds)
             done.append(name)
         bar.close()
-        if self.startup is not None and self.budget is not None and self.budget.activation_bytes is not None:
-            before = self.budget.non_torch_bytes
-            grown = self.measure_non_torch() - before
-            if grown > 0 and self.budget.source != "config":
-                self.budget.non_torch_bytes = self.non_torch_bytes
-                self.budget.activation_bytes = max(0, self.budget.activation_bytes - grown)
-                log.info("memory outside torch grew by %d bytes while profiling: %s", grown, self.budget.describe())
-                self.set_budget(self.budget.activation_bytes)
-        if self.calibration is not None:
-            log.info("calibration: %d profiled (%.1fs), %d read from %s", len(self.profiled),
-                     self.calibration_seconds, self.calibration.hits, self.calibration.path)
         return done
 
-    def check_cost_model(self, name: str, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
-        """(B, L, predicted, measured) at `shapes`, measured with the profile run `calibrate` used."""
-        run, cost = self._profile_runs[name], self.cost_models[name]
-        return [(b, l, cost.predict(b, l), self.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]
 
-    # -- measuring --------------------------------------------------------------------------
-    def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
-        """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
-        with torch.inference_mode():  # what `run` does: no autograd graph is kept
-            if self.tracker is not None:
-                with self.tracker.window(name) as w, _no_budget(self.tracker):
-                    fn()
-                return w.peak_increase
-            return _cuda_peak(fn, self.device)  # pragma: no cover - CUDA-only path
+def measure_peak(fn: Callable[[], Any], name: str, tracker: TensorBytesTracker | None, device: torch.device) -> int:
+    """Peak activation bytes of running `fn` in inference mode: the tracker's count on the simulated
+    device (its budget lifted: profile runs may pass it), the allocator's on CUDA."""
+    with torch.inference_mode():  # what `MemoryManager.run` does: no autograd graph is kept
+        if tracker is not None:
+            with tracker.window(name) as w, _no_budget(tracker):
+                fn()
+            return w.peak_increase
+        return _cuda_peak(fn, device)  # pragma: no cover - CUDA-only path
 
 
 @contextmanager

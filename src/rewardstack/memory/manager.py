@@ -1,9 +1,10 @@
 """The memory manager: the one object scorers ask to run their forward passes.
 
-Split along its seams: sizing the card and the budget (`sizing.CardSizing`: `setup`,
-`live_bytes`), calibration (`calibrating.Calibrating`: `calibrate`, `run_calibrations`,
-`measure`) and the guarded run (`guarded.GuardedRun`: `run`); this module holds the state they
-share, registration, placement, cost models and the observers.
+One class composed of helpers that own their own state: the card it sizes the budget on
+(`sizing.Card`: the device at start and now, memory outside torch, `setup`'s budget), the
+calibrator (`calibrating.Calibrator`: model keys, the deferred queue, profiles or cache reads)
+and the guarded run's passes (`guarded`: plain functions given what they use). This module holds
+the manager's own state: budget, tracker, cost models, placement, OOM log and observers.
 
 It owns the budget, the tracker (simulated device on CPU), the per-model cost models, the OOM log
 and (when the stack's weights do not fit) the placement. `run` plans batches from token lengths,
@@ -29,21 +30,23 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable
+from contextlib import ExitStack, contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from rewardstack.memory.budget import Budget, DeviceSnapshot
-from rewardstack.memory.calibrating import Calibrating
+from rewardstack.memory.budget import Budget, DeviceSnapshot, weights_bytes
+from rewardstack.memory.calibrating import Calibrator, ProfileRequest, Shapes, measure_peak
 from rewardstack.memory.calibration import CalibrationCache
 from rewardstack.memory.costmodel import CostModel
-from rewardstack.memory.guard import FaultInjector, OomRecord
-from rewardstack.memory.guarded import GuardedRun
-from rewardstack.memory.observers import MemoryObserver, PlacementMove
+from rewardstack.memory.guard import FaultInjector, OomRecord, Outcome
+from rewardstack.memory.guarded import Forward, cpu_fallback, prepare_batches, run_batches
+from rewardstack.memory.observers import MemoryObserver, PlacementMove, ProfileRecord
 from rewardstack.memory.placement import Decision, Placement
-from rewardstack.memory.planner import max_fitting_length
-from rewardstack.memory.sizing import CardSizing
+from rewardstack.memory.planner import max_fitting_length, plan_batches
+from rewardstack.memory.sizing import Card
 from rewardstack.memory.tracker import TensorBytesTracker
+from rewardstack.models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -51,7 +54,7 @@ log = logging.getLogger("rewardstack.memory")
 OOM_LOG_SIZE = 256
 
 
-class MemoryManager(CardSizing, Calibrating, GuardedRun):
+class MemoryManager:
     """Plans and guards every forward pass against one activation budget.
 
     `budget_bytes` is the activation budget (weights excluded); None means unlimited. On CPU a
@@ -81,30 +84,19 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
         self.oom_log: deque[OomRecord] = deque(maxlen=OOM_LOG_SIZE)
         self.ooms_total = 0
         self.ooms_injected = 0
-        # Fitted cost models by key, beside the config (None: every start profiles).
         self.calibration = calibration
-        self.model_keys: dict[str, dict[str, Any]] = {}  # scorer name -> what its fit depends on
-        self.profiled: list[str] = []  # names whose cost model was measured in this process
-        self.calibration_seconds = 0.0
-        self._pending: list[tuple[str, Callable[[], CostModel]]] | None = None
+        """Fitted cost models by key, beside the config (None: every start profiles)."""
         # CUDA (or a simulated card in tests): the device as it was before any model loaded.
-        self._snapshot = snapshot
-        self.startup: DeviceSnapshot | None = None
-        if snapshot is not None or self.device.type == "cuda":
-            self.startup = self.snapshot()
-            log.info("device at start: %s", self.startup.describe())
-        self.non_torch_bytes = 0
+        self.card = Card(self.device, snapshot)
         self.fallbacks_total = 0  # inputs scored by a CPU fallback
         self.placement: Placement | None = None
         self.up_next: str | None = None
         """The model the stack runs after the current one: prefetched once the current one is placed."""
         self.budget: Budget | None = None
-        # Telemetry (rewardstack.telemetry.monitor.Monitor): sees every batch the guard runs and
-        # every OOM; None: nothing is recorded.
         self.observers: list[MemoryObserver] = []
-        """Subscribers told of runs, batches, OOMs and placement moves (`subscribe`)."""
+        """Subscribers told of runs, batches, OOMs, profiles and placement moves (`subscribe`)."""
+        self.calibrator = Calibrator(self.device, self._publish_profile)
         self._registered: dict[str, tuple[list[torch.nn.Module], float, bool]] = {}
-        self._profile_runs: dict[str, Callable[[int, int], Any]] = {}
         if simulate is None:
             simulate = self.device.type != "cuda"
         self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulate else None
@@ -122,19 +114,24 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
         return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache,
                    profile_limit_s=getattr(memory, "profile_seconds", None))
 
+    @property
+    def startup(self) -> DeviceSnapshot | None:
+        """The device as it was before any model loaded (None: no card to read)."""
+        return self.card.startup
+
+    @property
+    def profiled(self) -> list[str]:
+        """Names whose cost model was measured in this process (not read from the cache)."""
+        return self.calibrator.profiled
+
+    @property
+    def calibration_seconds(self) -> float:
+        """Seconds spent tuning and profiling."""
+        return self.calibrator.seconds
+
     def describe_model(self, model_cfg: Any) -> None:
-        """Record what a scorer's fits depend on, the model part of its calibration key: its
-        checkpoints by content (`calibration.checkpoint_identity`, not where they sit, so another
-        config or folder with the same checkpoint shares the fit) and its settings."""
-        from dataclasses import asdict
-
-        from rewardstack.memory.calibration import checkpoint_identity
-
-        d = {k: v for k, v in asdict(model_cfg).items() if k not in ("weight", "enabled", "path", "paths")}
-        if self.calibration is not None:  # hashing the checkpoint serves the cache only
-            d["checkpoints"] = [checkpoint_identity(p, self.calibration) for p in [model_cfg.path, *model_cfg.paths] if p]
-            self.calibration.save()  # digests of new files: not read again at the next start
-        self.model_keys[model_cfg.name] = d
+        """Record what a scorer's fits depend on (`Calibrator.describe_model`)."""
+        self.calibrator.describe_model(model_cfg, self.calibration)
 
     # -- observers --------------------------------------------------------------------------
     def subscribe(self, observer: MemoryObserver) -> None:
@@ -150,6 +147,10 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
     def _publish_move(self, move: PlacementMove) -> None:
         for o in list(self.observers):
             o.moved(move)
+
+    def _publish_profile(self, record: ProfileRecord) -> None:
+        for o in list(self.observers):
+            o.profiled(record)
 
     # -- budget and placement ---------------------------------------------------------------
     def set_budget(self, budget_bytes: int | None) -> None:
@@ -169,7 +170,7 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
 
     def place(self, weights_budget: int | None, *, move: bool | None = None) -> dict[str, Decision]:
         """Plan placement of the registered models under a weight budget (bytes on the device)."""
-        if move is None and self._snapshot is not None:
+        if move is None and self.card.injected:
             move = False  # an injected (simulated) card: account, move nothing
         self.placement = Placement(self.device, weights_budget, move=move)
         self.placement.listeners.append(self._publish_move)
@@ -214,6 +215,223 @@ class MemoryManager(CardSizing, Calibrating, GuardedRun):
             "placement": self.placement.summary() if self.placement is not None else None,
         }
 
+
+    # -- sizing the card --------------------------------------------------------------------
+    def live_bytes(self) -> int:
+        """Activation bytes live on the device now, the same quantity on every device.
+
+        Simulated device: the tracker's count. CUDA: allocated bytes minus the resident weights
+        (and minus what was allocated before the stack started). Planning subtracts this from the
+        budget, so a prefix cache or another model's kept tensors are never counted as free.
+        """
+        if self.tracker is not None:
+            return self.tracker.live_bytes
+        return self.card.allocated_since_start(self.placement.device_bytes() if self.placement is not None else 0)
+
+    def setup(self, cfg: Any, *, total_memory: Callable[[torch.device], int] | None = None) -> Budget:
+        """Resolve the budget from a StackConfig (`Card.resolve`, where the rule is written) and
+        place the registered models under the weights' share. `total_memory` stands for the card's
+        size in tests."""
+        seen: dict[int, torch.nn.Module] = {}
+        for mods, _, _ in self._registered.values():
+            for m in mods:
+                seen[id(m)] = m
+        weights = weights_bytes(list(seen.values()))
+        budget, weights_budget = self.card.resolve(cfg, weights, total_memory=total_memory)
+        self.budget = budget
+        log.info("memory budget: %s (stack weights %d bytes)", budget.describe(), weights)
+        self.set_budget(budget.activation_bytes)
+        if self._registered:
+            self.place(weights_budget)
+        return budget
+
+    def weights_capacity(self, cfg: Any, *, total_memory: Callable[[torch.device], int] | None = None) -> int | None:
+        """Device bytes the weights may hold when they do not all fit (None: no card to fill)."""
+        return self.card.weights_capacity(cfg, total_memory=total_memory)
+
+    # -- calibration ------------------------------------------------------------------------
+    def calibrate(
+        self,
+        name: str,
+        run: Callable[[int, int], Any],
+        *,
+        max_length: int,
+        max_batch: int = 8,
+        shapes: Shapes = None,
+        chunk: int | None = None,
+        chunk_rows: bool = False,
+        max_tokens: int | None = None,
+        tune: Callable[[], dict[str, Any]] | None = None,
+        apply: Callable[[dict[str, Any]], None] | None = None,
+        limit_s: float | None = None,
+        prefix_run: Callable[[int, int, int], Any] | None = None,
+        lone_run: Callable[[int], Any] | None = None,
+    ) -> CostModel:
+        """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
+
+        `run` must take the scorer's own path (its prefix cache, its penalty): the fit is only as
+        good as the passes it measured. The planner admits nothing past the largest profiled shape,
+        so `max_length` should be the longest input the scorer admits. `max_tokens` drops shapes
+        wider than that (B*L) from the default grid (and caps batches there).
+        `chunk`: the scorer computes logits in chunks of this many positions (adds that term);
+        `chunk_rows`: the chunks run over the rows of the whole batch, not of each sequence.
+        `tune()`: settings measured before profiling (e.g. DPO's logits chunk, {"chunk": 128});
+        `apply(settings)` hands them, or the cached ones, back to the scorer.
+        `shapes` may be a function of those settings (a tuned pass size decides how wide the
+        profiled batches must reach); its qualified name then stands for it in the cache key.
+        `limit_s` caps the profile's time (a profile asked for mid-run, inside a step): past it
+        `costmodel.ProfileCapped` is raised, nothing is fitted or cached, and the caller keeps a
+        setting it has a cost model for. Every profile that runs is told to the observers
+        (`ProfileRecord`: the telemetry's `profiling` records).
+        `prefix_run(B, L, P)`: the pass after a shared prefix of P tokens (a causal scorer's
+        `PrefixRunner`); profiled too, it lets `run(prefix=)` predict such passes below the bound.
+        `lone_run(L)`: one unpadded input (an encoder drops the mask then); fits batches of one.
+
+        With a calibration cache and a known model (`describe_model`), a fit saved under the same
+        key is reused without profiling. Inside `deferred_calibration()` the work is queued until
+        `run_calibrations()`, after placement has put the models where they will run.
+        """
+        request = ProfileRequest(name, run, max_length, max_batch, shapes, chunk, chunk_rows, max_tokens, tune, apply,
+                                 limit_s, prefix_run, lone_run, tracked=self.tracker is not None)
+
+        def work() -> CostModel:
+            # The cache and the tracker as they are when the work runs (the queue runs after setup).
+            cost = self.calibrator.fit(request, self.calibration, self.tracker)
+            self.set_cost_model(name, cost)
+            return cost
+
+        if self.calibrator.queue(name, work):
+            # Keep the name taken (a checkpoint shared by two scorers is profiled once).
+            return self.cost_models.setdefault(name, CostModel())
+        self._ensure_placed(name)  # a profile after start-up (DPO's smaller chunk) runs where scoring does
+        return work()
+
+    def _ensure_placed(self, name: str) -> None:
+        """Bring `name`'s model (its owner's) where it runs, if placement manages it."""
+        owner = owner_of(name)
+        if self.placement is not None and owner in self.placement.names():
+            self.placement.ensure(owner)
+
+    @contextmanager
+    def deferred_calibration(self) -> Iterator[None]:
+        """Queue `calibrate` calls made inside (models load on the host first; see `run_calibrations`)."""
+        with self.calibrator.deferred():
+            yield
+
+    def run_calibrations(self) -> list[str]:
+        """Run the queued calibrations, each with its model on the device it will run on.
+
+        A model placement swaps is brought in for its profile (evicting as scoring would); a model
+        placed on the CPU is profiled there. Afterwards memory that appeared outside torch (cuBLAS
+        workspaces appear at the first matmul) is measured and taken off the activation budget.
+        Returns the names calibrated.
+        """
+        if self.placement is None and self._registered:
+            self.place(None)  # no setup (a manager handed in): every model resident, moved there now
+        done = self.calibrator.run_queue(self._ensure_placed)
+        if self.budget is not None and self.card.charge_growth(self.budget):
+            self.set_budget(self.budget.activation_bytes)
+        if self.calibration is not None:
+            log.info("calibration: %d profiled (%.1fs), %d read from %s", len(self.profiled),
+                     self.calibration_seconds, self.calibration.hits, self.calibration.path)
+        return done
+
+    def check_cost_model(self, name: str, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
+        """(B, L, predicted, measured) at `shapes`, measured with the profile run `calibrate` used."""
+        run, cost = self.calibrator.profile_runs[name], self.cost_models[name]
+        return [(b, l, cost.predict(b, l), self.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]
+
+    def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
+        """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
+        return measure_peak(fn, name, self.tracker, self.device)
+
+    # -- running ----------------------------------------------------------------------------
+    def run(
+        self,
+        name: str,
+        lengths: Sequence[int],
+        forward: Forward,
+        *,
+        max_batch: int | None = None,
+        fallback: Forward | None = None,
+        prepare: Callable[[], Any] | None = None,
+        slack: float | None = None,
+        prefix: int = 0,
+        completions: Sequence[int | None] | None = None,
+    ) -> list[Outcome]:
+        """Plan batches for `lengths`, run `forward(indices)` on each under the guard.
+
+        `forward` returns one value per index it was given, with inputs moved to the model's
+        current device. `prepare()` runs first, on the device, and what it keeps (a shared
+        prefix's keys and values) is live when the batches are planned, so it is not counted as
+        free. `fallback` (same signature, one index) scores an input off-device when even a batch
+        of one runs out of memory. Without one, a model allowed on the CPU (`cpu_ok`: the filters)
+        gets a real CPU fallback: its weights move to the host for that input and back, and the
+        cost (bytes moved, seconds) is logged; any other model's input gets the `oom` status. A
+        model that placement put on the CPU runs in host memory, outside the device budget.
+        `slack`: batches also close where their padding would pass that share (`plan_batches`): a
+        scorer that runs each batch in `padding_groups` passes `PADDING_SLACK`, so the rectangle
+        planned and predicted is the one that runs. `prefix`: that many tokens of every input
+        are a shared prefix `prepare` runs once (`CostModel.predict(prefix=)`). `completions`:
+        the step's completion index of each input (None: the prompt), for the observers' records,
+        which would otherwise know only the scorer's own numbering (DPO skips empty completions,
+        the classifiers merge identical texts and cut long ones into windows).
+        """
+        if completions is not None and len(completions) != len(lengths):
+            raise ValueError(f"{name}: {len(completions)} completion indices for {len(lengths)} inputs")
+        with ExitStack() as observed:
+            for o in list(self.observers):  # e.g. replay's per-model peak window
+                observed.enter_context(o.run(name, lengths))
+            if not lengths:
+                return []
+            # A run named `model[k]` (one of a scorer's several models) is placed with its scorer.
+            owner = owner_of(name)
+            on_host = self._bring_in(owner)
+            cost = self.cost_model(name)
+            if prepare is not None:
+                prepare_batches(name, prepare, device=self.device, on_host=on_host, tracker=self.tracker)
+            budget = float("inf") if (self.budget_bytes is None or on_host) else float(self.budget_bytes)
+            if budget != float("inf"):
+                # Bytes already live on the device (kept outputs, prefix caches) are not free.
+                budget = max(0.0, budget - self.live_bytes())
+            batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True,
+                                   slack=slack, prefix=prefix)
+            for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
+                forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix, completions=completions)
+            if fallback is None and not on_host and self._cpu_ok(owner):
+                fallback = cpu_fallback(owner, forward, self.placement, self._count_fallback)
+            results = run_batches(name, batches, lengths, forward, cost=cost, device=self.device, on_host=on_host,
+                                  tracker=self.tracker, injector=self.injector, fallback=fallback,
+                                  on_oom=self._record_oom)
+            return [results[i] for i in range(len(lengths))]
+
+    def _bring_in(self, owner: str) -> bool:
+        """Put `owner` where it runs and start prefetching the model up next; True when it runs on
+        the host (placed on the CPU)."""
+        if self.placement is None or owner not in self.placement.names():
+            return False
+        self.placement.ensure(owner)
+        on_host = self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
+        if self.up_next is not None and self.up_next != owner and self.up_next in self.placement.names():
+            # After this model is on the card, so the copy cannot evict it: on CUDA with pinned
+            # host copies the next model's weights move on the side stream while this one
+            # computes; elsewhere `prefetch` declines and `ensure` moves it when it runs.
+            self.placement.prefetch(self.up_next)
+        return on_host
+
+    def _record_oom(self, rec: OomRecord) -> None:
+        self.oom_log.append(rec)
+        self.ooms_total += 1
+        self.ooms_injected += int(rec.injected)
+        for o in list(self.observers):
+            o.oom(rec)
+
+    def _count_fallback(self) -> None:
+        self.fallbacks_total += 1
+
+    def _cpu_ok(self, owner: str) -> bool:
+        reg = self._registered.get(owner)
+        return bool(reg and reg[2])
 
 def check_device(name: str) -> torch.device:
     """`name` as a torch device this torch build and machine can use, or a ConfigError naming the
