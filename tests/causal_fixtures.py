@@ -14,6 +14,7 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.memory import MemoryManager
+from rewardstack.memory.calibration import CalibrationCache
 from rewardstack.scorers.base import Runtime
 from rewardstack.scorers.loading import ModelCache
 
@@ -22,6 +23,20 @@ def make_runtime(budget: int | None = None) -> Runtime:
     """A CPU runtime with an optional simulated activation budget."""
     cpu = torch.device("cpu")
     return Runtime(device=cpu, memory=MemoryManager(budget), models=ModelCache(cpu))
+
+
+_SESSION_CALIBRATION = CalibrationCache(None)  # in memory, one per test process (xdist: per worker)
+
+
+def cached_runtime(cfg: ModelConfig, budget: int | None = None) -> Runtime:
+    """`make_runtime`, with the test session's calibration cache: a scorer built again from the same
+    checkpoint and settings reads the fit (and tuned chunk) its first build measured instead of
+    profiling again, as a restart does. For tests that do not test calibration; a test of the
+    profile itself (a fit, a tune, a profile inside a step) uses `make_runtime`."""
+    rt = make_runtime(budget)
+    rt.memory.calibration = _SESSION_CALIBRATION
+    rt.memory.describe_model(cfg)
+    return rt
 
 
 def model_config(name: str, folder: Path, entry: dict[str, Any], **extra: Any) -> ModelConfig:

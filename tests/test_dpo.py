@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from causal_fixtures import close, make_runtime, model_config, reference_dpo
+from causal_fixtures import cached_runtime, close, make_runtime, model_config, reference_dpo
 from rewardstack.scorers import dpo
 from rewardstack.scorers.base import ScoreRequest, Status
 from rewardstack.workload import text
@@ -26,7 +26,7 @@ def scorer(dpo_folder: tuple[Path, dict]) -> dpo.DpoScorer:
     folder, entry = dpo_folder
     # A small chunk so that long completions span several chunks (carried penalty counts).
     cfg = model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 256})
-    return dpo.build(cfg, make_runtime())
+    return dpo.build(cfg, cached_runtime(cfg))  # its fit is reused by the peak test's build
 
 
 def _completions(rng: random.Random) -> list[str | None]:
@@ -108,8 +108,9 @@ def test_batched_equals_alone_and_prefix_off(dpo_folder: tuple[Path, dict], scor
 def test_peak_memory_bounded_by_chunk(dpo_folder: tuple[Path, dict]) -> None:
     folder, entry = dpo_folder
     chunk = 256
-    rt = make_runtime()
-    sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": chunk}), rt)
+    cfg = model_config("dpo_reward_model", folder, entry, options={"logits_chunk": chunk})
+    rt = cached_runtime(cfg)  # the `scorer` fixture's settings: its fit, not profiled again (a fresh tracker)
+    sc = dpo.build(cfg, rt)
     rng = random.Random(11)
     comp = text(rng, 40_000)
     n = len(sc.tokenizer("Q: " + comp).input_ids)
@@ -166,14 +167,17 @@ def test_tight_budget_shrinks_the_chunk_before_cutting(dpo_folder: tuple[Path, d
     folder, entry = dpo_folder
     rng = random.Random(5)
     opts = {"logits_chunk": 512, "tune_logits_chunk": False}
-    free = dpo.build(model_config("dpo_reward_model", folder, entry, max_length=4096, options=opts), make_runtime())
+    cfg = model_config("dpo_reward_model", folder, entry, max_length=4096, options=opts)
+    # One load-time profile for the three builds (the calibration cache, as a restart reads it);
+    # the smaller chunks' fits are profiled inside the step, which is what this test is about.
+    free = dpo.build(cfg, cached_runtime(cfg))
     cost = free.runtime.memory.cost_model("dpo_reward_model")
     for chars, share, whole in ((12_000, 0.4, True), (19_500, 0.15, False)):
         prompt, comp = "Q: ", text(rng, chars)
         n = len(free.tokenizer(prompt + comp).input_ids)
         assert n < free.max_len == 4096
-        rt = make_runtime(budget=int(cost.predict(1, n) * share))
-        sc = dpo.build(model_config("dpo_reward_model", folder, entry, max_length=4096, options=opts), rt)
+        rt = cached_runtime(cfg, budget=int(cost.predict(1, n) * share))
+        sc = dpo.build(cfg, rt)
         res = sc.score(ScoreRequest(prompt, [comp, comp[: len(comp) // 2]]))
         assert [(r.batch, r.length) for r in rt.memory.oom_log] == [], (n, share)  # the plan held
         assert sc.chunk < 512 and sc.tuned_chunk == 512

@@ -1,8 +1,9 @@
 """The real all-mpnet-base-v2: relevance's second stage and the diversity reward vs the reference.
 
-On the real checkpoint (fetched by scripts/fetch-real-models.sh) and 100 real-text completions
-(`rewardstack.realtexts`: short and long, four past the 512-token bound, heavy repetition, exact
-and near duplicates, empty and one-character texts), in 10 steps: the scorers' embeddings, the
+On the real checkpoint (fetched by scripts/fetch-real-models.sh) and four of the ten steps of
+real-text completions (`rewardstack.realtexts`, `STEPS`: empty and one-character texts, exact and
+near duplicates, the longest ones with heavy repetition, four past the 512-token bound; the other
+six steps hold passages of the lengths in between, the same code paths): the scorers' embeddings, the
 relevance score |cos| and mask, and the diversity values with the history must equal a literal
 transcription of openvalidators 1.2.0 (tests/real_reference.py: mean pooling over the attention
 mask, L2 normalization, torchmetrics' pairwise cosine, the reference's bottom-k and sigmoids)
@@ -29,6 +30,13 @@ pytestmark = pytest.mark.real
 
 TOL = 1e-5
 BOUND = 0.3  # relevance model 2's bound
+STEPS = (0, 7, 8, 9)  # the tiniest texts, near and exact duplicates (8's of 7's: near 0), the longest
+
+
+def steps() -> list:
+    """The real-text steps these tests score (`STEPS` of `realtexts.steps()`)."""
+    every = realtexts.steps()
+    return [every[k] for k in STEPS]
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +73,9 @@ def test_the_checkpoint_is_the_published_one() -> None:
 
 def test_the_text_set_reaches_the_bound(reference: tuple[Any, Any]) -> None:
     _, tok = reference
-    comps = [c for _, step in realtexts.steps() for _, c in step]
+    comps = [c for _, step in steps() for _, c in step]
     lengths = [len(tok(c).input_ids) for c in comps]
-    assert len(comps) >= 100 and tok.model_max_length == 512
+    assert len(comps) == 10 * len(STEPS) and tok.model_max_length == 512
     assert sum(n > 512 for n in lengths) >= 4  # cut at the bound by both sides
 
 
@@ -85,7 +93,7 @@ def test_relevance_mpnet_stage_equals_reference(reference: tuple[Any, Any], scor
 
     ref = Recording(model, tok)
     n, masks = 0, []
-    for prompt, step in realtexts.steps():
+    for prompt, step in steps():
         texts = [c for _, c in step]
         ref_scores = [float(ref.reward(prompt, c)) for c in texts]
         (p2, ps2), *mine = rel.second.embed([prompt] + texts)
@@ -103,12 +111,12 @@ def test_relevance_mpnet_stage_equals_reference(reference: tuple[Any, Any], scor
             if abs(r - BOUND) > TOL:
                 assert got == (1.0 if r >= BOUND else 0.0), (label, got, r)
             masks.append(got)
-    assert n >= 100
+    assert n == 10 * len(STEPS)
     assert 0.0 in masks and 1.0 in masks  # a trained model tells related texts from unrelated ones
 
 
 def test_diversity_equals_reference_with_history(reference: tuple[Any, Any], scorers: tuple) -> None:
-    """Ten steps against a history that starts with 502 rows (so its part applies from the first
+    """The steps against a history that starts with 502 rows (so its part applies from the first
     step; the 500 oldest are skipped), then grows with each step's real embeddings."""
     model, tok = reference
     div = scorers[1]
@@ -117,7 +125,7 @@ def test_diversity_equals_reference_with_history(reference: tuple[Any, Any], sco
     div.load_state_dict({"history": start})
     ref = DiversityRewardModel(model, tok, historic_embeddings=start)
     values: list[float] = []
-    for prompt, step in realtexts.steps():
+    for prompt, step in steps():
         texts = [c for _, c in step]
         got = div.score(ScoreRequest(prompt, texts))
         want = ref.get_rewards(prompt, texts, "augment").tolist()
@@ -128,5 +136,5 @@ def test_diversity_equals_reference_with_history(reference: tuple[Any, Any], sco
     # "" and " ", dropped on both sides).
     assert div.history is not None and div.history.shape == ref.historic_embeddings.shape
     assert (div.history - ref.historic_embeddings).abs().max() <= TOL
-    assert div.history.shape[0] < 502 + 100
+    assert div.history.shape[0] < 502 + 10 * len(STEPS)
     assert min(values) < 0.01 and max(values) > 0.99  # duplicates near 0, distinct texts near 1
