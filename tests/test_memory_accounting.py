@@ -13,11 +13,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from rewardstack.config import StackConfig
 from rewardstack.memory import MemoryManager
-from rewardstack.memory.budget import DeviceSnapshot
+from rewardstack.memory.snapshot import MemorySnapshot
 from rewardstack.settings import MemorySettings
 
 MiB = 1024**2
@@ -30,8 +31,9 @@ class FakeCard:
     def __init__(self, total: int, free: int) -> None:
         self.total, self.free, self.reserved, self.allocated = total, free, 0, 0
 
-    def __call__(self, device: torch.device) -> DeviceSnapshot:
-        return DeviceSnapshot(self.total, self.free, self.reserved, self.allocated)
+    def __call__(self, device: torch.device) -> MemorySnapshot:
+        return MemorySnapshot(time=0.0, source="cuda", device_total=self.total, device_free=self.free,
+                              reserved=self.reserved, allocated=self.allocated)
 
 
 def _mod(nbytes: int) -> torch.nn.Module:
@@ -53,6 +55,13 @@ def test_budget_starts_from_free_memory_and_measures_memory_outside_torch() -> N
     assert b.free_at_start == 50 * GiB and b.non_torch_bytes == 2 * GiB
     assert b.activation_bytes == 50 * GiB - 2 * GiB - 4 * MiB  # not 80 x 0.9: the card is shared
     assert "free at start" in b.describe() and "outside torch" in b.describe()
+
+
+def test_a_card_reading_without_its_figures_is_refused() -> None:
+    # The budget's arithmetic is never done on a guessed figure: a snapshot lacking one (a host
+    # snapshot has no device figures) is no card reading.
+    with pytest.raises(ValueError, match="device_free"):
+        MemoryManager(None, device="cuda", snapshot=lambda d: MemorySnapshot(time=0.0, source="host", device_total=GiB))
 
 
 def test_plans_subtract_bytes_live_now_on_cuda() -> None:

@@ -5,9 +5,10 @@ device_memory` when set) x `gpu_utilization`, never more than was free when the 
 (another process's memory is not ours), minus the weights resident, minus the memory this process
 holds outside torch's allocator (measured, as vLLM does: device memory used now minus used at
 start minus what torch reserved since: CUDA context growth, cuBLAS workspaces), minus
-`headroom_bytes`; or exactly `memory_budget` bytes when the config sets it. On CPU there is no device to measure: the
-budget is `memory_budget` when set (the tensor-bytes tracker then enforces it as a simulated device)
-and None (unlimited) otherwise.
+`headroom_bytes`; or exactly `memory_budget` bytes when the config sets it. On CPU there is no
+device to measure: the budget is `memory_budget` when set (the tensor-bytes tracker then enforces
+it as a simulated device) and None (unlimited) otherwise. The device's figures are read in
+`snapshot` (`MemorySnapshot`, the layer's one snapshot type); this module only does arithmetic.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable
 import torch
 
 from rewardstack.config import StackConfig
+from rewardstack.memory.snapshot import cuda_total_memory
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -53,32 +55,6 @@ class Budget:
         )
 
 
-@dataclass
-class DeviceSnapshot:
-    """The device's memory at one moment (bytes): the driver's view and torch's allocator's."""
-
-    total: int
-    free: int
-    reserved: int = 0  # held by torch's caching allocator
-    allocated: int = 0  # in live tensors
-
-    def describe(self) -> str:
-        """One line for logs."""
-        gib = 1024**3
-        return (f"{self.total / gib:.2f} GiB total, {self.free / gib:.2f} GiB free, torch reserved "
-                f"{self.reserved / gib:.2f} GiB, allocated {self.allocated / gib:.2f} GiB")
-
-
-def cuda_snapshot(device: torch.device) -> DeviceSnapshot:  # pragma: no cover - CUDA-only path
-    free, total = torch.cuda.mem_get_info(device)
-    return DeviceSnapshot(int(total), int(free), int(torch.cuda.memory_reserved(device)),
-                          int(torch.cuda.memory_allocated(device)))
-
-
-def cuda_allocated(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-    return int(torch.cuda.memory_allocated(device))
-
-
 def weights_bytes(modules: list[torch.nn.Module] | tuple[torch.nn.Module, ...]) -> int:
     """Bytes of the parameters and buffers of `modules`, each storage counted once.
 
@@ -98,11 +74,6 @@ def weights_bytes(modules: list[torch.nn.Module] | tuple[torch.nn.Module, ...]) 
             seen.add(key)
             total += int(st.nbytes()) or t.numel() * t.element_size()
     return total
-
-
-def cuda_total_memory(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-    _free, total = torch.cuda.mem_get_info(device)
-    return int(total)
 
 
 # On a card, when the weights do not all fit, the share of the usable memory kept for activations.

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from rewardstack.memory.budget import Budget, DeviceSnapshot, weights_bytes
+from rewardstack.memory.budget import Budget, weights_bytes
 from rewardstack.memory.calibrating import Calibrator, ProfileRequest, Shapes, measure_peak
 from rewardstack.memory.calibration import CalibrationCache
 from rewardstack.memory.costmodel import CostModel
@@ -45,6 +45,7 @@ from rewardstack.memory.observers import MemoryObserver, PlacementMove, ProfileR
 from rewardstack.memory.placement import Decision, Placement
 from rewardstack.memory.planner import max_fitting_length, plan_batches
 from rewardstack.memory.sizing import Card
+from rewardstack.memory.snapshot import MemorySnapshot
 from rewardstack.memory.tracker import TensorBytesTracker
 from rewardstack.models import owner_of
 
@@ -70,7 +71,7 @@ class MemoryManager:
         injector: FaultInjector | None = None,
         simulate: bool | None = None,
         calibration: CalibrationCache | None = None,
-        snapshot: Callable[[torch.device], DeviceSnapshot] | None = None,
+        snapshot: Callable[[torch.device], MemorySnapshot] | None = None,
         profile_limit_s: float | None = None,
     ) -> None:
         self.device = torch.device(device)
@@ -115,7 +116,7 @@ class MemoryManager:
                    profile_limit_s=getattr(memory, "profile_seconds", None))
 
     @property
-    def startup(self) -> DeviceSnapshot | None:
+    def startup(self) -> MemorySnapshot | None:
         """The device as it was before any model loaded (None: no card to read)."""
         return self.card.startup
 

@@ -13,19 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from rewardstack.memory.budget import (
-    ACTIVATION_SHARE,
-    Budget,
-    DeviceSnapshot,
-    compute_budget,
-    cuda_allocated,
-    cuda_snapshot,
-    cuda_total_memory,
-    split_card,
-    usable_bytes,
-)
+from rewardstack.memory.budget import ACTIVATION_SHARE, Budget, compute_budget, split_card, usable_bytes
+from rewardstack.memory.snapshot import MemorySnapshot, cuda_allocated, cuda_snapshot, cuda_total_memory
 
 log = logging.getLogger("rewardstack.memory")
+
+# The figures of a card reading the budget's arithmetic uses (a CUDA snapshot has them all).
+_CARD_FIGURES = ("device_total", "device_free", "reserved", "allocated")
 
 
 class Card:
@@ -36,12 +30,12 @@ class Card:
     that needs one is 0.
     """
 
-    def __init__(self, device: torch.device, read: Callable[[torch.device], DeviceSnapshot] | None = None) -> None:
+    def __init__(self, device: torch.device, read: Callable[[torch.device], MemorySnapshot] | None = None) -> None:
         self.device = device
         self.injected = read is not None
         """A simulated card (tests): weights are accounted, never moved, and the allocator is not capped."""
         self._read = read or cuda_snapshot
-        self.startup: DeviceSnapshot | None = None
+        self.startup: MemorySnapshot | None = None
         """The device as it was before any model loaded (None: no card to read)."""
         if self.injected or device.type == "cuda":
             self.startup = self.snapshot()
@@ -49,18 +43,24 @@ class Card:
         self.non_torch_bytes = 0
         """Bytes used outside torch's allocator, as last measured (`measure_non_torch`)."""
 
-    def snapshot(self) -> DeviceSnapshot:
-        """The device's memory now (CUDA, or the injected simulated card of tests)."""
-        return self._read(self.device)
+    def snapshot(self) -> MemorySnapshot:
+        """The device's memory now (CUDA, or the injected simulated card of tests): a reading with
+        the four figures the budget's arithmetic uses (`device_total`, `device_free`, `reserved`,
+        `allocated`); one that lacks any is refused, never filled with a guess."""
+        snap = self._read(self.device)
+        missing = [f for f in _CARD_FIGURES if getattr(snap, f) is None]
+        if missing:
+            raise ValueError(f"a card reading without {', '.join(missing)}: {snap.to_dict()}")
+        return snap
 
     def measure_non_torch(self) -> int:
         """Bytes used on the device since start outside torch's allocator (vLLM's "used by the process
         minus reserved"): CUDA context growth, cuBLAS/cuDNN workspaces. 0 without a device."""
         if self.startup is None:
             return 0
-        now = self.snapshot()
-        grown = (now.total - now.free) - (self.startup.total - self.startup.free)
-        self.non_torch_bytes = max(0, grown - (now.reserved - self.startup.reserved))
+        now, start = self.snapshot(), self.startup
+        grown = (now.device_total - now.device_free) - (start.device_total - start.device_free)  # type: ignore[operator]
+        self.non_torch_bytes = max(0, grown - (now.reserved - start.reserved))  # type: ignore[operator]
         return self.non_torch_bytes
 
     def allocated_since_start(self, resident: int) -> int:
@@ -69,7 +69,7 @@ class Card:
         if self.startup is None:
             return 0
         allocated = self.snapshot().allocated if self.injected else cuda_allocated(self.device)
-        return max(0, allocated - resident - self.startup.allocated)
+        return max(0, allocated - resident - self.startup.allocated)  # type: ignore[operator]
 
     def size(self, cfg: Any, total_memory: Callable[[torch.device], int] | None = None) -> int | None:
         """The size of the card the stack behaves as on: `[memory] device_memory` when set (never
@@ -79,7 +79,7 @@ class Card:
         if total_memory is not None:
             total: int | None = int(total_memory(self.device))
         elif self.startup is not None:
-            total = self.startup.total
+            total = self.startup.device_total
         elif self.device.type == "cuda":  # pragma: no cover - CUDA-only path
             total = cuda_total_memory(self.device)
         else:
@@ -108,7 +108,7 @@ class Card:
         outside = 0
         if self.startup is not None:
             # Another process's memory is not ours: never plan past what was free at start.
-            free_at_start = self.startup.free + self.startup.reserved
+            free_at_start = self.startup.device_free + self.startup.reserved  # type: ignore[operator]
             outside = self.measure_non_torch()
             self._cap_allocator(cfg, card)
         usable = usable_bytes(card, cfg, free_at_start=free_at_start, outside_torch=outside)
@@ -147,6 +147,7 @@ class Card:
         dm = getattr(getattr(cfg, "memory", None), "device_memory", None)
         if not dm or self.device.type != "cuda" or self.injected:
             return
-        fraction = min(1.0, card / self.startup.total)  # type: ignore[union-attr]  # pragma: no cover - CUDA-only path
+        fraction = min(1.0, card / self.startup.device_total)  # type: ignore[union-attr,operator]  # pragma: no cover - CUDA-only path
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)  # pragma: no cover - CUDA-only path
         log.info("allocator capped at %.3f of the card (device_memory %d bytes)", fraction, card)  # pragma: no cover
+

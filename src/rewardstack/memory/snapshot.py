@@ -8,6 +8,11 @@ device, the tensor-bytes tracker (`rewardstack.memory.tracker`); the process's r
 its high-water mark are read on both. A figure that cannot be measured is None and left out of the
 record, never guessed.
 
+The one snapshot type of the memory layer: the memory manager's card readings (`sizing.Card`:
+the device at start and now, from which the budget and the memory outside torch are computed) are
+`cuda_snapshot`s, the telemetry's records `take_snapshot`s; `cuda_allocated` and
+`cuda_total_memory` read one figure of the same sources where a whole snapshot is not needed.
+
 The peak of one stretch of work (a model call, a step) is `rewardstack.memory.peaks.PeakWindow`.
 """
 
@@ -103,6 +108,14 @@ class MemorySnapshot:
         """JSON-able form; figures not measured are left out."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
+    def describe(self) -> str:
+        """One line for logs: the device's figures this snapshot has."""
+        gib = 1024**3
+        parts = [form.format(v / gib) for form, v in (
+            ("{:.2f} GiB total", self.device_total), ("{:.2f} GiB free", self.device_free),
+            ("torch reserved {:.2f} GiB", self.reserved), ("allocated {:.2f} GiB", self.allocated)) if v is not None]
+        return ", ".join(parts) or f"no device figures ({self.source})"
+
 
 def host_memory() -> tuple[int | None, int | None]:
     """(resident set size, its high-water mark) of this process, in bytes."""
@@ -136,7 +149,9 @@ def _nvml(device: torch.device) -> tuple[int, int, int] | None:  # pragma: no co
         return None
 
 
-def _cuda_snapshot(device: torch.device, nvml: bool) -> MemorySnapshot:  # pragma: no cover - CUDA-only path
+def cuda_snapshot(device: torch.device, *, nvml: bool = False) -> MemorySnapshot:  # pragma: no cover - CUDA-only path
+    """The caching allocator's figures and the device's free and total bytes now (NVML's too with
+    `nvml`); the process's memory is left out (`take_snapshot` adds it)."""
     s = torch.cuda.memory_stats(device)
     free, total = torch.cuda.mem_get_info(device)
     snap = MemorySnapshot(
@@ -156,13 +171,24 @@ def _cuda_snapshot(device: torch.device, nvml: bool) -> MemorySnapshot:  # pragm
     return snap
 
 
+def cuda_allocated(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
+    """Bytes in live tensors now (a snapshot's `allocated`, read alone: once per guarded run)."""
+    return int(torch.cuda.memory_allocated(device))
+
+
+def cuda_total_memory(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
+    """The card's size (a snapshot's `device_total`, read alone)."""
+    _free, total = torch.cuda.mem_get_info(device)
+    return int(total)
+
+
 def take_snapshot(
     device: torch.device | str = "cpu", tracker: TensorBytesTracker | None = None, *, nvml: bool = True
 ) -> MemorySnapshot:
     """Memory now: the CUDA allocator's figures, or the simulated device's, plus the process's RSS."""
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_available() and tracker is None:  # pragma: no cover - CUDA-only path
-        snap = _cuda_snapshot(dev, nvml)
+        snap = cuda_snapshot(dev, nvml=nvml)
     elif tracker is not None:
         live = tracker.live_bytes
         budget = tracker.budget_bytes
