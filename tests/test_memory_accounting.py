@@ -57,6 +57,18 @@ def test_budget_starts_from_free_memory_and_measures_memory_outside_torch() -> N
     assert "free at start" in b.describe() and "outside torch" in b.describe()
 
 
+def test_what_torch_held_at_start_counts_as_free() -> None:
+    # Torch's cache reserved before the stack started is this process's to reuse: free at start
+    # is the driver's free plus torch's reserved (red when the reserved term is dropped).
+    card = FakeCard(total=80 * GiB, free=50 * GiB)
+    card.reserved = 1 * GiB
+    mm = MemoryManager(None, device="cuda", snapshot=card)
+    mm.register_model("m", [_mod(4 * MiB)])
+    b = mm.setup(_cfg())
+    assert b.free_at_start == 51 * GiB and b.non_torch_bytes == 0
+    assert b.activation_bytes == 51 * GiB - 4 * MiB
+
+
 def test_a_card_reading_without_its_figures_is_refused() -> None:
     # The budget's arithmetic is never done on a guessed figure: a snapshot lacking one (a host
     # snapshot has no device figures) is no card reading.
@@ -149,11 +161,11 @@ def test_dahoas_pt_checkpoint_loads_without_a_second_copy(tmp_path: Path) -> Non
     """A 1 GiB `hf_ckpt.pt` loads with peak RSS rising by at most 1.3x the file (mmap + assign)."""
     from transformers import GPTJConfig
 
-    from rewardstack.scorers.prefix import save_standin_tokenizer
+    from rewardstack.standins.tokenizer import DECODER_INPUTS, save_tokenizer
 
     base = tmp_path / "base"
     base.mkdir()
-    tok = save_standin_tokenizer(base, 2048)
+    tok = save_tokenizer(base, 2048, input_names=DECODER_INPUTS)
     # 19 layers of 4 x 1024^2 attention + 2 x 1024 x 4096 MLP weights, and the embeddings: 1.1 GiB in float32
     conf = GPTJConfig(vocab_size=len(tok), n_embd=1024, n_layer=19, n_head=8, rotary_dim=64, n_positions=2048,
                       n_inner=4096, bos_token_id=0, eos_token_id=0)
