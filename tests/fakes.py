@@ -70,3 +70,25 @@ class FakeRelevance(FakeReward):
 
 def build_relevance(cfg: ModelConfig, runtime: Runtime) -> Scorer:
     return FakeRelevance(cfg.name)
+
+
+class FakeEmbeddings(FakeReward):
+    """A stateful mask as diversity is one: its forward pass gives one vector per live completion
+    (from the text's hash); the validator's state (`RewardState`'s diversity history) does the rest.
+    Its own `score` must not run inside a stack, whose state is per validator, not per scorer."""
+
+    kind = "mask"
+    stateful = True
+
+    def stateless_part(self, request: ScoreRequest) -> list[tuple[object, str]]:
+        import torch
+
+        return [(torch.tensor([text_score(self.name, c), 1.0 + len(c)]), Status.OK)
+                for c in request.completions if c is not None]
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        raise AssertionError(f"{self.name}: the stack ran the whole stateful scorer, not its stateless part")
+
+
+def build_embeddings(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    return FakeEmbeddings(cfg.name)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rewardstack.cli import main
 from rewardstack.config import ALL_MODELS
+from rewardstack.state import StateStore
 
 EVENT_FIELDS = {
     "name", "prompt", "completions", "uids", "completion_times", "rewards", "best", "step_length",
@@ -45,3 +46,8 @@ def test_score_on_standins_writes_every_field_and_handles_edge_cases(standins: P
     assert all(math.isfinite(one[n + "_normalized"][0]) for n in ALL_MODELS) and one["statuses"] == ["ok"]
     assert failed["statuses"] == ["failed", "failed"] and failed["rewards"] == [0.0, 0.0]
     assert all(v is None for v in failed["dpo_reward_model"])
+    # Diversity is a stateful mask: the stack ran its embeddings and the validator's state kept
+    # them, one row per live completion (a row equal to the one before it in a step is not kept).
+    history = StateStore(tmp_path / "state").load()["diversity_reward_model"]["history"]
+    live = [[c for c, st in zip(ev["completions"], ev["statuses"]) if st != "failed"] for ev in events]
+    assert len(history) == sum(sum(j == 0 or t[j] != t[j - 1] for j in range(len(t))) for t in live) > 0

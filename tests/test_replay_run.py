@@ -17,6 +17,7 @@ from rewardstack.stack import RewardStack
 from rewardstack.state import StateStore
 from rewardstack.workload import text
 
+from conftest import use_builder
 from replay_fixtures import PASSES, event, loguru_line, write_rotated_log
 
 
@@ -114,6 +115,21 @@ def test_init_state_from_logged_values(tmp_path: Path, fake_registry, capsys) ->
     capsys.readouterr()
     assert main(["replay", str(folder), "--config", str(cfg), "--init-state"]) == 1
     assert "never overwrites" in capsys.readouterr().err
+
+
+def test_init_state_folds_a_stateful_masks_forward_pass_into_the_state(tmp_path: Path, fake_registry,  # noqa: ANN001
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Diversity's history is built by running its stateless part (`Scorer.stateless_part`) on each
+    logged step and folding the vectors into the state, as a scored step does."""
+    use_builder(monkeypatch, "diversity_reward_model", "fakes:build_embeddings")
+    folder = write_rotated_log(tmp_path / "run")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('device = "cpu"\nstate_dir = "state"\n')
+    assert main(["replay", str(folder), "--config", str(cfg), "--init-state"]) == 0
+    history = StateStore(tmp_path / "state").load()["diversity_reward_model"]["history"]
+    live = [[c for c in rs.step.completions if c is not None] for rs in read_run([folder]).steps]
+    # A step's row equal to the one before it is not stored again (`DiversityHistory`).
+    assert len(history) == sum(sum(j == 0 or t[j] != t[j - 1] for j in range(len(t))) for t in live) > 0
 
 
 def test_init_state_blacklist_mid_pass(tmp_path: Path, fake_registry) -> None:  # noqa: ANN001

@@ -5,15 +5,19 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from rewardstack import RewardStack
 from rewardstack.config import ALL_MODELS, from_dict
+from rewardstack.models import DIVERSITY as _DIVERSITY
 from rewardstack.errors import InputError
 from rewardstack.normalize import RunningNormalizer
 from rewardstack.stack import Step
 
+from conftest import use_builder
 from fakes import text_score
 
+DIVERSITY = _DIVERSITY.name
 EVENT_FIELDS = {
     "name", "prompt", "completions", "uids", "completion_times", "rewards", "best", "step_length",
     "block", "gating_loss", "set_weights",
@@ -109,6 +113,20 @@ def test_disabled_mask_logs_zeros_and_is_not_applied(tmp_path, fake_registry) ->
     res = RewardStack(cfg).score_step(_step(["good text", "fine text"]))
     assert res.event["nsfw_filter"] == [0.0, 0.0]
     assert any(r > 0 for r in res.rewards)
+
+
+def test_a_stateful_mask_runs_its_stateless_part_against_the_validators_state(fake_config, monkeypatch) -> None:  # noqa: ANN001
+    """The stack runs a stateful mask's forward pass only (`Scorer.stateless_part`); the history it
+    feeds is the validator's state: saved, restored, and not the scorer's (its `score` raises)."""
+    use_builder(monkeypatch, DIVERSITY, "fakes:build_embeddings")
+    stack = RewardStack(fake_config)
+    res = stack.score_step(_step(["one", None, "two", "three"]))
+    assert res.model_statuses[DIVERSITY] == ["ok", "failed", "ok", "ok"]
+    assert all(math.isfinite(x) for i, x in enumerate(res.raw[DIVERSITY]) if i != 1)
+    stack.score_step(_step(["four", "five"]))
+    assert stack.state.diversity.history.shape[0] == 5
+    again = RewardStack(fake_config)
+    assert torch.equal(again.state.diversity.history, stack.state.diversity.history)
 
 
 def test_state_survives_restart(fake_config) -> None:  # noqa: ANN001

@@ -39,8 +39,8 @@ from rewardstack.normalize import RunningNormalizer
 from rewardstack.oplog import OperatorLog, log_models
 from rewardstack.scorers import build_scorer
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
-from rewardstack.scorers.embedding import DiversityHistory, DiversityMask, Embedding
-from rewardstack.scorers.rules import Blacklist, BlacklistState
+from rewardstack.scorers.embedding import DiversityHistory, Embedding
+from rewardstack.scorers.rules import BlacklistState
 from rewardstack.scorers.loading import ModelCache
 from rewardstack.state import StateStore
 from rewardstack.stepobservers import StepObserver, StepReport, step_record
@@ -608,17 +608,19 @@ class RewardStack:
                     res[name] = view.mark(self.run_scorer(name, ScoreRequest(step.prompt, step.completions, step.name)), mask=False)
         for name in MASKS:
             scorer = self.scorers.get(name)
-            if scorer is None or isinstance(scorer, Blacklist):
+            if scorer is None:
                 continue
             self.memory.up_next = upcoming.get(name)
             for view, res, emb in zip(views, results, embeddings):
                 step = view.step
                 base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
                 request = ScoreRequest(base_prompt, step.completions, step.name)
-                if isinstance(scorer, DiversityMask):
-                    emb[name] = view.mark_embeddings(self.embed(scorer, request))
-                else:
+                if not scorer.stateful:
                     res[name] = view.mark(self.run_scorer(name, request), mask=True)
+                    continue
+                part = self.run_stateless_part(name, request)  # the state's half runs in `RewardState.apply`
+                if part is not None:
+                    emb[name] = view.mark_embeddings(part)
         self.memory.up_next = None  # a pass outside the step (a profile) prefetches nothing
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
@@ -629,11 +631,11 @@ class RewardStack:
         """One scorer on one request; a scorer that raises marks every live completion ERROR."""
         return _checked(name, request, self.scorers[name].score)
 
-    @staticmethod
-    def embed(scorer: DiversityMask, request: ScoreRequest) -> list[Embedding]:
-        """Diversity's embeddings; an embedder that raises gives ERROR for every live completion."""
+    def run_stateless_part(self, name: str, request: ScoreRequest) -> list[Embedding] | None:
+        """A stateful mask's forward pass (`Scorer.stateless_part`: diversity's embeddings, None for
+        the blacklist); one that raises gives ERROR for every live completion."""
         try:
-            return scorer.embed(request)
+            return self.scorers[name].stateless_part(request)
         except Exception:  # noqa: BLE001 - the scoring loop must not crash
-            log.exception("%s failed; its completions are marked '%s'", scorer.name, Status.ERROR)
+            log.exception("%s failed; its completions are marked '%s'", name, Status.ERROR)
             return [(None, Status.ERROR)] * len(request.live())

@@ -27,7 +27,6 @@ def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
     used logged values per model and how many were scored.
     """
     from rewardstack.scorers.base import ScoreRequest, ScoreResult, Status
-    from rewardstack.scorers.embedding import DiversityMask
     from rewardstack.stack import ForwardResult
 
     counts: dict[str, int] = {"logged": 0, "scored": 0}
@@ -48,8 +47,10 @@ def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
                 else:
                     results[name] = stack.run_scorer(name, ScoreRequest(step.prompt, step.completions, step.name))
                     counts["scored"] += 1
-            elif isinstance(scorer, DiversityMask):
-                embeddings[name] = stack.embed(scorer, ScoreRequest(base, step.completions, step.name))
+            elif scorer.stateful:  # its stateless half (diversity's embeddings); the state folds it in
+                part = stack.run_stateless_part(name, ScoreRequest(base, step.completions, step.name))
+                if part is not None:
+                    embeddings[name] = part
         stack.state.apply(ForwardResult(step, results, embeddings))
     return counts
 

@@ -96,10 +96,20 @@ class Scorer(ABC):
 
     name: str = ""
     kind: Literal["reward", "mask"] = "reward"
+    stateful: bool = False
+    """Whether the value depends on state carried from step to step (the blacklist's best answers,
+    diversity's history). The stack keeps that state per validator (`RewardState`, which finishes
+    the value) and runs only `stateless_part` with the forward passes; `score` alone runs both
+    halves against the scorer's own state."""
 
     @abstractmethod
     def score(self, request: ScoreRequest) -> ScoreResult:
         """Score every completion of one step; never raises for a bad completion or OOM."""
+
+    def stateless_part(self, request: ScoreRequest) -> list[tuple[Any, str]] | None:
+        """A stateful scorer's forward pass: one (value, status) per live completion for the state to
+        finish (diversity: the embeddings), or None when it needs no model (the blacklist)."""
+        return None
 
     def begin_forward_pass(self) -> None:
         """Called once at the start of each validator forward pass (the blacklist resets here)."""

@@ -236,7 +236,7 @@ def _second_smallest(dist: torch.Tensor) -> torch.Tensor:
 class DiversityHistory:
     """Diversity's state and its stateful half: the past embeddings, and the mask from new ones.
 
-    `DiversityMask.embed` (the stateless half: the forward pass) gives one embedding per completion;
+    `DiversityMask.stateless_part` (the forward pass) gives one embedding per completion;
     `score` turns them into the mask values against this history and appends them. The stack's
     stateful part (`rewardstack.stack.RewardState`) holds one per namespace.
     """
@@ -312,12 +312,13 @@ class DiversityHistory:
 class DiversityMask(Scorer):
     """`diversity_reward_model`: far from the other completions and from recent history.
 
-    Split in two for the stack: `embed` is the forward pass (stateless), `DiversityHistory.score`
-    the stateful rest. Used alone, the scorer keeps one `DiversityHistory`.
+    Split in two for the stack: `stateless_part` is the forward pass (the embeddings),
+    `DiversityHistory.score` the stateful rest. Used alone, the scorer keeps one `DiversityHistory`.
     """
 
     name = DIVERSITY.name
     kind = "mask"
+    stateful = True
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         assert cfg.path, f"{self.name}: no path"
@@ -331,7 +332,7 @@ class DiversityMask(Scorer):
     def modules(self) -> list[torch.nn.Module]:
         return [self.embedder.model]
 
-    def embed(self, request: ScoreRequest) -> list[Embedding]:
+    def stateless_part(self, request: ScoreRequest) -> list[Embedding]:
         """One (vector, status) per live completion: everything diversity needs a model for."""
         live = request.live()
         if not live:
@@ -339,7 +340,7 @@ class DiversityMask(Scorer):
         return self.embedder.embed([request.completions[i] for i in live], live)  # type: ignore[misc]
 
     def score(self, request: ScoreRequest) -> ScoreResult:
-        return self.state.score(request, self.embed(request))
+        return self.state.score(request, self.stateless_part(request))
 
     def state_dict(self) -> dict[str, Any]:
         return self.state.state_dict()

@@ -69,6 +69,7 @@ class Blacklist(Scorer):
 
     name = BLACKLIST.name
     kind = "mask"
+    stateful = True  # no model: the whole value comes from the state
 
     def __init__(self) -> None:
         self.state = BlacklistState()
