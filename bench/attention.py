@@ -31,7 +31,7 @@ from rewardstack.scorers import attention, dpo
 from rewardstack.scorers.base import Runtime
 from rewardstack.scorers.loading import ModelCache
 from rewardstack.scorers.prefix import PrefixRunner
-from rewardstack.standin_btlm import make_checkpoint
+from rewardstack.standins import make_btlm_checkpoint
 
 TARGET_SHORT = 1.1
 STANDINS = {
@@ -69,7 +69,7 @@ def run(quick: bool = False, repeats: int = 3) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, over in STANDINS.items():
-            folder = make_checkpoint(Path(tmp) / label.split()[0], max_length=8192, config_overrides=over)
+            folder = make_btlm_checkpoint(Path(tmp) / label.split()[0], max_length=8192, config_overrides=over)
             sc = _scorer(folder)
             choice = None
             for batch, length in shapes:

@@ -40,6 +40,7 @@ from rewardstack.memory import MemoryManager
 from rewardstack.scorers import dahoas, dpo, judge, reciprocate
 from rewardstack.scorers.base import Runtime, ScoreRequest
 from rewardstack.scorers.loading import ModelCache
+from rewardstack.standins import make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin
 from rewardstack.workload import Step, heavy_tailed_steps, text
 
 
@@ -75,7 +76,7 @@ def bench_dpo(root: Path, label: str, overrides: dict | None, steps: list[Step],
     body-only floor and the head's matmul on the scored rows; peaks on request. `options`: the
     scorer's own options (`--smoke`: a short calibration, no chunk tuning)."""
     folder = root / f"dpo_{label}"
-    entry = dpo.make_standin(folder, config_overrides=overrides)
+    entry = make_dpo_standin(folder, config_overrides=overrides)
     cfg = model_config("dpo_reward_model", folder, entry, **({"options": options} if options else {}))
     t_load = time.perf_counter()
     sc = untracked(dpo.build(cfg, runtime(False)))
@@ -121,7 +122,7 @@ def bench_dpo(root: Path, label: str, overrides: dict | None, steps: list[Step],
         "work_ratio": work_ratio(c), "ref_steps": steps_txt,
         "speedup_vs_ref": (ref_n / t_rs_sub) / (ref_n / t_ref),
         "vs_floor": t_rs / t_floor, "vs_floor_head": t_rs / (t_floor + t_head),
-        "chunk": sc.chunk, "max_chunk": sc.max_chunk, "load_s": t_load,
+        "chunk": sc.chunks.chunk, "max_chunk": sc.chunks.max_chunk, "load_s": t_load,
     })
     return res
 
@@ -148,7 +149,7 @@ def bench_other(root: Path, steps: list[Step], ref_steps: list[Step], out: list[
     n, ref_n = n_live(steps), n_live(ref_steps)
     # Reciprocate
     folder = root / "rec"
-    cfg = model_config("reciprocate_reward_model", folder, reciprocate.make_standin(folder))
+    cfg = model_config("reciprocate_reward_model", folder, make_reciprocate_standin(folder))
     sc = untracked(reciprocate.build(cfg, runtime(False)))
     t = timed(lambda: [sc.score(ScoreRequest(s.prompt, s.completions, s.name)) for s in steps])
 
@@ -165,7 +166,7 @@ def bench_other(root: Path, steps: list[Step], ref_steps: list[Step], out: list[
     ratios["reciprocate_vs_ref"] = (n / t) / (ref_n / t_ref)
     # Dahoas
     folder = root / "dah"
-    cfg = model_config("dahoas_reward_model", folder, dahoas.make_standin(folder))
+    cfg = model_config("dahoas_reward_model", folder, make_dahoas_standin(folder))
     sc2 = untracked(dahoas.build(cfg, runtime(False)))
     t = timed(lambda: [sc2.score(ScoreRequest(s.prompt, s.completions, s.name)) for s in steps])
     t_ref = timed(lambda: [reference_dahoas(sc2.body, sc2.head, sc2.tokenizer, s.prompt, c)
@@ -183,7 +184,7 @@ def bench_other(root: Path, steps: list[Step], ref_steps: list[Step], out: list[
     ratios["dahoas_vs_ref"] = (n / t) / (ref_n / t_ref)
     # Judge (no floor: generation is its own work)
     folder = root / "judge"
-    cfg = model_config("prompt_reward_model", folder, judge.make_standin(folder))
+    cfg = model_config("prompt_reward_model", folder, make_judge_standin(folder))
     sc3 = untracked(judge.build(cfg, runtime(False)))
     t = timed(lambda: [sc3.score(ScoreRequest(s.prompt, s.completions, s.name)) for s in steps])
     out.append(row("judge rewardstack", n, t, None, "batched 2-token greedy generation"))

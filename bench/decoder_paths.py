@@ -27,7 +27,7 @@ from rewardstack.memory import MemoryManager
 from rewardstack.scorers import dpo, kvcache, reciprocate
 from rewardstack.scorers.base import Runtime, ScoreRequest
 from rewardstack.scorers.loading import ModelCache
-from rewardstack.standin_btlm import make_checkpoint
+from rewardstack.standins import make_btlm_checkpoint, make_dpo_standin, make_reciprocate_standin
 from rewardstack.workload import text
 
 
@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        dpo.make_standin(root / "gpt2")
-        reciprocate.make_standin(root / "gptj")
-        make_checkpoint(root / "btlm", max_length=2048)
+        make_dpo_standin(root / "gpt2")
+        make_reciprocate_standin(root / "gptj")
+        make_btlm_checkpoint(root / "btlm", max_length=2048)
         cases = [
             ("DPO, GPT-2 stand-in", dpo, "dpo_reward_model", root / "gpt2", False),
             ("Reciprocate, GPT-J stand-in", reciprocate, "reciprocate_reward_model", root / "gptj", False),

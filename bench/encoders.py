@@ -36,6 +36,7 @@ from encoder_fixtures import (
 
 from rewardstack.scorers import classifier, embedding
 from rewardstack.scorers.base import ScoreRequest
+from rewardstack.standins import make_reciprocate_standin
 from rewardstack.workload import Step, heavy_tailed_steps, text
 
 ORDER = ("rlhf_reward_model", "reciprocate_reward_model", "relevance_filter", "diversity_reward_model", "nsfw_filter")
@@ -146,7 +147,7 @@ class Bench:
         from rewardstack.scorers import reciprocate
 
         folder = self.root / "reciprocate_reward_model"
-        entry = reciprocate.make_standin(folder)
+        entry = make_reciprocate_standin(folder)
         sc = reciprocate.build(config("reciprocate_reward_model", self.root, entry, weight=1.0), self.rt)
         fmt = reciprocate.TEMPLATE.format
         floor = floors.reciprocate_floor(sc, self.steps)

@@ -181,4 +181,4 @@ def dpo(sc: Any, steps: list[Step]) -> tuple[float, float]:
     """DPO: (body floor, head over the scored rows: matmul and log-sum-exp); exact semantics need both."""
     groups, n_rows = dpo_inputs(sc, steps)
     t_body = timed(lambda: floor_body(sc.body, groups))
-    return t_body, head_matmul(sc.logit_head, n_rows, sc.chunk)
+    return t_body, head_matmul(sc.logit_head, n_rows, sc.chunks.chunk)

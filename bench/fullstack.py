@@ -59,8 +59,7 @@ and code paths at hidden size 16) instead of the standard ones, so every row run
 
 def build_stack(root: Path, *, device: str = "cpu", extra: dict[str, Any] | None = None) -> RewardStack:
     """The stand-in default stack under `root` (stand-ins built once), with a fresh state dir."""
-    from rewardstack.standins import make_standins
-    from rewardstack.standins_tiny import make_tiny_standins
+    from rewardstack.standins import make_standins, make_tiny_standins
 
     cfg = load_config(make_tiny_standins(root / "standins") if TINY else make_standins(root / "standins"))
     cfg.device = device

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rewardstack.memory import MemoryManager
-from rewardstack.memory.testing import LOGIT_CHUNK, build
+from rewardstack.standins.memory import LOGIT_CHUNK, build
 
 FAMILIES = {
     "deberta": "DeBERTa-v2 classifier (rlhf_reward_model)",

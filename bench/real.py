@@ -134,7 +134,7 @@ def measure(repeats: int = 2, n_steps: int | None = None, *, smoke: bool = False
         body, head = floors.dpo(sc, steps)
         return body + head
 
-    row(f"dpo_reward_model (SmolLM2-135M, float32, chunk {sc.chunk})", *_interleaved(run_dpo, floor_dpo, repeats))
+    row(f"dpo_reward_model (SmolLM2-135M, float32, chunk {sc.chunks.chunk})", *_interleaved(run_dpo, floor_dpo, repeats))
     lines.append("  (floors: MPNet/MiniLM passes alone over pre-tokenized rows, each text once; DPO: the body with "
                  "the step's prefix once plus the head's matmul and log-sum-exp over the scored rows)")
 

@@ -17,6 +17,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.memory import MemoryManager
 from rewardstack.scorers.base import Runtime
 from rewardstack.scorers.loading import ModelCache
+from rewardstack.standins import make_diversity_standin, make_nsfw_standin, make_openassistant_standin, make_relevance_standin
 from rewardstack.workload import text
 
 UNICODE = ["", " ", "東京 über naïve", "🙂🙂🙂", "данные λόγος ✓", "a", "\u200b\u00e9"]
@@ -30,13 +31,11 @@ def make_runtime(budget: int | None = None) -> Runtime:
 
 def make_standins(root: Path) -> dict[str, dict[str, Any]]:
     """Every encoder stand-in under `root`, as the make-standins command would lay them out."""
-    from rewardstack.scorers import classifier, embedding
-
     return {
-        "rlhf_reward_model": classifier.make_openassistant_standin(root / "rlhf_reward_model"),
-        "nsfw_filter": classifier.make_nsfw_standin(root / "nsfw_filter"),
-        "relevance_filter": embedding.make_relevance_standin(root / "relevance_filter"),
-        "diversity_reward_model": embedding.make_diversity_standin(root / "diversity_reward_model"),
+        "rlhf_reward_model": make_openassistant_standin(root / "rlhf_reward_model"),
+        "nsfw_filter": make_nsfw_standin(root / "nsfw_filter"),
+        "relevance_filter": make_relevance_standin(root / "relevance_filter"),
+        "diversity_reward_model": make_diversity_standin(root / "diversity_reward_model"),
     }
 
 

@@ -24,7 +24,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.memory.tracker import TensorBytesTracker
 from rewardstack.scorers import attention, dpo
 from rewardstack.scorers.prefix import PrefixRunner
-from rewardstack.standin_btlm import make_checkpoint
+from rewardstack.standins import make_btlm_checkpoint, make_dpo_standin
 from rewardstack.workload import text
 
 BOUND = 8192
@@ -33,7 +33,7 @@ TOL = {"float32": 1e-6, "float16": 2e-3}  # float16: docs/SEMANTICS.md's toleran
 
 @pytest.fixture(scope="module")
 def long_btlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("btlm8k") / "btlm", max_length=BOUND,
+    return make_btlm_checkpoint(tmp_path_factory.mktemp("btlm8k") / "btlm", max_length=BOUND,
                            config_overrides={"n_layer": 1, "n_head": 2})
 
 
@@ -127,7 +127,7 @@ class _ShiftedAlibi(torch.nn.Module):
 
 
 def test_probe_keeps_the_models_own_attention_when_they_differ(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    folder = make_checkpoint(tmp_path / "btlm", max_length=128)
+    folder = make_btlm_checkpoint(tmp_path / "btlm", max_length=128)
     sc = dpo.build(_cfg(folder, "float32", attention="own"), make_runtime())
     sc.body.relative_pe = _ShiftedAlibi(sc.body.relative_pe)
     before = [type(b.attn) for b in sc.body.h]
@@ -140,7 +140,7 @@ def test_probe_keeps_the_models_own_attention_when_they_differ(tmp_path: Path, c
 
 def test_models_without_alibi_keep_their_attention(tmp_path: Path) -> None:
     folder = tmp_path / "gpt2"
-    entry = dpo.make_standin(folder, max_length=64)
+    entry = make_dpo_standin(folder, max_length=64)
     sc = dpo.build(ModelConfig(name="dpo_reward_model", path=str(folder), weight=1.0, dtype=entry["dtype"],
                                options={"tune_logits_chunk": False, "calibration_length": 32}), make_runtime())
     assert sc.attention.kind == "own" and "ALiBi" in sc.attention.reason

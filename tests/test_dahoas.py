@@ -14,13 +14,14 @@ from safetensors.torch import load_file, save_file
 from causal_fixtures import close, make_runtime, model_config, reference_dahoas
 from rewardstack.scorers import dahoas
 from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.standins import make_dahoas_standin
 from rewardstack.workload import text
 
 
 @pytest.fixture(scope="session")
 def dah_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     folder = tmp_path_factory.mktemp("standins") / "dahoas"
-    return folder, dahoas.make_standin(folder)
+    return folder, make_dahoas_standin(folder)
 
 
 @pytest.fixture(scope="session")

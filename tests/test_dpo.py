@@ -12,13 +12,14 @@ import torch
 from causal_fixtures import cached_runtime, close, make_runtime, model_config, reference_dpo
 from rewardstack.scorers import dpo
 from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.standins import make_dpo_standin
 from rewardstack.workload import text
 
 
 @pytest.fixture(scope="session")
 def dpo_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     folder = tmp_path_factory.mktemp("standins") / "dpo"
-    return folder, dpo.make_standin(folder)
+    return folder, make_dpo_standin(folder)
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +78,7 @@ def test_low_score_cases(scorer: dpo.DpoScorer) -> None:
 
 def test_max_length_cut(tmp_path_factory: pytest.TempPathFactory) -> None:
     folder = tmp_path_factory.mktemp("standins") / "dpo_short"
-    entry = dpo.make_standin(folder, max_length=300)
+    entry = make_dpo_standin(folder, max_length=300)
     sc = dpo.build(model_config("dpo_reward_model", folder, entry, options={"logits_chunk": 64}), make_runtime())
     rng = random.Random(5)
     prompt = text(rng, 600)
@@ -180,9 +181,10 @@ def test_tight_budget_shrinks_the_chunk_before_cutting(dpo_folder: tuple[Path, d
         sc = dpo.build(cfg, rt)
         res = sc.score(ScoreRequest(prompt, [comp, comp[: len(comp) // 2]]))
         assert [(r.batch, r.length) for r in rt.memory.oom_log] == [], (n, share)  # the plan held
-        assert sc.chunk < 512 and sc.tuned_chunk == 512
-        used = sc.chunk_costs[sc.chunk]
-        assert used.chunk == sc.chunk and used is not sc.chunk_costs[512]  # measured at that chunk
+        assert sc.chunks.chunk < 512 and sc.chunks.tuned_chunk == 512
+        rows = sc.attention.rows  # the cost models measured at the current attention block
+        used = sc.chunks.costs[(sc.chunks.chunk, rows)]
+        assert used.chunk == sc.chunks.chunk and used is not sc.chunks.costs[(512, rows)]  # measured at that chunk
         if whole:
             want = free.score(ScoreRequest(prompt, [comp])).scores[0]
             assert res.statuses[0] == Status.OK and close(res.scores[0], want, 1e-5)
@@ -192,21 +194,21 @@ def test_tight_budget_shrinks_the_chunk_before_cutting(dpo_folder: tuple[Path, d
 
 def test_chunk_sizes_and_lse_paths_agree(scorer: dpo.DpoScorer, monkeypatch: pytest.MonkeyPatch) -> None:
     """The chunk tuned at load changes speed only; the shift-free log-sum-exp equals the shifted one."""
-    assert 1 <= scorer.chunk <= scorer.max_chunk and scorer.chunk in scorer.chunk_timings
+    assert 1 <= scorer.chunks.chunk <= scorer.chunks.max_chunk and scorer.chunks.chunk in scorer.chunks.timings
     rng = random.Random(4)
     prompt = text(rng, 200)
     comps = [text(rng, 600), "the " * 300, text(rng, 50)]
     base = scorer.score(ScoreRequest(prompt, comps)).scores
-    tuned = scorer.tuned_chunk
+    tuned = scorer.chunks.tuned_chunk
     try:
         for c in (16, 512):
-            scorer.tuned_chunk = c
+            scorer.chunks.tuned_chunk = c
             for a, b in zip(scorer.score(ScoreRequest(prompt, comps)).scores, base):
                 assert close(a, b, 1e-5), (c, a, b)
     finally:
-        scorer.tuned_chunk = tuned
+        scorer.chunks.tuned_chunk = tuned
     h = torch.randn(8, scorer.lm_head.weight.shape[1])
-    assert scorer.logit_head.bound(h) >= float(scorer._head(h).abs().max())  # the bound holds
+    assert scorer.logit_head.bound(h) >= float((scorer.lm_head(h) * scorer.scale).abs().max())  # the bound holds
     monkeypatch.setattr(dpo, "SAFE_EXP", -1.0)  # never provably bounded: the max-shift path
     shifted = scorer.score(ScoreRequest(prompt, comps)).scores
     for c, s, b in zip(comps, shifted, base):

@@ -12,13 +12,14 @@ import torch
 from causal_fixtures import make_runtime, model_config
 from rewardstack.scorers import judge
 from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.standins import make_judge_standin
 from rewardstack.workload import text
 
 
 @pytest.fixture(scope="session")
 def scorer(tmp_path_factory: pytest.TempPathFactory) -> judge.JudgeScorer:
     folder = tmp_path_factory.mktemp("standins") / "judge"
-    entry = judge.make_standin(folder)
+    entry = make_judge_standin(folder)
     return judge.build(model_config("prompt_reward_model", folder, entry), make_runtime())
 
 

@@ -22,6 +22,7 @@ from rewardstack.config import default_config, load_config
 from rewardstack.errors import ConfigError, ModelLoadError
 from rewardstack.scorers import dpo
 from rewardstack.scorers.base import ScoreRequest
+from rewardstack.standins import make_btlm_checkpoint
 
 
 def fake_commit(repo: str, revision: str | None) -> str:
@@ -145,9 +146,7 @@ def test_remote_code_without_a_lock_is_refused() -> None:
 
 def test_locked_remote_code_standin_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hub id needing remote code: refused, then `download` (fake hub) locks it, then it loads and scores."""
-    from rewardstack.standin_btlm import make_checkpoint
-
-    source = make_checkpoint(tmp_path / "published", max_length=128)
+    source = make_btlm_checkpoint(tmp_path / "published", max_length=128)
     client = FakeHub(tmp_path / "hubcache", sources={"standin/btlm-tiny": source})
     monkeypatch.setattr(hub, "default_client", lambda: client)
     config = tmp_path / "remote.toml"

@@ -22,8 +22,9 @@ from rewardstack import paths
 from rewardstack.memory.calibration import CalibrationCache, cache_path_for
 from rewardstack.memory.costmodel import CostModel, profile_shapes
 from rewardstack.memory.planner import plan_batches
-from rewardstack.scorers.prefix import PrefixRunner, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import PrefixRunner, split_prefix
 from rewardstack.scorers.reciprocate import TEMPLATE, ReciprocateScorer
+from rewardstack.standins.tokenizer import DECODER_INPUTS, save_tokenizer
 
 MAX_LEN = 384
 
@@ -35,7 +36,7 @@ def deep_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("deep") / "deep_gptj"
     folder.mkdir()
-    tok = save_standin_tokenizer(folder, MAX_LEN)
+    tok = save_tokenizer(folder, MAX_LEN, input_names=DECODER_INPUTS)
     config = GPTJConfig(vocab_size=len(tok), n_positions=MAX_LEN, n_embd=32, n_layer=24, n_head=2, rotary_dim=8,
                         n_inner=64, num_labels=1, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
                         eos_token_id=tok.sep_token_id)

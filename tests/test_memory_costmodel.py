@@ -7,7 +7,7 @@ import torch
 
 from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack.memory.manager import MemoryManager
-from rewardstack.memory.testing import LOGIT_CHUNK, build
+from rewardstack.standins.memory import LOGIT_CHUNK, build
 
 
 def test_fit_recovers_all_six_terms() -> None:

@@ -10,7 +10,7 @@ import torch
 
 from rewardstack.memory import FaultInjector, MemoryManager
 from rewardstack.memory.guard import run_guarded
-from rewardstack.memory.testing import build
+from rewardstack.standins.memory import build
 
 
 def _score_fn(model: torch.nn.Module, lengths: list[int], seed: int = 0):  # noqa: ANN202

@@ -23,6 +23,7 @@ from rewardstack.memory.peaks import PeakWindow
 from rewardstack.memory.planner import padding_groups, plan_batches
 from rewardstack.scorers import dpo, reciprocate
 from rewardstack.scorers.base import ScoreRequest
+from rewardstack.standins import make_dpo_standin, make_nsfw_standin, make_reciprocate_standin
 from rewardstack.workload import heavy_tailed_lengths, text
 
 
@@ -66,8 +67,8 @@ def _errors(build: Any, budget: int | None = None, steps: tuple[int, int] = (2, 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
     root = tmp_path_factory.mktemp("standins")
-    return {"reciprocate": (root / "reciprocate", reciprocate.make_standin(root / "reciprocate")),
-            "dpo": (root / "dpo", dpo.make_standin(root / "dpo"))}  # the 8k stand-in of the stack
+    return {"reciprocate": (root / "reciprocate", make_reciprocate_standin(root / "reciprocate")),
+            "dpo": (root / "dpo", make_dpo_standin(root / "dpo"))}  # the 8k stand-in of the stack
 
 
 def _reciprocate(folders: dict[str, tuple[Path, dict]]) -> Any:
@@ -133,7 +134,7 @@ def test_lone_input_is_predicted_unpadded(tmp_path: Path) -> None:
     from rewardstack.scorers import classifier
 
     folder = tmp_path / "nsfw"
-    entry = classifier.make_nsfw_standin(folder)
+    entry = make_nsfw_standin(folder)
     runtime = make_runtime()
     # One 512-token window per pass, as the CPU's tuning usually picks: the pass size is timed at
     # load otherwise, and a busy machine picks 2,048 tokens, which would batch the windows.

@@ -15,6 +15,7 @@ from rewardstack.memory.costmodel import ProfileCapped, profile
 from rewardstack.memory.observers import MemoryObserver, ProfileRecord
 from rewardstack.scorers import dpo
 from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.standins import make_dpo_standin
 from rewardstack.workload import text
 from telemetry_fixtures import SLOW_SHAPES, HogScorer, hog_config, step  # noqa: F401 - fixture
 
@@ -51,7 +52,7 @@ LENGTH = 1024  # DPO's bound here: short profiles
 @pytest.fixture(scope="module")
 def dpo_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     folder = tmp_path_factory.mktemp("standins") / "dpo"
-    return folder, dpo.make_standin(folder)
+    return folder, make_dpo_standin(folder)
 
 
 def test_a_mid_run_profile_past_its_cap_is_stopped_and_the_step_still_scores(dpo_folder: tuple[Path, dict]) -> None:
@@ -82,7 +83,7 @@ def test_a_mid_run_profile_past_its_cap_is_stopped_and_the_step_still_scores(dpo
     [rec] = seen.records
     assert rec.capped and rec.model == "dpo_reward_model" and "chunk=" in rec.name
     assert 0 < rec.measured < rec.shapes and rec.limit_s == 0.35 and rec.seconds < 0.35 + 0.3
-    assert sc.chunk == 512 and rt.memory.oom_log.maxlen and list(rt.memory.oom_log) == []  # the measured setting
+    assert sc.chunks.chunk == 512 and rt.memory.oom_log.maxlen and list(rt.memory.oom_log) == []  # the measured setting
     assert res.statuses[0] == Status.TRUNCATED and math.isfinite(res.scores[0])
     assert res.statuses[1] == Status.OK and math.isfinite(res.scores[1])
     assert seconds < 30  # the uncapped profile of this step took minutes on a loaded 2-core machine

@@ -12,13 +12,14 @@ import torch
 from causal_fixtures import close, make_runtime, model_config
 from rewardstack.scorers import reciprocate
 from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.standins import make_reciprocate_standin
 from rewardstack.workload import text
 
 
 @pytest.fixture(scope="session")
 def rec_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     folder = tmp_path_factory.mktemp("standins") / "reciprocate"
-    return folder, reciprocate.make_standin(folder)
+    return folder, make_reciprocate_standin(folder)
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,9 @@ from rewardstack.hub import load_source
 from rewardstack.scorers import dahoas, dpo, judge, kvcache, reciprocate
 from rewardstack.scorers.base import ScoreRequest, Status
 from rewardstack.scorers.prefix import PrefixRunner
-from rewardstack.standin_btlm import make_checkpoint
+from rewardstack.standins import (
+    make_btlm_checkpoint, make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin,
+)
 from rewardstack.workload import text
 
 BOUND = 384  # the stand-in's token bound: the reference runs full [L, V] logits at it
@@ -32,7 +34,7 @@ BOUND = 384  # the stand-in's token bound: the reference runs full [L, V] logits
 
 @pytest.fixture(scope="module")
 def btlm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("remote") / "btlm", max_length=BOUND)
+    return make_btlm_checkpoint(tmp_path_factory.mktemp("remote") / "btlm", max_length=BOUND)
 
 
 def _btlm_cfg(folder: Path, **options: object) -> ModelConfig:
@@ -70,7 +72,7 @@ def test_probe_catches_a_model_that_ignores_the_cache(tmp_path: Path) -> None:
     """A body that silently drops the cache object runs, but its numbers are wrong: fallback. A body
     without use_cache or position_ids also takes the fallback, which passes it neither."""
     folder = tmp_path / "gpt2"
-    dpo.make_standin(folder, max_length=64)
+    make_dpo_standin(folder, max_length=64)
     from transformers import AutoModelForCausalLM
 
     body = AutoModelForCausalLM.from_pretrained(str(folder)).eval().base_model
@@ -137,9 +139,10 @@ def _same(a: list[float], b: list[float], rel: float = 1e-4) -> None:
 def test_fallback_equals_cache_path(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A native stand-in forced onto full sequences scores as on the shared-prefix cache path."""
     module = {"dpo": dpo, "reciprocate": reciprocate, "dahoas": dahoas}[family]
+    make = {"dpo": make_dpo_standin, "reciprocate": make_reciprocate_standin, "dahoas": make_dahoas_standin}[family]
     name = {"dpo": "dpo_reward_model", "reciprocate": "reciprocate_reward_model", "dahoas": "dahoas_reward_model"}[family]
     folder = tmp_path / family
-    entry = module.make_standin(folder)
+    entry = make(folder)
     options: dict = {"calibration_length": 64}
     if family == "dpo":
         options["tune_logits_chunk"] = False
@@ -157,7 +160,7 @@ def test_fallback_equals_cache_path(family: str, tmp_path: Path, monkeypatch: py
 def test_judge_fallback_generates_what_generate_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Cache-free greedy tokens equal `generate`'s on left-padded batches; the judge scores agree."""
     folder = tmp_path / "judge"
-    entry = judge.make_standin(folder)
+    entry = make_judge_standin(folder)
     fast = judge.build(model_config("prompt_reward_model", folder, entry, options={"calibration_length": 64}), make_runtime())
     assert fast.use_cache is True
     rng = random.Random(5)
@@ -190,7 +193,7 @@ def test_make_standins_can_build_the_remote_code_dpo(tmp_path: Path, monkeypatch
     """`make-standins --dpo btlm`: the DPO folder is the remote-code checkpoint and the config opts in."""
     import tomllib
 
-    from rewardstack import standins
+    from rewardstack.standins import build as standins
     from rewardstack.config import RULE_MASKS, load_config
 
     expected = tomllib.loads(standins.offline_config_text())["models"]
@@ -201,7 +204,7 @@ def test_make_standins_can_build_the_remote_code_dpo(tmp_path: Path, monkeypatch
             return {k: expected[name][k] for k in ("path", "paths") if k in expected[name]}
         return build
 
-    monkeypatch.setattr("rewardstack.scorers.standin_builder", lambda name: None if name in RULE_MASKS else fake_builder(name))
+    monkeypatch.setattr("rewardstack.standins.build.standin_builder", lambda name: None if name in RULE_MASKS else fake_builder(name))
     path = standins.make_standins(tmp_path, dpo="btlm")
     cfg = load_config(path).models["dpo_reward_model"]
     assert cfg.trust_remote_code and (tmp_path / "dpo_reward_model" / "modeling_btlm.py").exists()

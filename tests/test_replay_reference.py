@@ -22,7 +22,7 @@ from rewardstack.workload import text
 def embedding_stack_config(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Relevance and diversity on their stand-ins (MiniLM), OpenAssistant alone weighted (a fake in
     the test), NSFW off."""
-    from rewardstack.scorers.embedding import make_diversity_standin, make_relevance_standin
+    from rewardstack.standins import make_diversity_standin, make_relevance_standin
 
     root = tmp_path_factory.mktemp("embedding_standins")
     rel = make_relevance_standin(root / "relevance_filter")

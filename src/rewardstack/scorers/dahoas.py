@@ -35,7 +35,7 @@ from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
 from rewardstack.memory.planner import PADDING_SLACK
-from rewardstack.scorers.prefix import PrefixRunner, model_device, padding_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import PrefixRunner, model_device, padding_groups, split_prefix
 from rewardstack.models import DAHOAS
 
 
@@ -183,28 +183,3 @@ class DahoasScorer(CausalScorer):
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
     """The Dahoas scorer for `cfg` (a folder or hub id holding body + value head weights)."""
     return DahoasScorer(cfg, runtime)
-
-
-def make_standin(folder: Path) -> dict:
-    """A tiny random GPT-J body (save_pretrained) + `v_head.safetensors`, BERT tokenizer with eos.
-
-    The tokenizer gets `<|endoftext|>` as its eos token, as GPT-J's has, so the first-pad rule reads
-    the value before it.
-    """
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer, GPTJConfig, GPTJModel
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = save_standin_tokenizer(folder, 2048)
-    tok.add_special_tokens({"eos_token": "<|endoftext|>"})
-    tok.save_pretrained(str(folder))
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    config = GPTJConfig(
-        vocab_size=len(tok), n_positions=2048, n_embd=64, n_layer=2, n_head=4, rotary_dim=16,
-        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, initializer_range=0.2,
-    )
-    torch.manual_seed(2468)
-    GPTJModel(config).save_pretrained(str(folder), safe_serialization=True)
-    save_file({"v_head.weight": torch.randn(1, config.n_embd) * 0.2}, str(folder / "v_head.safetensors"))
-    return {"path": folder.name, "dtype": "float32"}

@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from rewardstack.config import ModelConfig
-from rewardstack.memory.costmodel import CostModel
 from rewardstack.models import DPO
 from rewardstack.scorers.attention import AttentionChoice
 from rewardstack.scorers.attention import install as install_attention
@@ -59,13 +57,13 @@ from rewardstack.scorers.dpo_numerics import (  # noqa: F401 - re-exported: the 
 )
 from rewardstack.scorers.kvcache import choose_path
 from rewardstack.memory.planner import PADDING_SLACK
-from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 
 log = logging.getLogger(__name__)
 
 # The numerics are re-exported: callers (the simulation, the GPU check, tests) name them `dpo.X`.
 __all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "PenaltyShapes", "PenaltyValues", "chunked_logprobs",
-           "logits_scale", "lse_inplace", "DpoScorer", "build", "make_standin"]
+           "logits_scale", "lse_inplace", "DpoScorer", "build"]
 
 
 class DpoScorer(CausalScorer):
@@ -110,43 +108,8 @@ class DpoScorer(CausalScorer):
             tune=(lambda: {"chunk": tune_chunk(self.logit_head, device_of(), max_chunk, self.chunks.timings)}) if tune else None,
             apply=self.chunks.apply)
 
-    # The chunk policy's figures, as the scorer's (tests and benchmarks read them here).
-    @property
-    def chunk(self) -> int:
-        """The logits chunk (rows) the next pass runs with."""
-        return self.chunks.chunk
-
-    @property
-    def tuned_chunk(self) -> int:
-        """The logits chunk chosen at load (the fastest up to `max_chunk`)."""
-        return self.chunks.tuned_chunk
-
-    @tuned_chunk.setter
-    def tuned_chunk(self, value: int) -> None:
-        self.chunks.tuned_chunk = int(value)
-
-    @property
-    def max_chunk(self) -> int:
-        """The `logits_chunk` cap."""
-        return self.chunks.max_chunk
-
-    @property
-    def chunk_timings(self) -> dict[int, float]:
-        """Seconds per candidate logits chunk, measured at load."""
-        return self.chunks.timings
-
-    @property
-    def chunk_costs(self) -> dict[int, CostModel]:
-        """Cost model per logits chunk measured at the current attention block."""
-        rows = self.attention.rows
-        return {c: m for (c, r), m in self.chunks.costs.items() if r == rows}
-
     def attention_info(self) -> str:
         return self.attention.describe()
-
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(h)
-        return logits * self.scale if self.scale != 1.0 else logits
 
     def _fit_chunk(self, longest: int) -> int:
         """The length cap the budget leaves after shrinking the chunk and block (`ChunkPolicy.fit`)."""
@@ -167,7 +130,7 @@ class DpoScorer(CausalScorer):
         hidden_at = lambda s, p: runner.rows(h, s, p)  # noqa: E731
         out = chunked_logprobs(
             hidden_at, self.logit_head, padded.to(device), torch.tensor(list(plens), device=device), n,
-            self.chunk,
+            self.chunks.chunk,
         )
         return out.tolist()
 
@@ -237,25 +200,3 @@ def _finite_or_low(value: float) -> float:
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
     """The DPO scorer for `cfg` (a causal LM checkpoint)."""
     return DpoScorer(cfg, runtime)
-
-
-def make_standin(folder: Path, *, max_length: int = 8192, config_overrides: dict | None = None) -> dict:
-    """A tiny random GPT-2-style LM (BTLM is GPT-2 based) with the real BERT tokenizer, 8k context.
-
-    `config_overrides` replaces GPT2Config fields (e.g. n_embd, n_layer, n_head for a stand-in
-    whose body outweighs its head, as BTLM's does); the default is the tiny CI model.
-    """
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = save_standin_tokenizer(folder, max_length)
-    fields: dict = dict(
-        vocab_size=len(tok), n_positions=max_length, n_embd=64, n_layer=2, n_head=4, initializer_range=0.2,
-        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id,
-    )
-    fields.update(config_overrides or {})
-    config = GPT2Config(**fields)
-    torch.manual_seed(1234)
-    GPT2LMHeadModel(config).save_pretrained(str(folder), safe_serialization=True)
-    return {"path": folder.name, "dtype": "float32"}

@@ -15,17 +15,13 @@ long, the filled text is cut from the left so the instructions at the end surviv
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Any
-
-import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
 from rewardstack.scorers.causal import CausalScorer
 from rewardstack.scorers.common import pad_rows, sane_max_length
 from rewardstack.scorers.kvcache import choose_path, greedy_tokens
-from rewardstack.scorers.prefix import dummy_ids, model_device, save_standin_tokenizer
+from rewardstack.scorers.prefix import dummy_ids, model_device
 from rewardstack.models import JUDGE
 
 _RULES = (
@@ -142,21 +138,3 @@ class JudgeScorer(CausalScorer):
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
     """The judge scorer for `cfg` (an instruction-tuned causal LM)."""
     return JudgeScorer(cfg, runtime)
-
-
-def make_standin(folder: Path) -> dict[str, Any]:
-    """A tiny random Llama-style causal LM with the real BERT tokenizer (512 tokens)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = save_standin_tokenizer(folder, 512)
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id,
-        initializer_range=0.2,
-    )
-    torch.manual_seed(1357)
-    LlamaForCausalLM(config).save_pretrained(str(folder), safe_serialization=True)
-    return {"path": folder.name, "dtype": "float32"}

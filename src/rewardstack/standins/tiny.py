@@ -1,6 +1,6 @@
 """The tiny stand-in stack (`rewardstack make-standins --tiny DIR`): every family's code path, no weight.
 
-The standard stand-ins (`rewardstack.standins`) are small random models of each production family
+The standard stand-ins (`rewardstack.standins.build`) are small random models of each production family
 plus two copies of the real MiniLM sentence encoder; a step of 50 completions costs seconds on a
 CPU, spent in the MiniLM encoders and in DPO's log-softmax over BERT's 30,522-token vocabulary.
 A soak tests machinery (the exactly-once commit, OOM recovery, kill and restart, state, memory at
@@ -177,6 +177,6 @@ def shrink_standins(root: Path, *, seed: int = 0) -> None:
 
 def make_tiny_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2") -> Path:
     """`make-standins --tiny`: the standard stand-ins, shrunk by `shrink_standins`; returns the config path."""
-    from rewardstack.standins import make_standins
+    from rewardstack.standins.build import make_standins
 
     return make_standins(root, seed=seed, force=force, dpo=dpo, shrink=shrink_standins)
