@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from rewardstack.errors import InputError, RewardStackError, StateError
-from rewardstack.stack import RewardStack, Step, StepResult, check_completions
+from rewardstack.stack import RewardStack, Step, StepResult
+from rewardstack.wire import check_completions
 
 log = logging.getLogger("rewardstack.runner")
 

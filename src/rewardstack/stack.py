@@ -18,10 +18,8 @@ keeps one second part per client; the Ray scale-out runs them in different proce
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -30,13 +28,14 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
-from rewardstack.errors import InputError, SequenceError, StateError
+from rewardstack.errors import SequenceError, StateError
 from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack.memory.manager import check_device
 from rewardstack.memory.snapshot import take_snapshot
 from rewardstack import models
 from rewardstack.normalize import RunningNormalizer
 from rewardstack.oplog import OperatorLog, log_models
+from rewardstack.readview import ReadView
 from rewardstack.scorers import build_scorer
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack.scorers.embedding import DiversityHistory, Embedding
@@ -45,180 +44,13 @@ from rewardstack.scorers.loading import ModelCache
 from rewardstack.state import StateStore
 from rewardstack.stepobservers import StepObserver, StepReport, step_record
 from rewardstack.stepresult import StepResult
+from rewardstack.wire import RECENT_BYTES, RECENT_RESULTS, Step, check_completions
 
 log = logging.getLogger("rewardstack.stack")
 
 
-@dataclass
-class Step:
-    """One validator step. `completions[i] is None` marks a failed response (not scored)."""
-
-    name: str
-    prompt: str
-    completions: list[str | None]
-    base_prompt: str | None = None
-    uids: list[int] | None = None
-    completion_times: list[float] | None = None
-    block: int | None = None
-    gating_loss: float | None = None
-    set_weights: Any = None
-    new_forward_pass: bool | None = None
-    """Whether this step opens a validator forward pass (default: the `augment` step does)."""
-    logged_best: str | None = None
-    """The `best` a recorded run logged for this step (replay): the blacklist records it instead of the stack's own best."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSONL form `rewardstack score` reads (fields left unset are left out)."""
-        d: dict[str, Any] = {"name": self.name, "prompt": self.prompt, "completions": list(self.completions)}
-        for key in ("base_prompt", "uids", "completion_times", "block", "gating_loss", "set_weights", "new_forward_pass", "logged_best"):
-            value = getattr(self, key)
-            if value is not None:
-                d[key] = value
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, line: int | None = None) -> "Step":
-        """Validate a JSON object into a Step; errors name the line and field."""
-        if not isinstance(d, Mapping):
-            raise InputError("a step must be a JSON object", line=line)
-        for key in ("name", "prompt", "completions"):
-            if key not in d:
-                raise InputError("missing", line=line, field=key)
-        for key in ("name", "prompt"):
-            if not isinstance(d[key], str):
-                raise InputError(f"must be a string, got {type(d[key]).__name__}", line=line, field=key)
-        if not TASK_RE.fullmatch(d["name"]):
-            raise InputError(f"must be augment, followupN or answerN, got {d['name'][:40]!r}", line=line, field="name")
-        comps = d["completions"]
-        if not isinstance(comps, list) or not all(c is None or isinstance(c, str) for c in comps):
-            raise InputError("must be a list of strings (null marks a failed response)", line=line, field="completions")
-        base = d.get("base_prompt")
-        if base is not None and not isinstance(base, str):
-            raise InputError("must be a string", line=line, field="base_prompt")
-        uids = d.get("uids")
-        if uids is not None:
-            if not isinstance(uids, list) or not all(isinstance(u, int) and not isinstance(u, bool) for u in uids):
-                raise InputError("must be a list of integers", line=line, field="uids")
-            if len(uids) != len(comps):
-                raise InputError(f"has {len(uids)} entries for {len(comps)} completions", line=line, field="uids")
-        times = d.get("completion_times")
-        if times is not None:
-            if not isinstance(times, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
-                raise InputError("must be a list of numbers", line=line, field="completion_times")
-            if len(times) != len(comps):
-                raise InputError(f"has {len(times)} entries for {len(comps)} completions", line=line, field="completion_times")
-        failed = d.get("failed")
-        if failed is not None:
-            if not isinstance(failed, list) or len(failed) != len(comps) or not all(isinstance(f, bool) for f in failed):
-                raise InputError("must be a list of booleans, one per completion", line=line, field="failed")
-            comps = [None if f else c for c, f in zip(comps, failed)]
-        nfp = d.get("new_forward_pass")
-        if nfp is not None and not isinstance(nfp, bool):
-            raise InputError("must be true or false", line=line, field="new_forward_pass")
-        block = d.get("block")
-        if block is not None and (not isinstance(block, int) or isinstance(block, bool) or block < 0):
-            raise InputError("must be a non-negative integer", line=line, field="block")
-        gating_loss = d.get("gating_loss")
-        if gating_loss is not None and (not isinstance(gating_loss, (int, float)) or isinstance(gating_loss, bool)):
-            raise InputError("must be a number", line=line, field="gating_loss")
-        set_weights = d.get("set_weights")
-        if not _valid_weights(set_weights):
-            raise InputError("must be a number, a boolean, or a list (of lists) of numbers", line=line, field="set_weights")
-        logged_best = d.get("logged_best")
-        if logged_best is not None and not isinstance(logged_best, str):
-            raise InputError("must be a string", line=line, field="logged_best")
-        for key, value in [("prompt", d["prompt"]), ("base_prompt", base)] + [(f"completions[{i}]", c) for i, c in enumerate(comps)]:
-            if isinstance(value, str) and not _is_valid_unicode(value):
-                raise InputError("is not valid Unicode (it holds a lone surrogate)", line=line, field=key)
-        # Completions arrive stripped in the validator; strip here so every scorer agrees.
-        comps = [c.strip() if isinstance(c, str) else None for c in comps]
-        return cls(
-            name=d["name"], prompt=d["prompt"], completions=comps, base_prompt=base,
-            uids=list(uids) if uids is not None else None,
-            completion_times=[float(t) for t in times] if times is not None else None,
-            block=block, gating_loss=gating_loss, set_weights=set_weights,
-            new_forward_pass=nfp, logged_best=logged_best.strip() if logged_best is not None else None,
-        )
-
-
-TASK_RE = re.compile(r"augment|followup[0-9]*|answer[0-9]*")
-"""The task names a step may have (spec: `augment`, `followupN`, `answerN`; replay's v1.0 rows: no N)."""
-
-
-def _valid_weights(value: Any, depth: int = 0) -> bool:
-    """`set_weights` as the validator logs it: null, a number or boolean, or lists of those (2 levels)."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return True
-    if isinstance(value, list) and depth < 2:
-        return all(_valid_weights(v, depth + 1) for v in value)
-    return False
-
-
-def check_completions(step: Step, limit: int, *, line: int | None = None) -> None:
-    """InputError naming `completions` when `step` has more than `limit` (`[input] max_completions`)."""
-    if len(step.completions) > limit:
-        raise InputError(f"{len(step.completions)} completions, more than {limit} ([input] max_completions)",
-                         line=line, field="completions")
-
-
-@dataclass
-class ReadView:
-    """What the models read of a step: every text cut to `[input] max_chars`, and what was cut."""
-
-    step: Step
-    prompt_cut: bool
-    base_cut: bool
-    cut: list[bool]
-    """Per completion: whether its text was cut."""
-
-    @classmethod
-    def of(cls, step: Step, max_chars: int) -> "ReadView":
-        def cut(text: str | None) -> tuple[str | None, bool]:
-            if text is None or len(text) <= max_chars:
-                return text, False
-            return text[:max_chars], True
-
-        prompt, p_cut = cut(step.prompt)
-        base, b_cut = cut(step.base_prompt)
-        comps = [cut(c) for c in step.completions]
-        if not (p_cut or b_cut or any(c for _, c in comps)):
-            return cls(step, False, False, [False] * len(comps))
-        view = dataclasses.replace(step, prompt=prompt, base_prompt=base, completions=[t for t, _ in comps])
-        return cls(view, p_cut, b_cut if step.base_prompt is not None else p_cut, [c for _, c in comps])
-
-    def mark(self, res: ScoreResult, *, mask: bool) -> ScoreResult:
-        """`res` with every scored completion whose input (text or prompt) was cut marked CUT."""
-        whole = self.base_cut if mask else self.prompt_cut
-        for i, c in enumerate(self.cut):
-            if (c or whole) and res.statuses[i] in Status.SCORED:
-                res.statuses[i] = Status.CUT
-        return res
-
-    def mark_embeddings(self, embs: list[Embedding]) -> list[Embedding]:
-        """Diversity's (vector, status) per live completion, CUT where that completion was cut."""
-        live = [i for i, c in enumerate(self.step.completions) if c is not None]
-        return [(v, Status.CUT if (self.cut[i] or self.base_cut) and st in Status.SCORED else st)
-                for i, (v, st) in zip(live, embs)]
-
-
-def _is_valid_unicode(text: str) -> bool:
-    """False for strings JSON can carry but UTF-8 cannot (lone surrogates such as \\ud800)."""
-    if text.isascii():  # no copy of a huge ASCII text just to check it
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 BLACKLIST = models.BLACKLIST.name
 DIVERSITY = models.DIVERSITY.name
-RECENT_RESULTS = 64
-"""How many committed results a state keeps for retried requests (by sequence number)."""
-RECENT_BYTES = 64 * 2**20
-"""At most this many bytes of kept results (UTF-8): a state holds 64 small answers, or fewer large
-ones (the newest always), so what it keeps of texts is bounded whatever the steps hold."""
 
 
 @dataclass

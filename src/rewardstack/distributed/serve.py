@@ -42,7 +42,8 @@ from ray import serve
 from rewardstack.config import StackConfig
 from rewardstack.distributed.cluster import RAY_NAMESPACE
 from rewardstack.settings import ServiceSettings
-from rewardstack.stack import RECENT_RESULTS, ForwardResult, RewardState, Step
+from rewardstack.stack import ForwardResult, RewardState, Step
+from rewardstack.wire import RECENT_RESULTS
 
 log = logging.getLogger("rewardstack.distributed")
 

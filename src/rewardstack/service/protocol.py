@@ -3,7 +3,9 @@
 One module for the request and response contract of `POST /v1/score`, so the two servers cannot
 drift (service/app.py on one worker, distributed/serve.py over state actors):
 
-- the schemas (`SCORE_SCHEMA`, `ERROR_SCHEMA`, `error_responses`) for the OpenAPI document;
+- the schemas for the OpenAPI document: `ScoreBody` (the step of `rewardstack.wire`, with
+  `namespace` and `sequence`) whose JSON Schema is `SCORE_SCHEMA`, and `ERROR_SCHEMA`,
+  `error_responses`;
 - the body limit (`BodyLimit`, bytes counted as they arrive, and its timeout) and the size limits
   of a step (`check_limits`: completions, characters and work (`step_work`), before any
   tokenization);
@@ -32,37 +34,40 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from rewardstack.fileio import event_line
 from rewardstack.errors import InputError
 from rewardstack.jsonio import MAX_DEPTH, JSONInputError, canonical_chunks, parse
+from rewardstack.readview import ReadView
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack.settings import InputSettings, ServiceSettings
-from rewardstack.stack import RECENT_RESULTS, TASK_RE, ReadView, Step, opens_forward_pass
+from rewardstack.stack import opens_forward_pass
+from rewardstack.wire import RECENT_RESULTS, Refuse, Step, StepWire, read
 
-SCORE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "prompt", "completions"],
-    "properties": {
-        "name": {"type": "string", "pattern": f"^({TASK_RE.pattern})$", "description": "augment, followupN or answerN"},
-        "prompt": {"type": "string"},
-        "completions": {"type": "array", "items": {"type": ["string", "null"]},
-                        "description": "null marks a failed response (not scored)"},
-        "base_prompt": {"type": "string", "description": "what the masks compare against (default: prompt)"},
-        "uids": {"type": "array", "items": {"type": "integer"}},
-        "completion_times": {"type": "array", "items": {"type": "number"}},
-        "failed": {"type": "array", "items": {"type": "boolean"}},
-        "block": {"type": "integer", "minimum": 0},
-        "gating_loss": {"type": "number"},
-        "set_weights": {"description": "a number, a boolean, or a list (of lists) of numbers"},
-        "new_forward_pass": {"type": "boolean"},
-        "namespace": {"type": "string", "pattern": f"^{NAME_RE.pattern}$", "default": DEFAULT_NAMESPACE},
-        "sequence": {"type": "integer", "minimum": 1,
-                     "description": "the namespace's step number; a repeat returns the stored result"},
-    },
-}
+SEQUENCE_REFUSAL = Refuse("must be an integer >= 1")
+SequenceNumber = Annotated[int, Field(ge=1), SEQUENCE_REFUSAL]
+"""A namespace's step number, from 1 (strict, as every field of `StepWire`)."""
+
+
+class ScoreBody(StepWire):
+    """The body of `POST /v1/score`: a step (`wire.StepWire`) and where it goes. Its JSON Schema is
+    the route's OpenAPI request schema (`SCORE_SCHEMA`); `parse_score` reads the body through it."""
+
+    model_config = ConfigDict(title="ScoreBody")
+
+    namespace: Annotated[str | None, Field(pattern=f"^{NAME_RE.pattern}$", description=(
+        f"the namespace whose state scores the step (default: the token's own, else {DEFAULT_NAMESPACE})"))] = None
+    sequence: Annotated[SequenceNumber | None, Field(description="the namespace's step number; a repeat returns "
+                                                     "the stored result")] = None
+
+
+SCORE_SCHEMA: dict[str, Any] = ScoreBody.model_json_schema()
+"""The OpenAPI schema of `POST /v1/score`'s body: every field a step accepts, `namespace` and `sequence`."""
+_SEQUENCE = TypeAdapter(SequenceNumber | None, config=ConfigDict(strict=True))
 ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"}, "field": {"type": ["string", "null"]}}}}}
 SCORE_CODES = (400, 401, 403, 408, 409, 413, 415, 422, 429, 503, 504)
@@ -176,10 +181,9 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
     if not isinstance(obj, dict):
         raise ServiceError(422, "invalid_step", "a step must be a JSON object", field="body")
     namespace = namespace_for(obj.pop("namespace", None), scope)
-    sequence = obj.pop("sequence", None)
-    if sequence is not None and (not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 1):
-        raise ServiceError(422, "invalid_step", "field 'sequence': must be an integer >= 1", field="sequence")
     try:
+        # The sequence is checked before the step, by its declaration in ScoreBody.
+        sequence = read(_SEQUENCE, obj.pop("sequence", None), field="sequence", refuse=SEQUENCE_REFUSAL)
         step = Step.from_dict(obj)  # the JSONL's validation: errors name the field
     except InputError as e:
         raise ServiceError(422, "invalid_step", str(e), field=e.field) from None
@@ -385,7 +389,7 @@ def committed_sequence(folder: Path) -> int:
     return int(sections.get("stack", {}).get("steps_scored", 0))
 
 
-__all__ = ["BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreCall", "check_limits",
+__all__ = ["BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreBody", "ScoreCall", "check_limits",
            "answer_of", "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit",
            "parse_score", "response_body", "same_step", "sequence_conflict", "sequence_gap", "step_digest",
            "step_work", "stored_answer"]
