@@ -25,6 +25,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
     os.environ.setdefault(CACHE_ENV, str(default_cache()))
     _HOME["path"] = os.environ["REWARDSTACK_HOME"] = tempfile.mkdtemp(prefix="rewardstack-test-home-")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under pytest-xdist (scripts/test.sh runs `-n 2` on CI's two cores) each worker is one
+        # core's worth: torch runs one thread, and so do the processes tests start (soak workers,
+        # `serve`, Ray's workers inherit the variable). Each worker has its own home (above).
+        import torch
+
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (scripts/test.sh) a test file runs whole on one worker, so its
+    module fixtures are built once; the two Ray files share one group, so only one local Ray
+    cluster runs at a time."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray" if name.startswith("test_ray_") else name))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
