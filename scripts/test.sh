@@ -6,6 +6,6 @@
 source "$(dirname "$0")/_venv.sh" test
 REWARDSTACK_PYTHON=.venv/bin/python bash scripts/fetch-real-models.sh
 .venv/bin/lint-imports --no-cache
-# Two workers (pytest-xdist; CI has two cores), one torch thread each (tests/conftest.py), each test
-# file whole on one worker (`loadgroup`: its module fixtures built once); `-n 0` runs in one process.
-exec .venv/bin/python -m pytest -q --durations=30 -n 2 --dist loadgroup "$@"
+# Two workers (pytest-xdist; CI has two cores), one torch thread each, each test file whole on one
+# worker (its module fixtures built once; tests/conftest.py); `-n 0` runs in one process.
+exec .venv/bin/python -m pytest -q --durations=30 -n 2 --dist loadfile "$@"

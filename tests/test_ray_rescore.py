@@ -111,9 +111,10 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_restarted(setup) -> Non
     root, config, _, pool, _ = setup
     # Long enough that the worker is still scoring when the kill lands: the progress snapshot lags
     # the worker by up to a report interval, and a kill that arrives after the run finished
-    # restarts nothing (seen in CI with 12 steps of 4, 0.06 s a run).
+    # restarts nothing (seen in CI with 12 steps of 4, 0.06 s a run). 40 steps of 8: seconds a run
+    # (24 completions a step until 2026-12-03; seen red at 8 with `max_attempts=1`: no restart).
     n_steps = 40
-    write_runs(root / "long", 2, n_steps=n_steps, n_completions=24)
+    write_runs(root / "long", 2, n_steps=n_steps, n_completions=8)
     runs = discover_runs([root / "long"])
     # Uninterrupted first (the test above shows a rescore equals each run scored alone).
     assert rescore(runs, config, root / "long-clean", pool=pool, stream=None).ok
