@@ -130,13 +130,13 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
 
 
-TINY_SOAK_STEPS = 60  # the mechanism at CI size; the 10,000-step soak is a command (docs/REPLAY.md)
+TINY_SOAK_STEPS = 40  # the mechanism at CI size; the 10,000-step soak is a command (docs/REPLAY.md)
 
 
 @pytest.mark.slow
 def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    """60 steps on the tiny stack (200 until 2026-12-03), 10% injected OOMs, 3 SIGKILLs: the
-    verdict passes, and what it claims is recounted here from the files (events once and in
+    """40 steps of 5 on the tiny stack (200 of 10 until 2026-12-03), 10% injected OOMs, 3 SIGKILLs:
+    the verdict passes, and what it claims is recounted here from the files (events once and in
     order, OOM records, the state). Seen red at this size with a resume that lost its last
     committed event (`reconcile_output` returning one hash short: the step scored twice)."""
     rd = tmp_path / "soak"
