@@ -43,7 +43,11 @@ def standins_config(standins: Path, state_dir: Path) -> StackConfig:
         elif name not in ("blacklist_filter", "task_validator_filter", "diversity_reward_model"):
             entry["enabled"] = False
     data["state_dir"] = str(state_dir)
-    return from_dict(data, base=standins)
+    # Sourced from the stand-ins' stack.toml: every stack of this config (the test's references,
+    # each Ray worker and replica, a worker Ray restarts) shares the home's calibration cache, so
+    # the fits and the encoders' pass width timed at load are measured once and read by the rest,
+    # as a restarted operator's process reads them.
+    return from_dict(data, base=standins, source=standins / "stack.toml")
 
 
 def write_runs(folder: Path, n_runs: int, n_steps: int = 5, n_completions: int = 4) -> list[Path]:

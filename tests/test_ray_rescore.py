@@ -39,6 +39,7 @@ def setup(cluster, standins, tmp_path_factory):  # noqa: ANN001, ANN201
     config = standins_config(standins, root / "state")
     write_runs(root / "runs", 3)
     runs = discover_runs([root / "runs"])
+    RewardStack(config, load_state=False)  # calibrates once, into the home's cache the workers read
     # The workers load while the reference is computed here.
     pool = RescorePool(config, 2)
     alone = {}
