@@ -153,10 +153,13 @@ def test_a_repeated_message_is_logged_once_per_window() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record)
 
+    now = [100.0]  # a stepped clock: however slow the machine, the flood is inside one window
     handler = Keep()
-    repeat = RepeatFilter(window_s=0.5)
+    repeat = RepeatFilter(window_s=0.5, clock=lambda: now[0])
     handler.addFilter(repeat)
     logger = logging.getLogger("rewardstack.test.repeat")
+    level_before = logger.level
+    logger.setLevel(logging.DEBUG)  # the CLI run in-process by another test may have raised rewardstack's level
     logger.addHandler(handler)
     logger.propagate = False
     try:
@@ -166,10 +169,11 @@ def test_a_repeated_message_is_logged_once_per_window() -> None:
             except OSError:
                 logger.error("socket.accept() out of system resource (%d)", i, exc_info=True)
         logger.warning("another message")
-        time.sleep(0.6)
+        now[0] += 0.6
         logger.error("socket.accept() out of system resource (%d)", -1)
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level_before)
     messages = [r.getMessage() for r in records]
     assert len(messages) == 3, messages[:5]
     assert messages[1] == "another message"

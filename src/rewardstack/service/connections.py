@@ -29,7 +29,7 @@ import logging
 import resource
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rewardstack.settings import ServiceSettings
 
@@ -155,16 +155,18 @@ class RepeatFilter(logging.Filter):
     """Passes a message at most once per `window_s` for each (logger, message template: the text
     before its arguments); the next one that passes says how many were held back meanwhile."""
 
-    def __init__(self, window_s: float = 10.0, *, max_keys: int = 1024) -> None:
+    def __init__(self, window_s: float = 10.0, *, max_keys: int = 1024,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.window_s = window_s
+        self._clock = clock  # a parameter so a test can step time instead of racing it
         self.max_keys = max_keys
         self._seen: dict[tuple[str, str], list[float]] = {}  # key -> [last passed at, held back]
         self._lock = threading.Lock()  # the worker thread logs too
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = (record.name, str(record.msg))
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             entry = self._seen.get(key)
             if entry is not None and now - entry[0] < self.window_s:
