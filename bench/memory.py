@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rewardstack.memory import MemoryManager
+from rewardstack.memory import MemoryManager, Profile
 from rewardstack.standins.memory import LOGIT_CHUNK, build
 
 FAMILIES = {
@@ -47,7 +47,7 @@ def cost_model_table() -> float:
         t = time.time()
         _, run = build(fam)
         mm = MemoryManager(None)
-        cm = mm.calibrate(fam, run, max_length=MAX_LENGTH, max_batch=MAX_BATCH, chunk=LOGIT_CHUNK if fam == "llama" else None)
+        cm = mm.calibrate(Profile(fam, run, max_length=MAX_LENGTH, max_batch=MAX_BATCH, chunk=LOGIT_CHUNK if fam == "llama" else None))
         errs = []
         for b, l in GRID:
             measured = mm.measure(lambda: run(b, l))

@@ -249,6 +249,18 @@ def _row(r: dict[str, Any]) -> str:
             f"{r['p50'] * 1000:>8.0f} {r['p95'] * 1000:>8.0f} {r['p99'] * 1000:>8.0f} {peak} {r['lost']:>5}")
 
 
+def _fairness(config: Any, tmp: Path, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """The fairness row on a server of its own (`_fair_flags`); its figures and the server's exit code."""
+    server = ServerProcess(config, tmp / "server-fair.log", *_fair_flags(args))
+    try:
+        server.wait_ready(1800)
+        fair = run_fairness(server.url, work=args.fair_work, max_chars=args.fair_chars,
+                            large_senders=args.fair_large, smalls=args.fair_smalls)
+    finally:
+        rc = server.stop()
+    return fair, rc
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", help="stack config (default: the offline stand-ins, built in a temporary folder)")
@@ -300,13 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 s["completions"] = [c[:120] for c in s["completions"]]
         queue = str(max(64, 2 * max(counts)))
         if args.fairness_only:
-            fair_server = ServerProcess(config, tmp / "server-fair.log", *_fair_flags(args))
-            try:
-                fair_server.wait_ready(1800)
-                fair = run_fairness(fair_server.url, work=args.fair_work, max_chars=args.fair_chars,
-                                    large_senders=args.fair_large, smalls=args.fair_smalls)
-            finally:
-                rc = fair_server.stop()
+            fair, rc = _fairness(config, tmp, args)
             print(_fair_row(fair))
             print(json.dumps({"fairness": fair}), file=sys.stderr)
             return 0 if rc == 0 else 1
@@ -326,13 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(_row(svc), file=sys.stderr)
         finally:
             rc = server.stop()
-        fair_server = ServerProcess(config, tmp / "server-fair.log", *_fair_flags(args))
-        try:
-            fair_server.wait_ready(1800)
-            fair = run_fairness(fair_server.url, work=args.fair_work, max_chars=args.fair_chars,
-                                large_senders=args.fair_large, smalls=args.fair_smalls)
-        finally:
-            fair_server.stop()
+        fair, _ = _fairness(config, tmp, args)
         if not args.no_packing_row and 4 in counts:
             plain = ServerProcess(config, tmp / "server-nopack.log", "--queue-size", queue, "--batch-requests", "1")
             try:

@@ -19,6 +19,7 @@ import torch
 
 from rewardstack import config as config_mod
 from conftest import use_builder
+from rewardstack.memory import Profile
 from rewardstack.memory.costmodel import ProfileCapped
 from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
@@ -50,8 +51,8 @@ class HogScorer(Scorer):
         self.score_calls = 0
         self.kept: list[torch.Tensor] = []
         self.passes: list[tuple[list[int], int]] = []  # (indices, padded length) of every pass it ran
-        runtime.memory.calibrate(name, lambda b, n: self._pass(b, n), max_length=64,
-                                 shapes=[(1, 8), (1, 32), (2, 16), (4, 32), (1, 64), (2, 64)])
+        runtime.memory.calibrate(Profile(name, lambda b, n: self._pass(b, n), max_length=64,
+                                 shapes=[(1, 8), (1, 32), (2, 16), (4, 32), (1, 64), (2, 64)]))
 
     @staticmethod
     def _pass(batch: int, length: int) -> torch.Tensor:
@@ -67,7 +68,7 @@ class HogScorer(Scorer):
 
             mem = self.runtime.memory
             try:
-                mem.calibrate(f"{self.name}[slow]", slow, max_length=64, shapes=SLOW_SHAPES, limit_s=mem.profile_limit_s)
+                mem.calibrate(Profile(f"{self.name}[slow]", slow, max_length=64, shapes=SLOW_SHAPES, limit_s=mem.profile_limit_s))
             except ProfileCapped:
                 pass  # the hog keeps its load-time cost model, as DPO keeps its measured chunk
         res = ScoreResult.failed_only(request)

@@ -17,7 +17,7 @@ import torch
 
 from causal_fixtures import make_runtime
 from rewardstack.config import ModelConfig
-from rewardstack.memory import MemoryManager
+from rewardstack.memory import MemoryManager, Profile
 from rewardstack import paths
 from rewardstack.memory.calibration import CalibrationCache, cache_path_for
 from rewardstack.memory.costmodel import CostModel, profile_shapes
@@ -60,7 +60,7 @@ def _underfit(scorer: ReciprocateScorer) -> CostModel:
         ids = [[5 + (7 * r + 3 * j) % 900 for j in range(length)] for r in range(b)]
         scorer._forward(PrefixRunner(scorer.body, [], pad_id=scorer.fill_id), ids, [length - 1] * b)
 
-    return mm.calibrate("underfit", whole, max_length=MAX_LEN, max_batch=4)
+    return mm.calibrate(Profile("underfit", whole, max_length=MAX_LEN, max_batch=4))
 
 
 def _measured_vs_predicted(scorer: ReciprocateScorer, cost: CostModel) -> list[tuple[int, int, float, int]]:
@@ -157,7 +157,7 @@ def test_calibration_key_covers_the_environment(tmp_path: Path, monkeypatch: pyt
         monkeypatch.setattr(manager_mod, "environment", lambda d, v=torch_version: {"device": "cpu", "torch": v, "transformers": "5"})
         mm = MemoryManager(None, calibration=CalibrationCache(tmp_path / "c.json"))
         mm.describe_model(model)
-        mm.calibrate("m", run, max_length=64, max_batch=2)
+        mm.calibrate(Profile("m", run, max_length=64, max_batch=2))
         assert (mm.profiled == ["m"]) == want_profile, torch_version
 
 
@@ -211,7 +211,7 @@ def test_tuning_runs_on_the_simulated_device_it_tunes_for() -> None:
         return {"chunk": 16}
 
     got: list[dict] = []
-    mm.calibrate("tuned", lambda b, n: torch.ones(b, n) * 2, max_length=8, max_batch=2, tune=tune, apply=got.append)
+    mm.calibrate(Profile("tuned", lambda b, n: torch.ones(b, n) * 2, max_length=8, max_batch=2, tune=tune, apply=got.append))
     assert seen == [(True, 8192)]
     assert got == [{"chunk": 16}]
     assert mm.tracker.budget_bytes == 1 << 30  # lifted for the timing passes only

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rewardstack.memory.costmodel import CostModel, profile, profile_shapes
-from rewardstack.memory.manager import MemoryManager
+from rewardstack.memory import MemoryManager, Profile
 from rewardstack.standins.memory import LOGIT_CHUNK, build
 
 
@@ -45,7 +45,7 @@ def test_fit_within_15_percent_on_tiny_models(family: str) -> None:
     _, run = build(family, hidden=32, layers=1)
     mm = MemoryManager(None)
     chunk = LOGIT_CHUNK if family == "llama" else None
-    cm = mm.calibrate(family, run, max_length=256, max_batch=4, chunk=chunk)
+    cm = mm.calibrate(Profile(family, run, max_length=256, max_batch=4, chunk=chunk))
     # Off-grid shapes inside the profiled range.
     for b, l in [(1, 24), (2, 50), (3, 100), (4, 180), (2, 256), (3, 200)]:
         measured = mm.measure(lambda: run(b, l))
@@ -86,7 +86,7 @@ def test_a_peak_that_is_the_larger_of_two_phases_is_fitted_as_two_pieces() -> No
 def test_check_cost_model_measures_off_grid_shapes_with_the_profile_run() -> None:
     mm = MemoryManager(None)
     run = lambda b, l: torch.ones(b, l, l).softmax(-1).sum()  # noqa: E731
-    mm.calibrate("attn", run, max_length=128, max_batch=4)
+    mm.calibrate(Profile("attn", run, max_length=128, max_batch=4))
     rows = mm.check_cost_model("attn", [(3, 50), (5, 100)])
     assert [(b, l) for b, l, _, _ in rows] == [(3, 50), (5, 100)]
     for _, _, predicted, measured in rows:

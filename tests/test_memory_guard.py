@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rewardstack.memory import FaultInjector, MemoryManager
+from rewardstack.memory import FaultInjector, MemoryManager, Profile
 from rewardstack.memory.guard import run_guarded
 from rewardstack.standins.memory import build
 
@@ -110,7 +110,7 @@ def _profile_run(model: torch.nn.Module):  # noqa: ANN202
 def _long_inputs_run(bert: torch.nn.Module, underfit: float = 1.0) -> MemoryManager:
     """Heavy-tailed lengths up to 100k tokens: capped, planned and scored under a 600 kB budget."""
     mm = MemoryManager(None)
-    cost = mm.calibrate("bert", _profile_run(bert), max_length=1024, max_batch=8)
+    cost = mm.calibrate(Profile("bert", _profile_run(bert), max_length=1024, max_batch=8))
     cost.scale(underfit)
     budget = 600_000  # about 600 tokens of this model: the budget, not the profile, cuts
     mm.set_budget(budget)
@@ -162,7 +162,7 @@ def test_real_simulated_oom_splits_and_shrinks_trust(bert: torch.nn.Module) -> N
 
 def test_injected_ooms_with_a_real_model(bert: torch.nn.Module) -> None:
     mm = MemoryManager(None)
-    mm.calibrate("bert", lambda b, l: bert(input_ids=torch.randint(5, 1000, (b, l))), max_length=256, max_batch=4)
+    mm.calibrate(Profile("bert", lambda b, l: bert(input_ids=torch.randint(5, 1000, (b, l))), max_length=256, max_batch=4))
     rng = random.Random(1)
     lengths = [rng.randint(2, 200) for _ in range(24)]
     forward = _score_fn(bert, lengths)

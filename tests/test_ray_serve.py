@@ -159,6 +159,17 @@ def test_two_namespaces_answer_as_the_service_does_in_order(urls) -> None:  # no
         assert (code, got) == (code_ref, ref)
     assert [r["error"]["type"] for r in [post(ray_client, b)[1] for b in refusals]] == [
         "sequence_gap", "too_many_completions", "invalid_step", "invalid_step"]
+    # The service's guards and conflict rule, the same answers: another step reusing a committed
+    # sequence number (409), a body not sent as JSON (415), a foreign Host on loopback (403).
+    conflict = json.dumps(per_ns["bob"][0] | {"namespace": "alice", "sequence": 1})
+    unguarded = [({"content-type": "application/json"}, "sequence_conflict"),
+                 ({"content-type": "text/plain"}, "unsupported_media_type"),
+                 ({"content-type": "application/json", "host": "rebound.example"}, "forbidden_host")]
+    for headers, kind in unguarded:
+        r_ref = service.post("/v1/score", content=conflict, headers=headers)
+        r = ray_client.post("/v1/score", content=conflict, headers=headers)
+        assert (r.status_code, r.json()) == (r_ref.status_code, r_ref.json())
+        assert r.json()["error"]["type"] == kind, r.json()
     assert ray_client.get("/v1/namespaces/alice").json() == service.get("/v1/namespaces/alice").json()
 
 

@@ -36,6 +36,26 @@ def test_event_has_every_spec_field(fake_config) -> None:  # noqa: ANN001
     assert ev["dahoas_reward_model"] == [0.0, 0.0] and ev["prompt_reward_model_normalized"] == [0.0, 0.0]
 
 
+def test_the_event_as_written_is_the_wire_schemas_event(fake_config) -> None:  # noqa: ANN001
+    import json
+
+    from pydantic import ValidationError
+
+    from rewardstack.fileio import event_line
+    from rewardstack.service.protocol import ANSWER_SCHEMA
+    from rewardstack.wire import EventWire
+
+    stack = RewardStack(fake_config)
+    ev = json.loads(event_line(stack.score_step(_step(["NAN", "fine text", None])).event))  # NaN -> null
+    EventWire.model_validate(ev)
+    # Every field the event has is declared (the service's OpenAPI answer), and nothing else.
+    assert set(ANSWER_SCHEMA["properties"]) == set(ev) | {"sequence"}
+    assert set(ANSWER_SCHEMA["required"]) == set(ev) | {"sequence"}
+    for broken in ({k: v for k, v in ev.items() if k != "relevance_filter"}, ev | {"rewards": ["x", 1.0, 0.0]}):
+        with pytest.raises(ValidationError):
+            EventWire.model_validate(broken)
+
+
 def test_combination_matches_hand_computation(fake_config) -> None:  # noqa: ANN001
     stack = RewardStack(fake_config)
     comps = ["alpha one", "beta two", "gamma bad three", "That is an excellent question."]

@@ -1,4 +1,4 @@
-"""The step as it crosses the wire: one declaration of its fields, types and bounds.
+"""What crosses the wire: the step in, the event and the error out; one declaration of each.
 
 `StepWire` (pydantic v2) is the step as a JSONL line of `rewardstack score` and the body of the
 service's `POST /v1/score` carry it; `Step` is the dataclass the stack scores, made from it at the
@@ -7,6 +7,9 @@ goes through here: `score`'s and replay's readers, the service's `parse_score` a
 Serve's route; the service's OpenAPI schema is `StepWire`'s JSON Schema (service/protocol.py adds
 `namespace` and `sequence`). The Python client (clients/python) does not import this module: it
 stays httpx-only, sends plain dicts and leaves validation to the service.
+
+Out: `EventWire`, the event `score` writes and the service answers (its OpenAPI 200 schema), and
+`ErrorWire` / `error_body` / `ERROR_SCHEMA`, the body of every error answer.
 
 A refusal is one `InputError` naming the line and the field, with the message each field declares
 (`Refuse`): the first error in the order the checks have always run (a missing required field,
@@ -25,7 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from rewardstack.errors import InputError
@@ -225,6 +229,61 @@ class Step:
         )
 
 
+# -- what goes back out: the event and the error -------------------------------------------------
+
+Value = float | None
+"""A model's value for one completion: null where it was not scored (the status says why)."""
+
+
+def _event_fields() -> dict[str, Any]:
+    from rewardstack.models import ALL_MODELS  # the model registry names the per-model fields
+
+    fields: dict[str, Any] = {
+        "name": (str, ...), "block": (int | None, ...), "gating_loss": (float | None, ...),
+        "uids": (list[int], ...), "prompt": (str, ...),
+        "base_prompt": (str, Field(description="the masks' base prompt as scored (the prompt when the step gave none)")),
+        "step_length": (float, Field(description="seconds the step took")),
+        "best": (str, Field(description="the completion with the highest reward (\"\" when none was scored)")),
+        "completions": (list[str], Field(description="as scored (a failed one is \"\")")),
+        "completion_times": (list[float], ...), "rewards": (list[Value], ...),
+        "set_weights": (Any, ...),
+    }
+    for name in ALL_MODELS:
+        fields[name] = (list[Value], Field(description=f"{name}: raw values, one per completion"))
+        fields[name + "_normalized"] = (list[Value], Field(description=f"{name}: normalized values"))
+    fields["statuses"] = (list[str], Field(description="one per completion: the most severe over the models"))
+    fields["model_statuses"] = (dict[str, list[str]], Field(description="per active model, one per completion"))
+    return fields
+
+
+EventWire: type[BaseModel] = create_model(
+    "Event", __config__=ConfigDict(extra="allow", title="Event"), __doc__=(
+        "One scored step as `rewardstack score` writes it (a JSONL line; `step_hash` added) and the "
+        "service answers it (`sequence` added); NaN is written as null."), **_event_fields())
+"""The event's schema (`stack.build_event` makes the dict): the service's 200 answer in its OpenAPI
+document, and what a test holds a real event to."""
+
+
+class ErrorWire(BaseModel):
+    """One refusal, the `error` of an error answer's body `{"error": {...}}`."""
+
+    model_config = ConfigDict(title="Error")
+
+    message: str = Field(description="what was wrong, and whether the step was scored")
+    type: str = Field(description="machine-readable kind: invalid_step, sequence_gap, queue_full, ...")
+    field: str | None = Field(None, description="the request field at fault, when one is")
+
+
+def error_body(message: str, type: str, field: str | None = None) -> dict[str, Any]:
+    """An error answer's JSON body, `{"error": {"message", "type", "field"}}` (`ErrorWire`)."""
+    return {"error": ErrorWire(message=message, type=type, field=field).model_dump()}
+
+
+ERROR_SCHEMA: dict[str, Any] = {"type": "object", "title": "ErrorBody", "required": ["error"],
+                                "properties": {"error": ErrorWire.model_json_schema()}}
+"""The JSON Schema of an error answer's body (inline: OpenAPI documents reference no `$defs`)."""
+
+
 def check_completions(step: Step, limit: int, *, line: int | None = None) -> None:
     """InputError naming `completions` when `step` has more than `limit` (`[input] max_completions`)."""
     if len(step.completions) > limit:
@@ -232,4 +291,5 @@ def check_completions(step: Step, limit: int, *, line: int | None = None) -> Non
                          line=line, field="completions")
 
 
-__all__ = ["RECENT_BYTES", "RECENT_RESULTS", "TASK_RE", "Refuse", "Step", "StepWire", "check_completions", "read"]
+__all__ = ["ERROR_SCHEMA", "ErrorWire", "EventWire", "RECENT_BYTES", "RECENT_RESULTS", "TASK_RE", "Refuse", "Step", "StepWire",
+           "check_completions", "error_body", "read"]

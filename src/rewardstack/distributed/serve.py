@@ -93,18 +93,15 @@ class NamespaceState:
 
     def _repeat(self, sequence: int, step: Step) -> tuple | None:
         """The stored answer of a committed step (409 if it was another step, or is too old), None
-        if not committed."""
-        from rewardstack.service.protocol import answer_of, same_step, sequence_conflict
+        if not committed: the service's rule (`protocol.repeat_answer`)."""
+        from rewardstack.service.protocol import repeat_answer
 
         if sequence > self.ns.state.sequence:
             return None
-        stored = self.ns.state.recent.get(sequence)
-        if stored is None:
-            return self._gap(sequence)
-        if not same_step(stored, step, self.ns.state.config.input.max_chars):
-            e = sequence_conflict(self.ns.name, sequence, self.ns.state.sequence + 1)
-            return ("error", e.status, e.type, e.message, e.field)
-        return ("ok", answer_of(stored), sequence, False)
+        kept = repeat_answer(self.ns.state, self.ns.name, sequence, step, self.ns.state.config.input.max_chars)
+        if isinstance(kept, str):
+            return ("ok", kept, sequence, False)
+        return ("error", kept.status, kept.type, kept.message, kept.field)
 
     async def precheck(self, sequence: int | None, step: Step) -> tuple:
         """Before the forward pass: a repeat's stored answer, a hopeless gap's 409, else `("go",)`."""
@@ -135,13 +132,11 @@ class NamespaceState:
                 if repeat is not None:
                     return repeat
             # From here to the end: no await, so nothing else touches the state.
-            from rewardstack.service.protocol import response_body, stored_answer
+            from rewardstack.service.protocol import apply_step
 
             state = self.ns.state
             try:
-                result = state.apply(fwd)
-                body = response_body(result.event, state.sequence)
-                state.remember(state.sequence, stored_answer(body, fwd.step))  # with the whole step's digest
+                _, body = apply_step(state, fwd)  # the service's rule: applied, its answer kept for retries
                 self.ns.commit()
             except Exception:  # noqa: BLE001 - memory must not run ahead of the file
                 log.exception("namespace %s: applying or committing a step failed", self.ns.name)
@@ -236,17 +231,22 @@ class ScoringReplica:
 def build_http_app(replica: ScoringReplica) -> Any:
     """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
     from rewardstack.service.errors import ServiceError
-    from rewardstack.service.guard import authorizer, install_error_handlers
+    from rewardstack.service.guard import authorizer, install_error_handlers, loopback_guard, require_json
     from rewardstack.service.namespaces import NamespaceLimitError, reserve
-    from rewardstack.service.protocol import (SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
-                                              error_responses, namespace_for, namespace_limit, parse_score)
+    from rewardstack.service.protocol import (SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
+                                              error_responses, namespace_for, namespace_limit, parse_score,
+                                              score_responses)
 
     settings = replica.settings
     access = replica.access
+    # The service's guards (service/guard.py, protocol.BodyLimit): loopback without a token answers
+    # only this machine's Host and Origin, a step must be sent as JSON, a slow body is cut off.
+    local = loopback_guard(settings.host, access)
     app = FastAPI(title="rewardstack on Ray Serve", version="0.1.0",
+                  dependencies=[Depends(local)] if local is not None else [],
                   description="The scoring service with stateless replicas and one state actor per namespace. "
                               "See docs/RAY.md.")
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
 
     install_error_handlers(app)  # the service's error chokepoint and access checks (service/guard.py)
     authorize = authorizer(access)
@@ -281,9 +281,8 @@ def build_http_app(replica: ScoringReplica) -> Any:
 
     @app.post("/v1/score", summary="Score one step",
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
-              responses={200: {"description": "the event line `rewardstack score` writes, plus `sequence`"},
-                         **error_responses(*SCORE_CODES)})
-    async def score(request: Request, scope: str | None = Depends(authorize)) -> Response:
+              responses=score_responses())
+    async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
         arrived = time.monotonic()
         call = parse_score(await request.body(), scope, settings, replica.config.input)  # the service's rules
         namespace, sequence, step = call.namespace, call.sequence, call.step

@@ -7,6 +7,7 @@ input. Everything here runs on CPU against a simulated budget, so it is tested w
 
 from rewardstack.memory.allocator import configure_allocator, maybe_empty_cache
 from rewardstack.memory.budget import Budget, compute_budget, resolve_budget
+from rewardstack.memory.calibrating import Profile
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.guard import FaultInjector, InjectedOOM
 from rewardstack.memory.guard import OomRecord, Outcome
@@ -22,6 +23,7 @@ __all__ = [
     "FaultInjector",
     "InjectedOOM",
     "Placement",
+    "Profile",
     "compute_budget",
     "configure_allocator",
     "maybe_empty_cache",

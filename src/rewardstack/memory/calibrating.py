@@ -1,7 +1,7 @@
 """Calibration: the load-time profiles that fit each model's cost model, or the cache's saved fit.
 
-`ProfileRequest` is one `MemoryManager.calibrate` call (what to run, at which shapes, and what the
-calibration key records of it); `Calibrator` owns what calibration remembers (each model's key,
+`Profile` is what a scorer hands the memory layer, its whole side of calibration (what to run at a
+shape, which shapes it admits, what it tunes first); `Calibrator` owns what calibration remembers (each model's key,
 the queue kept while the models load on the host, the names profiled and the seconds spent, the
 run each fit was measured with) and fits a request; `measure_peak` is the peak of one call.
 """
@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -30,10 +30,26 @@ Shapes = Sequence[tuple[int, int]] | Callable[[dict[str, Any]], Sequence[tuple[i
 
 
 @dataclass
-class ProfileRequest:
-    """One scorer's profile as `MemoryManager.calibrate` was asked for it (its arguments, same names).
+class Profile:
+    """A scorer's profile, the one thing it hands `MemoryManager.calibrate`: what to run at a shape
+    and which shapes it admits, plus what it measures before profiling.
 
-    `tracked`: `tune` is timed under the simulated device's tracker (recorded in the key).
+    `run(B, L)`: one forward pass on a B x L dummy batch, on the scorer's own path (its prefix
+    cache, its penalty): the fit is only as good as the passes it measured. `max_length`: the
+    longest input the scorer admits (the planner admits nothing past the largest profiled shape).
+    `max_tokens` drops shapes wider than that (B*L) from the default grid (and caps batches there).
+    `chunk`: the scorer computes logits in chunks of this many positions (adds that term);
+    `chunk_rows`: the chunks run over the rows of the whole batch, not of each sequence.
+    `tune()`: settings measured before profiling (e.g. DPO's logits chunk, {"chunk": 128});
+    `apply(settings)` hands them, or the cached ones, back to the scorer.
+    `shapes` may be a function of those settings (a tuned pass size decides how wide the profiled
+    batches must reach); its qualified name then stands for it in the cache key.
+    `limit_s` caps the profile's time (a profile asked for mid-run, inside a step): past it
+    `costmodel.ProfileCapped` is raised, nothing is fitted or cached, and the caller keeps a
+    setting it has a cost model for.
+    `prefix_run(B, L, P)`: the pass after a shared prefix of P tokens (a causal scorer's
+    `PrefixRunner`); profiled too, it lets `run(prefix=)` predict such passes below the bound.
+    `lone_run(L)`: one unpadded input (an encoder drops the mask then); fits batches of one.
     """
 
     name: str
@@ -49,24 +65,26 @@ class ProfileRequest:
     limit_s: float | None = None
     prefix_run: Callable[[int, int, int], Any] | None = None
     lone_run: Callable[[int], Any] | None = None
-    tracked: bool = False
-    key_args: dict[str, Any] = field(init=False)
-    """What the calibration key records of the request (with the model's key and the environment)."""
 
     def __post_init__(self) -> None:
-        grid_of = self.shapes if callable(self.shapes) else None
         if self.shapes is None and self.max_tokens is None:
             self.max_tokens = int(self.max_length)  # batches up to one longest input's tokens (TEI-like)
+
+    def key_args(self, tracked: bool) -> dict[str, Any]:
+        """What the calibration key records of the profile (with the model's key and the
+        environment). `tracked`: `tune` is timed under the simulated device's tracker."""
+        grid_of = self.shapes if callable(self.shapes) else None
         grid = list(self.shapes) if self.shapes is not None and grid_of is None else None  # type: ignore[arg-type]
-        self.key_args = {"max_length": int(self.max_length), "max_batch": int(self.max_batch),
-                         "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": self.chunk,
-                         "chunk_rows": self.chunk_rows, "max_tokens": self.max_tokens, "tuned": self.tune is not None}
-        if self.tracked and self.tune is not None:  # timed under the tracker (see `Calibrator.fit`)
-            self.key_args["tuned_tracked"] = True
+        args = {"max_length": int(self.max_length), "max_batch": int(self.max_batch),
+                "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": self.chunk,
+                "chunk_rows": self.chunk_rows, "max_tokens": self.max_tokens, "tuned": self.tune is not None}
+        if tracked and self.tune is not None:  # timed under the tracker (see `Calibrator.fit`)
+            args["tuned_tracked"] = True
         if self.prefix_run is not None:  # only then: the other scorers' cached fits keep their keys
-            self.key_args["prefixed"] = True
+            args["prefixed"] = True
         if self.lone_run is not None:
-            self.key_args["lone"] = True
+            args["lone"] = True
+        return args
 
     def grid(self, settings: dict[str, Any]) -> list[tuple[int, int]]:
         """The shapes to profile once `settings` (what `tune` measured) are known."""
@@ -107,21 +125,21 @@ class Calibrator:
             cache.save()  # digests of new files: not read again at the next start
         self.model_keys[model_cfg.name] = d
 
-    def key(self, request: ProfileRequest) -> str | None:
-        """The request's calibration key (None: its model was never described, so nothing is cached)."""
+    def key(self, request: Profile, tracked: bool) -> str | None:
+        """The profile's calibration key (None: its model was never described, so nothing is cached)."""
         model = self.model_keys.get(request.name, self.model_keys.get(owner_of(request.name)))
         if model is None:
             return None
-        return calibration_key({"scorer": request.name, **model}, request.key_args, environment(self.device))
+        return calibration_key({"scorer": request.name, **model}, request.key_args(tracked), environment(self.device))
 
-    def fit(self, request: ProfileRequest, cache: CalibrationCache | None, tracker: TensorBytesTracker | None) -> CostModel:
-        """The request's cost model: the cache's fit under its key, else tuned, profiled (peaks
+    def fit(self, request: Profile, cache: CalibrationCache | None, tracker: TensorBytesTracker | None) -> CostModel:
+        """The profile's cost model: the cache's fit under its key, else tuned, profiled (peaks
         measured under `tracker` on the simulated device) and saved there.
 
         `costmodel.ProfileCapped` (past `limit_s`) propagates with nothing fitted or cached.
         """
         name = request.name
-        key = self.key(request)
+        key = self.key(request, tracked=tracker is not None)
         entry = cache.get(key) if (cache is not None and key is not None) else None
         if entry is not None:
             cost = CostModel.from_dict(entry["cost"])

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from rewardstack.memory.budget import Budget, weights_bytes
-from rewardstack.memory.calibrating import Calibrator, ProfileRequest, Shapes, measure_peak
+from rewardstack.memory.calibrating import Calibrator, Profile, measure_peak
 from rewardstack.memory.calibration import CalibrationCache
 from rewardstack.memory.costmodel import CostModel
 from rewardstack.memory.guard import FaultInjector, OomRecord, Outcome
@@ -91,8 +91,7 @@ class MemoryManager:
         self.card = Card(self.device, snapshot)
         self.fallbacks_total = 0  # inputs scored by a CPU fallback
         self.placement: Placement | None = None
-        self.up_next: str | None = None
-        """The model the stack runs after the current one: prefetched once the current one is placed."""
+        self._up_next: str | None = None  # set only inside `prefetching`
         self.budget: Budget | None = None
         self.observers: list[MemoryObserver] = []
         """Subscribers told of runs, batches, OOMs, profiles and placement moves (`subscribe`)."""
@@ -251,53 +250,21 @@ class MemoryManager:
         return self.card.weights_capacity(cfg, total_memory=total_memory)
 
     # -- calibration ------------------------------------------------------------------------
-    def calibrate(
-        self,
-        name: str,
-        run: Callable[[int, int], Any],
-        *,
-        max_length: int,
-        max_batch: int = 8,
-        shapes: Shapes = None,
-        chunk: int | None = None,
-        chunk_rows: bool = False,
-        max_tokens: int | None = None,
-        tune: Callable[[], dict[str, Any]] | None = None,
-        apply: Callable[[dict[str, Any]], None] | None = None,
-        limit_s: float | None = None,
-        prefix_run: Callable[[int, int, int], Any] | None = None,
-        lone_run: Callable[[int], Any] | None = None,
-    ) -> CostModel:
-        """Profile `run(B, L)` (one forward pass on a B x L dummy batch) and fit the cost model.
+    def calibrate(self, profile: Profile) -> CostModel:
+        """Fit `profile`'s cost model (a scorer's whole side of calibration: `calibrating.Profile`)
+        from measured peaks of its passes, and use it to plan that scorer's batches.
 
-        `run` must take the scorer's own path (its prefix cache, its penalty): the fit is only as
-        good as the passes it measured. The planner admits nothing past the largest profiled shape,
-        so `max_length` should be the longest input the scorer admits. `max_tokens` drops shapes
-        wider than that (B*L) from the default grid (and caps batches there).
-        `chunk`: the scorer computes logits in chunks of this many positions (adds that term);
-        `chunk_rows`: the chunks run over the rows of the whole batch, not of each sequence.
-        `tune()`: settings measured before profiling (e.g. DPO's logits chunk, {"chunk": 128});
-        `apply(settings)` hands them, or the cached ones, back to the scorer.
-        `shapes` may be a function of those settings (a tuned pass size decides how wide the
-        profiled batches must reach); its qualified name then stands for it in the cache key.
-        `limit_s` caps the profile's time (a profile asked for mid-run, inside a step): past it
-        `costmodel.ProfileCapped` is raised, nothing is fitted or cached, and the caller keeps a
-        setting it has a cost model for. Every profile that runs is told to the observers
-        (`ProfileRecord`: the telemetry's `profiling` records).
-        `prefix_run(B, L, P)`: the pass after a shared prefix of P tokens (a causal scorer's
-        `PrefixRunner`); profiled too, it lets `run(prefix=)` predict such passes below the bound.
-        `lone_run(L)`: one unpadded input (an encoder drops the mask then); fits batches of one.
-
-        With a calibration cache and a known model (`describe_model`), a fit saved under the same
-        key is reused without profiling. Inside `deferred_calibration()` the work is queued until
-        `run_calibrations()`, after placement has put the models where they will run.
+        Every profile that runs is told to the observers (`ProfileRecord`: the telemetry's
+        `profiling` records). With a calibration cache and a known model (`describe_model`), a
+        fit saved under the same key is reused without profiling. Inside `deferred_calibration()`
+        the work is queued until `run_calibrations()`, after placement has put the models where
+        they will run.
         """
-        request = ProfileRequest(name, run, max_length, max_batch, shapes, chunk, chunk_rows, max_tokens, tune, apply,
-                                 limit_s, prefix_run, lone_run, tracked=self.tracker is not None)
+        name = profile.name
 
         def work() -> CostModel:
             # The cache and the tracker as they are when the work runs (the queue runs after setup).
-            cost = self.calibrator.fit(request, self.calibration, self.tracker)
+            cost = self.calibrator.fit(profile, self.calibration, self.tracker)
             self.set_cost_model(name, cost)
             return cost
 
@@ -406,6 +373,22 @@ class MemoryManager:
                                   on_oom=self._record_oom)
             return [results[i] for i in range(len(lengths))]
 
+    @property
+    def up_next(self) -> str | None:
+        """The model the stack runs after the current one (inside `prefetching`; else None)."""
+        return self._up_next
+
+    @contextmanager
+    def prefetching(self, up_next: str | None) -> Iterator[None]:
+        """Inside: the model the caller runs next is `up_next`, prefetched once each current model
+        is placed (so its weights' copy overlaps the current one's passes). Scoped, so a pass
+        outside (a profile between steps) prefetches nothing."""
+        saved, self._up_next = self._up_next, up_next
+        try:
+            yield
+        finally:
+            self._up_next = saved
+
     def _bring_in(self, owner: str) -> bool:
         """Put `owner` where it runs and start prefetching the model up next; True when it runs on
         the host (placed on the CPU)."""
@@ -413,11 +396,12 @@ class MemoryManager:
             return False
         self.placement.ensure(owner)
         on_host = self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
-        if self.up_next is not None and self.up_next != owner and self.up_next in self.placement.names():
+        nxt = self._up_next
+        if nxt is not None and nxt != owner and nxt in self.placement.names():
             # After this model is on the card, so the copy cannot evict it: on CUDA with pinned
             # host copies the next model's weights move on the side stream while this one
             # computes; elsewhere `prefetch` declines and `ensure` moves it when it runs.
-            self.placement.prefetch(self.up_next)
+            self.placement.prefetch(nxt)
         return on_host
 
     def _record_oom(self, rec: OomRecord) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.hub import load_source
+from rewardstack.memory.calibrating import Profile
 from rewardstack.memory.guard import Outcome
 from rewardstack.scorers.base import Runtime, Scorer, ScoreResult, Status
 from rewardstack.scorers.prefix import PrefixRunner, dummy_ids, profile_runner
@@ -58,9 +59,9 @@ class CausalScorer(Scorer):
         """Profile the scoring path at load (`MemoryManager.calibrate`): `_dummy` passes up to
         `calib_len` tokens and `max_batch` rows; `prefixed`: passes after a shared prefix too, for
         a scorer that tells `memory.run` its prefix (the fit predicts those passes)."""
-        self.runtime.memory.calibrate(
+        self.runtime.memory.calibrate(Profile(
             self.name, self._dummy, max_length=self.calib_len, max_batch=max_batch,
-            prefix_run=self._dummy_after_prefix if prefixed and self.use_prefix else None, **extra)
+            prefix_run=self._dummy_after_prefix if prefixed and self.use_prefix else None, **extra))
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from rewardstack.memory.calibrating import Profile
 from rewardstack.memory.costmodel import CostModel, ProfileCapped
 from rewardstack.scorers.attention import MIN_BLOCK, AttentionChoice
 from rewardstack.scorers.dpo_numerics import LogitHead, chunked_logprobs
@@ -157,9 +158,9 @@ class ChunkPolicy:
                      f" (at most {limit:g}s)" if limit is not None else "")
             previous = memory.cost_models.get(self.name)
             try:
-                self.costs[(chunk, rows)] = memory.calibrate(
+                self.costs[(chunk, rows)] = memory.calibrate(Profile(
                     self.calibration_name(chunk, rows), self.profile, max_length=self.calib_len, max_batch=16,
-                    chunk=chunk, chunk_rows=True, limit_s=limit)
+                    chunk=chunk, chunk_rows=True, limit_s=limit))
             except ProfileCapped as e:
                 self.capped.add((chunk, rows))
                 log.warning("%s: profiling %s stopped at its %gs cap ([memory] profile_seconds) after %d of %d "

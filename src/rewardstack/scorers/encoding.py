@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from rewardstack.memory.calibrating import Profile
 from rewardstack.memory.guard import Outcome
 from rewardstack.scorers.base import Runtime
 from rewardstack.scorers.common import pad_rows
@@ -143,7 +144,8 @@ def calibrate(
     def shapes(settings: dict[str, Any]) -> list[tuple[int, int]]:
         return pass_shapes(max_length, int(settings.get("pass_tokens", pass_tokens)))
 
-    runtime.memory.calibrate(name, run, max_length=max_length, shapes=shapes, tune=tune, apply=apply, lone_run=lone)
+    runtime.memory.calibrate(Profile(name, run, max_length=max_length, shapes=shapes, tune=tune, apply=apply,
+                                     lone_run=lone))
 
 
 def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:

@@ -29,9 +29,9 @@ from rewardstack.service.connections import CutAtShutdown
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.guard import authorizer, install_error_handlers, loopback_guard, require_json, status_for
 from rewardstack.service.namespaces import ALL_NAMESPACES, Access
-from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_CODES, SCORE_SCHEMA, BodyLimit, client_deadline,
+from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, BodyLimit, client_deadline,
                                           committed_sequence, error_responses, memory_header, namespace_for,
-                                          parse_score)
+                                          parse_score, score_responses)
 from rewardstack.service.worker import Job, Worker
 from rewardstack.settings import ServiceSettings
 
@@ -104,8 +104,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
     # -- routes ----------------------------------------------------------------------------
     @app.post("/v1/score", summary="Score one step",
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
-              responses={200: {"description": "the event line `rewardstack score` writes, plus `sequence`"},
-                         **error_responses(*SCORE_CODES)})
+              responses=score_responses())
     async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
         arrived = time.monotonic()
         code = 500

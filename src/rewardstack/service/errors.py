@@ -7,6 +7,8 @@ the app's exception handlers are the one place that turns them into the JSON bod
 
 from __future__ import annotations
 
+from rewardstack.wire import error_body
+
 
 class ServiceError(Exception):
     """An HTTP error answer: `status`, `type` (e.g. `queue_full`), message, the field it is about."""
@@ -22,4 +24,4 @@ class ServiceError(Exception):
 
     def body(self) -> dict:
         """The JSON body of the answer."""
-        return {"error": {"message": self.message, "type": self.type, "field": self.field}}
+        return error_body(self.message, self.type, self.field)

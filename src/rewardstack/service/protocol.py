@@ -16,7 +16,8 @@ drift (service/app.py on one worker, distributed/serve.py over state actors):
 - the sequence rules: `response_body` (the answer), `stored_answer` / `answer_of` (what a
   namespace keeps of a committed step: its answer and the digest of the whole step as committed),
   `same_step` (is a repeat a retry of the committed step?), `sequence_conflict` and `sequence_gap`
-  (409s), `committed_sequence` (read from a state file);
+  (409s), `repeat_answer` (a committed sequence sent again), `apply_step` (apply a forward result
+  as the next sequence and keep its answer), `committed_sequence` (read from a state file);
 - the namespace rules: `namespace_for` (which namespace a request may use: 422 for a malformed
   name, 403 for one its token is not bound to) and `namespace_limit` (403 past
   `service.max_namespaces`).
@@ -45,8 +46,9 @@ from rewardstack.readview import ReadView
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack.settings import InputSettings, ServiceSettings
-from rewardstack.stack import opens_forward_pass
-from rewardstack.wire import RECENT_RESULTS, Refuse, Step, StepWire, read
+from rewardstack.stack import ForwardResult, RewardState, opens_forward_pass
+from rewardstack.stepresult import StepResult
+from rewardstack.wire import ERROR_SCHEMA, RECENT_RESULTS, EventWire, Refuse, Step, StepWire, read
 
 SEQUENCE_REFUSAL = Refuse("must be an integer >= 1")
 SequenceNumber = Annotated[int, Field(ge=1), SEQUENCE_REFUSAL]
@@ -68,11 +70,20 @@ class ScoreBody(StepWire):
 SCORE_SCHEMA: dict[str, Any] = ScoreBody.model_json_schema()
 """The OpenAPI schema of `POST /v1/score`'s body: every field a step accepts, `namespace` and `sequence`."""
 _SEQUENCE = TypeAdapter(SequenceNumber | None, config=ConfigDict(strict=True))
-ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "message": {"type": "string"}, "type": {"type": "string"}, "field": {"type": ["string", "null"]}}}}}
+ANSWER_SCHEMA: dict[str, Any] = {**EventWire.model_json_schema(), "title": "ScoreAnswer"}
+"""The OpenAPI schema of a score answer: the event (`wire.EventWire`) and the `sequence` it was applied as."""
+ANSWER_SCHEMA["properties"] = {**ANSWER_SCHEMA["properties"], "sequence": {"type": "integer", "minimum": 1, "description":
+                               "the namespace's sequence number the step was applied as"}}
+ANSWER_SCHEMA["required"] = [*ANSWER_SCHEMA.get("required", []), "sequence"]
 SCORE_CODES = (400, 401, 403, 408, 409, 413, 415, 422, 429, 503, 504)
 """The error statuses `POST /v1/score` may answer."""
 DEADLINE_HEADER = "x-rewardstack-deadline-s"
+
+
+def score_responses() -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` of `POST /v1/score`: the answer's schema and every error status's."""
+    return {200: {"description": "the event line `rewardstack score` writes, plus `sequence`",
+                  "content": {"application/json": {"schema": ANSWER_SCHEMA}}}, **error_responses(*SCORE_CODES)}
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -381,6 +392,31 @@ def sequence_gap(namespace: str, got: int, expected: int) -> ServiceError:
     return ServiceError(409, "sequence_gap", msg, field="sequence")
 
 
+def repeat_answer(state: RewardState, namespace: str, sequence: int, step: Step, max_chars: int | None,
+                  expected: int | None = None) -> str | ServiceError:
+    """The answer to `step` sent again as `sequence`, which `state` has committed: the kept answer
+    if it is the same step (a retry), else a 409 (`sequence_conflict` for another step,
+    `sequence_gap` for one too old to be kept). `expected`: the next sequence the 409 names
+    (default: the one after the state's; the service counts the steps of its batch too)."""
+    expected = state.sequence + 1 if expected is None else expected
+    stored = state.recent.get(sequence)
+    if stored is None:
+        return sequence_gap(namespace, sequence, expected)
+    if not same_step(stored, step, max_chars):
+        return sequence_conflict(namespace, sequence, expected)
+    return answer_of(stored)
+
+
+def apply_step(state: RewardState, fwd: ForwardResult) -> tuple[StepResult, str]:
+    """Apply one forward result to a namespace's state as its next sequence number and keep the
+    answer for retries (with the whole step's digest); the result and the answer's body. The
+    caller commits the state to disk before it answers."""
+    result = state.apply(fwd)
+    body = response_body(result.event, state.sequence)
+    state.remember(state.sequence, stored_answer(body, fwd.step))
+    return result, body
+
+
 def committed_sequence(folder: Path) -> int:
     """A namespace's committed sequence number, read from its state file (0 when it has none)."""
     from rewardstack.state import StateStore
@@ -389,7 +425,7 @@ def committed_sequence(folder: Path) -> int:
     return int(sections.get("stack", {}).get("steps_scored", 0))
 
 
-__all__ = ["BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreBody", "ScoreCall", "check_limits",
-           "answer_of", "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit",
-           "parse_score", "response_body", "same_step", "sequence_conflict", "sequence_gap", "step_digest",
+__all__ = ["ANSWER_SCHEMA", "BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreBody", "ScoreCall", "check_limits",
+           "answer_of", "apply_step", "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit",
+           "parse_score", "repeat_answer", "response_body", "same_step", "score_responses", "sequence_conflict", "sequence_gap", "step_digest",
            "step_work", "stored_answer"]

@@ -34,8 +34,8 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import Namespace, NamespaceLimitError, Namespaces
-from rewardstack.service.protocol import (answer_of, memory_summary, namespace_limit, response_body, same_step,
-                                          sequence_conflict, sequence_gap, step_digest, step_work, stored_answer)
+from rewardstack.service.protocol import (apply_step, memory_summary, namespace_limit, repeat_answer, sequence_conflict,
+                                          sequence_gap, step_digest, step_work)
 from rewardstack.stack import ForwardResult, RewardStack, Step
 
 log = logging.getLogger("rewardstack.service")
@@ -325,11 +325,9 @@ class Worker:
                 to_score.append(job)
             elif (job.namespace, seq) in in_batch:
                 duplicates.append((job, in_batch[(job.namespace, seq)]))
-            elif ns is not None and seq in ns.state.recent:
-                stored = ns.state.recent[seq]
-                job.answer(Outcome(answer_of(stored), seq, scored=False)
-                           if same_step(stored, job.step, self.config.input.max_chars)
-                           else sequence_conflict(job.namespace, seq, exp))
+            elif ns is not None and seq <= ns.state.sequence:  # committed: a retry, or another step reusing it
+                kept = repeat_answer(ns.state, job.namespace, seq, job.step, self.config.input.max_chars, exp)
+                job.answer(Outcome(kept, seq, scored=False) if isinstance(kept, str) else kept)
             else:
                 job.answer(sequence_gap(job.namespace, seq, exp))
         if to_score:
@@ -379,9 +377,7 @@ class Worker:
                 job.answer(sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
                 continue
             try:
-                result = ns.state.apply(fwd)  # type: ignore[arg-type]
-                body = response_body(result.event, ns.state.sequence)
-                ns.state.remember(ns.state.sequence, stored_answer(body, fwd.step))  # type: ignore[union-attr]
+                result, body = apply_step(ns.state, fwd)  # type: ignore[arg-type]
                 applied.append((job, result))
             except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
                 log.exception("namespace %s: applying a step failed", job.namespace)
