@@ -1,9 +1,10 @@
 """Calibration: the load-time profiles that fit each model's cost model, or the cache's saved fit.
 
 `Profile` is what a scorer hands the memory layer, its whole side of calibration (what to run at a
-shape, which shapes it admits, what it tunes first); `Calibrator` owns what calibration remembers (each model's key,
-the queue kept while the models load on the host, the names profiled and the seconds spent, the
-run each fit was measured with) and fits a request; `measure_peak` is the peak of one call.
+shape, which shapes it admits, what it tunes first); `Calibrator` owns what calibration remembers
+(each model's key, the queue kept while the models load on the host, the names profiled and the
+seconds spent, the run each fit was measured with) and fits a profile; `measure_peak` is the peak
+of one call.
 """
 
 from __future__ import annotations
