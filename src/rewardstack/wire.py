@@ -33,6 +33,7 @@ from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
 from rewardstack.errors import InputError
+from rewardstack.models import ALL_MODELS
 
 TASK_RE = re.compile(r"augment|followup[0-9]*|answer[0-9]*")
 """The task names a step may have (spec: `augment`, `followupN`, `answerN`; replay's v1.0 rows: no N)."""
@@ -236,8 +237,7 @@ Value = float | None
 
 
 def _event_fields() -> dict[str, Any]:
-    from rewardstack.models import ALL_MODELS  # the model registry names the per-model fields
-
+    """The event's fields: the spec's, then two per model in the registry (raw and normalized)."""
     fields: dict[str, Any] = {
         "name": (str, ...), "block": (int | None, ...), "gating_loss": (float | None, ...),
         "uids": (list[int], ...), "prompt": (str, ...),

@@ -70,11 +70,18 @@ class ScoreBody(StepWire):
 SCORE_SCHEMA: dict[str, Any] = ScoreBody.model_json_schema()
 """The OpenAPI schema of `POST /v1/score`'s body: every field a step accepts, `namespace` and `sequence`."""
 _SEQUENCE = TypeAdapter(SequenceNumber | None, config=ConfigDict(strict=True))
-ANSWER_SCHEMA: dict[str, Any] = {**EventWire.model_json_schema(), "title": "ScoreAnswer"}
-"""The OpenAPI schema of a score answer: the event (`wire.EventWire`) and the `sequence` it was applied as."""
-ANSWER_SCHEMA["properties"] = {**ANSWER_SCHEMA["properties"], "sequence": {"type": "integer", "minimum": 1, "description":
-                               "the namespace's sequence number the step was applied as"}}
-ANSWER_SCHEMA["required"] = [*ANSWER_SCHEMA.get("required", []), "sequence"]
+
+
+class ScoreAnswer(EventWire):  # type: ignore[valid-type, misc]
+    """A score answer: the event (`wire.EventWire`) and the sequence number it was applied as."""
+
+    model_config = ConfigDict(title="ScoreAnswer")
+
+    sequence: Annotated[SequenceNumber, Field(description="the namespace's sequence number the step was applied as")]
+
+
+ANSWER_SCHEMA: dict[str, Any] = ScoreAnswer.model_json_schema()
+"""The OpenAPI schema of a score answer (`ScoreAnswer`)."""
 SCORE_CODES = (400, 401, 403, 408, 409, 413, 415, 422, 429, 503, 504)
 """The error statuses `POST /v1/score` may answer."""
 DEADLINE_HEADER = "x-rewardstack-deadline-s"
@@ -425,7 +432,7 @@ def committed_sequence(folder: Path) -> int:
     return int(sections.get("stack", {}).get("steps_scored", 0))
 
 
-__all__ = ["ANSWER_SCHEMA", "BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreBody", "ScoreCall", "check_limits",
+__all__ = ["ANSWER_SCHEMA", "BodyLimit", "ScoreAnswer", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreBody", "ScoreCall", "check_limits",
            "answer_of", "apply_step", "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit",
            "parse_score", "repeat_answer", "response_body", "same_step", "score_responses", "sequence_conflict", "sequence_gap", "step_digest",
            "step_work", "stored_answer"]
