@@ -294,3 +294,42 @@ def test_rss_is_judged_over_the_clean_runs_curve(tmp_path: Path) -> None:
     assert abs(leaking["rss_excess_slope_bytes_per_step"] - 20 * 1024) < 64
     v = judge(**base, memory=leaking)
     assert not v["passed"] and any("resident set grows" in f for f in v["failures"])
+
+
+def test_the_faulted_run_starts_once_the_clean_run_has_calibrated(tiny_standins: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both runs must read one calibration: two processes calibrating at once may tune different
+    logits chunks, so different budget caps, and a long completion cut at a different token (a
+    soak under load failed on one DPO value, -3.1e23 against -1.1e25). So the faulted run starts
+    only after the clean run's process says its stack is built. Red with the wait removed."""
+    from rewardstack.replay import soak, supervisor
+
+    seen: dict[str, object] = {}
+
+    class Proc:  # the clean run's process: "built" after a few polls
+        polls = 0
+
+        def poll(self) -> int | None:
+            self.polls += 1
+            if self.polls == 5:
+                Path(seen["ready"]).touch()  # type: ignore[arg-type]
+            return None
+
+        def wait(self) -> int:
+            return 0
+
+    def spawn(cfg, steps, folder, *, ready=None, **kw):  # noqa: ANN001, ANN003, ANN202
+        folder.mkdir(parents=True, exist_ok=True)
+        seen["ready"] = ready
+        return Proc()
+
+    def supervise(args, steps_path, folder, n):  # noqa: ANN001, ANN202
+        seen["ready_at_faulted_start"] = Path(seen["ready"]).exists()  # type: ignore[arg-type]
+        return {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
+
+    monkeypatch.setattr(supervisor, "spawn", spawn)
+    monkeypatch.setattr(supervisor, "supervise", supervise)
+    monkeypatch.setattr(soak, "judge_run", lambda *a, **k: {"passed": True})
+    rc = main(["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", "2", "--completions", "2",
+               "--run-dir", str(tmp_path / "soak")])
+    assert rc == 0 and seen["ready"] is not None and seen["ready_at_faulted_start"] is True

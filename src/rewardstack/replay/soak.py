@@ -64,9 +64,17 @@ def cmd_soak(args: argparse.Namespace) -> int:
           f"longest {chars[-1]}), faults {args.faults:.0%}, kills {args.kills}, in {run_dir}", file=sys.stderr)
 
     # The clean run needs no supervision: it runs beside the faulted one, each on its own core.
+    # It starts first, and the faulted run once it has calibrated: both then read one calibration
+    # from the cache. Two processes calibrating at once may tune different logits chunks (a timing),
+    # so different cost models and budget caps, and a long completion cut at a different token
+    # (a 2026-12-03 soak under load: one DPO value -3.1e23 against -1.1e25, repetition compounding).
     threads = getattr(args, "threads", 1)
+    ready = run_dir / "clean" / "ready"
+    ready.unlink(missing_ok=True)
     clean_proc = spawn(args.config, steps_path, run_dir / "clean", faults=0.0, seed=args.seed, budget=args.budget,
-                       tag="0", threads=threads)
+                       tag="0", threads=threads, ready=ready)
+    while not ready.exists() and clean_proc.poll() is None:
+        time.sleep(0.05)
     sup = supervise(args, steps_path, run_dir / "faulted", len(expected))
     print(f"soak: faulted run done ({sup['kills']} kills, {sup['crashes']} crashes, {time.time() - started:.0f} s); "
           "waiting for the clean run...", file=sys.stderr)

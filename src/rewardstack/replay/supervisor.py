@@ -5,7 +5,7 @@
 it commits each step's OOM records with its event (`soak_ooms`) and logs memory at rest after every
 step. `supervise` runs it to the end, SIGKILLing it at random moments (after a random number of
 committed steps plus a random fraction of a step, so mid-pass too) and restarting it with the same
-arguments; `start` runs one without kills (the clean run, side by side with the faulted one).
+arguments; `spawn` alone starts one without kills (the clean run, side by side with the faulted one).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def worker(args: argparse.Namespace) -> int:
         cfg.memory_budget = parse_bytes(args.budget, key="--budget")
     with StateLock(cfg.state_dir):
         stack = RewardStack(cfg)
+        if args.ready:  # built and calibrated: the cache now holds what the other run reads
+            Path(args.ready).touch()
         # Everything alive now (modules, weights, tokenizers) lives as long as the process: freeze
         # it out of the cyclic collector, so the full `gc.collect()` the guard runs after every
         # OOM (one pass in ten here) walks only what the steps made, not the whole loaded stack.
@@ -125,14 +127,17 @@ class LineCounter:
 
 
 def spawn(cfg: str, steps: Path, folder: Path, *, faults: float, seed: int, budget: str | None, tag: str,
-          threads: int = 1) -> subprocess.Popen:
-    """Start one scoring process on `folder` (events, state, memory log, its own log file)."""
+          threads: int = 1, ready: Path | None = None) -> subprocess.Popen:
+    """Start one scoring process on `folder` (events, state, memory log, its own log file); it
+    touches `ready`, if given, once its stack is built and calibrated."""
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "rewardstack.replay.supervisor", "worker", "--config", cfg, "--input", str(steps),
            "--output", str(folder / "events.jsonl"), "--state-dir", str(folder / "state"), "--rest", str(folder / "rest.jsonl"),
            "--faults", str(faults), "--seed", str(seed), "--threads", str(threads)]
     if budget:
         cmd += ["--budget", budget]
+    if ready is not None:
+        cmd += ["--ready", str(ready)]
     log = open(folder / f"worker-{tag}.log", "w")
     env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads)}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -198,6 +203,7 @@ def _worker_main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--budget")
+    p.add_argument("--ready", help="a file touched once the stack is built and calibrated")
     args = p.parse_args(argv)
     import logging
 
