@@ -18,8 +18,8 @@ It prints the table, marks each target met or not, and writes `bench/RESULTS.md`
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
 test suite's run (tests/test_bench.py): one tiny row of each kind on the tiny stand-ins (one step of
-three completions, a one-model start-up, one length, the real rows on one step with a short DPO
-calibration); its figures mean nothing, it proves that every row's code runs and writes its table,
+three completions, DPO on the tiny stand-in alone with a 128-token calibration, a one-model start-up,
+one length, the real rows on one step with a short DPO calibration); its figures mean nothing, it proves that every row's code runs and writes its table,
 RESULTS.md and plots.
 """
 
@@ -142,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         dpo_rows: list[list[str]] = []
         prop = {"n_embd": 128, "n_layer": 2, "n_head": 2} if q else {"n_embd": 512, "n_layer": 8, "n_head": 8}
         dpo_idx = ref_idx if q else [k for k in range(len(steps)) if k != heavy][:2]
-        # --smoke: no chunk tuning and a short profile (the stand-ins' 8k bound profiles for a minute each)
-        dpo_opts = {"calibration_length": 512, "tune_logits_chunk": False} if smoke else None
+        # --smoke: no chunk tuning, a short profile (the stand-ins' 8k bound profiles for a minute
+        # each) and the tiny stand-in alone (the proportioned one runs the same code on other shapes)
+        dpo_opts = {"calibration_length": 128, "tune_logits_chunk": False} if smoke else None
         dpos = [causal.bench_dpo(root, "tiny CI stand-in", None, steps, ref_idx if q else list(range(len(steps))), dpo_rows,
-                                 peaks=not q, options=dpo_opts),
-                causal.bench_dpo(root, "proportioned stand-in", prop, steps, dpo_idx, dpo_rows, peaks=False, options=dpo_opts)]
+                                 peaks=not q, options=dpo_opts)]
+        if not smoke:
+            dpos.append(causal.bench_dpo(root, "proportioned stand-in", prop, steps, dpo_idx, dpo_rows, peaks=False,
+                                         options=dpo_opts))
         stage("start-up: cold, warm and the floor (fresh processes)")
         if smoke:  # one model: the probes' code, without loading the whole stack three times
             su = startup(_one_model_config(root / "standins" / "stack.toml"), ["rlhf_reward_model"], runs=1)

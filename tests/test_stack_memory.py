@@ -70,7 +70,7 @@ def test_long_completions_are_planned_without_oom_and_fitting_scores_are_unchang
     planned = RewardStack(standin_config(standins, tmp_path / "a", memory_budget=budget, **long_input), load_state=False)
     free = RewardStack(standin_config(standins, tmp_path / "b", **long_input), load_state=False)
     assert planned.memory.tracker is not None and planned.memory.budget_bytes == budget
-    steps = _steps(1, 2, 6, long_chars=100_000)
+    steps = _steps(1, 1, 6, long_chars=100_000)  # the 100k input beside five that fit
     for step in steps:
         got = planned.score_step(step, save=False)
         want = free.score_step(step, save=False)
@@ -102,7 +102,7 @@ def test_underfitted_cost_models_make_planned_batches_oom(standins, tmp_path) ->
     planned = RewardStack(standin_config(standins, tmp_path / "a", memory_budget=16 * 1024**2,
                                          input={"max_chars": 200_000}), load_state=False)
     underfit(planned)
-    for step in _steps(1, 2, 6, long_chars=100_000):
+    for step in _steps(1, 1, 6, long_chars=100_000):
         planned.score_step(step, save=False)
     assert real_ooms(planned) == []
 
