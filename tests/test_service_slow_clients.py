@@ -186,11 +186,11 @@ def _fd_limit(n: int) -> Any:
 
 
 @pytest.mark.slow
-def test_the_service_holds_under_400_slow_clients_and_drains_on_sigterm(standins: Path, tmp_path: Path) -> None:
+def test_the_service_holds_under_400_slow_clients_and_drains_on_sigterm(tiny_standins: Path, tmp_path: Path) -> None:
     """`rewardstack serve` with 256 open files: 400 connections sending headers a byte at a time do
     not stop a real client, the log stays a few lines, and SIGTERM with a client mid-body ends the
     process (exit 0) within the drain bound."""
-    config = write_config(standins, tmp_path / "state", "slow", header_timeout_s=2.0, body_timeout_s=60.0,
+    config = write_config(tiny_standins, tmp_path / "state", "slow", header_timeout_s=2.0, body_timeout_s=60.0,
                           drain_timeout_s=3.0)
     server = Server(config, log=tmp_path / "server.log")
     server._log = open(server.log, "ab")  # started here rather than by Server.start: under the limit

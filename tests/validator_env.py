@@ -42,9 +42,13 @@ def closure(names: list[str]) -> dict[str, md.Distribution]:
     return seen
 
 
-def make_env(where: Path, packages: list[str]) -> Path:
-    """A venv at `where` seeing only `packages` (and what they require); its python."""
-    venv.EnvBuilder(with_pip=True).create(where)
+def make_env(where: Path, packages: list[str], *, with_pip: bool = True) -> Path:
+    """A venv at `where` seeing only `packages` (and what they require); its python.
+
+    `with_pip=False` leaves out the venv's own pip (ensurepip costs seconds of CPU):
+    `install_client(..., host_pip=True)` then installs with this interpreter's pip, pointed at the venv.
+    """
+    venv.EnvBuilder(with_pip=with_pip).create(where)
     shelf = where / "shelf"
     shelf.mkdir()
     for dist in closure(packages).values():
@@ -62,21 +66,31 @@ def make_env(where: Path, packages: list[str]) -> Path:
     return python
 
 
-def install_client(python: Path, wheels: Path) -> subprocess.CompletedProcess:
+def build_wheel(wheels: Path) -> subprocess.CompletedProcess:
+    """clients/python built into a wheel in `wheels` with this interpreter's pip and setuptools."""
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--disable-pip-version-check", "-q", "-w", str(wheels), str(CLIENT)],
+                          capture_output=True, text=True)
+
+
+def install_client(python: Path, wheels: Path, *, host_pip: bool = False) -> subprocess.CompletedProcess:
     """`pip install ./clients/python` into the venv, from no index (httpx must already be there).
 
     pip builds the wheel with this interpreter's setuptools (a fresh venv's bundled one would need
     the `wheel` package, which only an index could give), then installs it into the venv, checking
-    its requirements against what the venv has.
+    its requirements against what the venv has. A wheel already in `wheels` is used as it is.
+    `host_pip`: the venv has no pip of its own (`make_env(..., with_pip=False)`); this
+    interpreter's pip installs into it (`pip --python VENV_PYTHON install`), resolving against the
+    venv's packages all the same.
     """
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                            "--disable-pip-version-check", "-q", "-w", str(wheels), str(CLIENT)],
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        return built
+    if not list(wheels.glob("rewardstack_client-*.whl")):
+        built = build_wheel(wheels)
+        if built.returncode != 0:
+            return built
     wheel = next(wheels.glob("rewardstack_client-*.whl"))
-    return subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "-q",
-                           str(wheel)], capture_output=True, text=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(python)] if host_pip else [str(python), "-m", "pip"]
+    return subprocess.run([*pip, "install", "--no-index", "--disable-pip-version-check", "-q", str(wheel)],
+                          capture_output=True, text=True)
 
 
 def versions(python: Path, names: list[str]) -> dict[str, str | None]:
@@ -96,4 +110,4 @@ def versions(python: Path, names: list[str]) -> dict[str, str | None]:
     return json.loads(r.stdout)
 
 
-__all__ = ["CLIENT", "ROOT", "closure", "install_client", "make_env", "versions", "sys"]
+__all__ = ["CLIENT", "ROOT", "build_wheel", "closure", "install_client", "make_env", "versions", "sys"]
