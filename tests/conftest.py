@@ -39,9 +39,9 @@ def pytest_configure(config: pytest.Config) -> None:
 # is left with a long file at the end; the rest follow in collection order. A file missing here
 # only runs later.
 LONGEST_FIRST = (
-    "test_ray_rescore.py", "test_ray_serve.py", "test_soak.py", "test_real_dpo.py", "test_dpo.py",
-    "test_validator_service.py", "test_blocked_attention.py", "test_adversarial.py", "test_stack_memory.py",
-    "test_bench.py", "test_real_mpnet.py", "test_service_lifecycle.py", "test_gpu_rehearsal.py",
+    "test_dpo.py", "test_soak.py", "test_real_dpo.py", "test_stack_memory.py", "test_validator_service.py",
+    "test_real_mpnet.py", "test_bench.py", "test_gpu_rehearsal.py", "test_adversarial.py", "test_blocked_attention.py",
+    "test_ray_rescore.py", "test_ray_serve.py", "test_plan.py", "test_service_lifecycle.py", "test_replay_pathological.py",
     "test_prediction.py",
 )
 

@@ -1,4 +1,13 @@
-"""Helpers for the Ray tests: one local 2-CPU cluster per module, small runs, the stand-in config."""
+"""Helpers for the Ray tests: one local 2-CPU Ray shared by the Ray test files, small runs, the stand-in config.
+
+Starting a local Ray costs about 14 s of CPU on the 2-core CI machine (GCS, raylet, its agents and
+monitors, the first idle workers: half a minute of wall time when the machine is busy), and
+stopping it more. The two Ray files run in one process, one after the other (`-n 0`, or one xdist
+worker: conftest's scheduler hands them out as one unit), so the second file uses the cluster the
+first one started (`shared_cluster`): it starts Ray when none runs and, at the end of a module,
+stops it unless a test of another Ray file is still to run in this session, so no cluster outlives
+the Ray files; one still up at the end of the session (an interrupted run) is stopped then.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +23,34 @@ from rewardstack.workload import heavy_tailed_steps
 ray = pytest.importorskip("ray")
 
 
-def local_cluster() -> Iterator[None]:
-    """A local Ray with 2 CPUs for one test module; always shut down."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="rewardstack-tests")
+def _shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def _another_ray_file_follows(module: pytest.Module) -> bool:
+    """Whether a test of another `test_ray_*` file comes after this module's tests in this session."""
+    items = module.session.items
+    last = max((k for k, item in enumerate(items) if item.path == module.path), default=len(items))
+    return any(item.path.name.startswith("test_ray_") and item.path != module.path for item in items[last + 1:])
+
+
+def shared_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The body of a module fixture: a local Ray with 2 CPUs, shared with the next Ray file."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="rewardstack-tests")
+        request.config.add_cleanup(_shutdown)
     try:
         yield
     finally:
-        ray.shutdown()
+        if cluster_stops_after(request):
+            _shutdown()
+
+
+def cluster_stops_after(request: pytest.FixtureRequest) -> bool:
+    """Whether `shared_cluster` stops Ray at the end of this module (no other Ray file follows):
+    then every actor, Serve's included, ends with it."""
+    return not _another_ray_file_follows(request.node)
 
 
 def standins_config(standins: Path, state_dir: Path) -> StackConfig:

@@ -1,6 +1,8 @@
-"""`rewardstack rescore` on a local 2-CPU Ray cluster with the stand-in stack.
+"""`rewardstack rescore` on a local 2-CPU Ray cluster with the tiny stand-in stack.
 
-One cluster and one pool of two workers serve the whole module (each start costs seconds). The
+One cluster (shared with test_ray_serve.py: tests/ray_fixtures.py) and one pool of two workers serve
+the whole module (each start costs seconds). The tiny stand-ins (one layer, width 16) run the same
+code paths at a fraction of the arithmetic; what is tested is the machinery. The
 reference is each run scored alone by a freshly built stack, independent of the workers' reuse of
 one loaded stack across runs.
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ray_fixtures import local_cluster, standins_config, write_runs
+from ray_fixtures import shared_cluster, standins_config, write_runs
 from rewardstack.distributed import output as out
 from rewardstack.distributed.runs import discover_runs
 from rewardstack.errors import ConfigError
@@ -29,14 +31,14 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
-def cluster():  # noqa: ANN201
-    yield from local_cluster()
+def cluster(request):  # noqa: ANN001, ANN201
+    yield from shared_cluster(request)
 
 
 @pytest.fixture(scope="module")
-def setup(cluster, standins, tmp_path_factory):  # noqa: ANN001, ANN201
+def setup(cluster, tiny_standins, tmp_path_factory):  # noqa: ANN001, ANN201
     root = tmp_path_factory.mktemp("rescore")
-    config = standins_config(standins, root / "state")
+    config = standins_config(tiny_standins, root / "state")
     write_runs(root / "runs", 3)
     runs = discover_runs([root / "runs"])
     RewardStack(config, load_state=False)  # calibrates once, into the home's cache the workers read
@@ -112,9 +114,11 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_restarted(setup) -> Non
     root, config, _, pool, _ = setup
     # Long enough that the worker is still scoring when the kill lands: the progress snapshot lags
     # the worker by up to a report interval, and a kill that arrives after the run finished
-    # restarts nothing (seen in CI with 12 steps of 4, 0.06 s a run). 40 steps of 8: seconds a run
-    # (24 completions a step until 2026-12-03; seen red at 8 with `max_attempts=1`: no restart).
-    n_steps = 40
+    # restarts nothing (seen in CI with 12 steps of 4, 0.06 s a run). The kill lands at step 2 or
+    # soon after and at most at step 11, so at least 12 steps of 8 (over a second of scoring on the
+    # tiny stack) are still to come. (40 steps of 24, then of 8 on the standard stand-ins until
+    # 2026-12-03; 24 steps of 8 on the tiny stand-ins seen red with `max_attempts=1`: no restart.)
+    n_steps = 24
     write_runs(root / "long", 2, n_steps=n_steps, n_completions=8)
     runs = discover_runs([root / "long"])
     # Uninterrupted first (the test above shows a rescore equals each run scored alone).

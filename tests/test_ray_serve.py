@@ -1,4 +1,5 @@
-"""The scoring service on Ray Serve (2 replicas, a local 2-CPU Ray) against `rewardstack serve`.
+"""The scoring service on Ray Serve (2 replicas, a local 2-CPU Ray shared with test_ray_rescore.py:
+tests/ray_fixtures.py) against `rewardstack serve`, both on the tiny stand-in stack.
 
 The reference is the service app itself (`rewardstack.service.app.create_app`, in process through
 Starlette's TestClient) with its own state folder. Every response of the Ray deployment must equal
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ray_fixtures import local_cluster, standins_config
+from ray_fixtures import cluster_stops_after, shared_cluster, standins_config
 from rewardstack.settings import ServiceSettings
 from rewardstack.workload import heavy_tailed_steps
 
@@ -64,12 +65,12 @@ def same(got: object, ref: object) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster():  # noqa: ANN201
-    yield from local_cluster()
+def cluster(request):  # noqa: ANN001, ANN201
+    yield from shared_cluster(request)
 
 
 @pytest.fixture(scope="module")
-def urls(cluster, standins, tmp_path_factory):  # noqa: ANN001, ANN201
+def urls(request, cluster, tiny_standins, tmp_path_factory):  # noqa: ANN001, ANN201
     from fastapi.testclient import TestClient
 
     from rewardstack.distributed.serve import APP_NAME, build_app, stop_namespace_actors
@@ -78,14 +79,14 @@ def urls(cluster, standins, tmp_path_factory):  # noqa: ANN001, ANN201
 
     root = tmp_path_factory.mktemp("serve")
     settings = ServiceSettings(max_completions=8, queue_size=8)
-    config = standins_config(standins, root / "ray-state")
+    config = standins_config(tiny_standins, root / "ray-state")
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_app(config, settings, {}, state_dir=str(root / "ray-state"), replicas=2, cpus_per_replica=0.5,
                     reorder_wait_s=1.0)
     # The replicas load in the cluster while the reference service loads here.
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-    reference = create_app(standins_config(standins, root / "service-state"), settings, Access({}))
+    reference = create_app(standins_config(tiny_standins, root / "service-state"), settings, Access({}))
     with TestClient(reference, base_url="http://127.0.0.1") as service:  # loopback without a token: a local Host
         deadline = time.monotonic() + 600
         while service.get("/readyz").status_code != 200:
@@ -101,9 +102,13 @@ def urls(cluster, standins, tmp_path_factory):  # noqa: ANN001, ANN201
                 assert time.monotonic() < deadline, "the Serve deployment did not get ready"
                 time.sleep(0.5)
             yield service, ray_client
-    serve.delete(APP_NAME)
     stop_namespace_actors(root / "ray-state")
-    serve.shutdown()
+    if not cluster_stops_after(request):
+        # Ray goes on for another file: the application and Serve are stopped gracefully. Otherwise
+        # Ray's shutdown right after ends them with the rest, without waiting up to Serve's 20 s
+        # for the replica started in place of the killed one to finish loading and then drain.
+        serve.delete(APP_NAME)
+        serve.shutdown()
 
 
 RETRIED: list[tuple[str, int, str]] = []
