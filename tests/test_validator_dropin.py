@@ -9,6 +9,8 @@ the service is the backend in test_validator_service.py.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import asyncio
 import json
 import logging
@@ -230,7 +232,17 @@ def test_concurrent_passes_commit_each_step_once_from_threads() -> None:
     neuron = ov.FakeNeuron(rs, passes_data=TEXTS, followups=1, k=3)
     neuron.prescore = True
     ov.run_forwards(ov.transcription, neuron, concurrent=3)
-    # Each step once: two passes may draw the same miners and so ask the same prompt (seen on CI:
-    # 8 distinct (name, prompt) of 9), so a step is told by its completions too.
-    assert len(sent) == 9 and len({(b["name"], b["prompt"], tuple(b["completions"])) for b in sent}) == 9
+    # Each step the validator ran was sent once, and only those: the steps sent and the steps in
+    # the validator's events are the same multiset. (Two passes may draw the same miners and ask
+    # the very same step, seen on CI as 8 distinct steps of 9; then both sides hold it twice. A
+    # step sent twice and another never would leave the two sides different.)
+    def step(d: dict) -> tuple:  # the drop-in sends completions stripped, an empty one as null
+        return d["name"], d["prompt"], tuple((c or "").strip() for c in d["completions"])
+
+    events = ov.events_of(neuron)
+    assert len(sent) == len(events) == 9
+    assert Counter(step(b) for b in sent) == Counter(step(e) for e in events)
+    # ... and each step's values are its own answer's (the fake answers len(prompt) + i).
+    for e in events:
+        assert e["rlhf_reward_model"] == [float(len(e["prompt"]) + i) for i in range(len(e["completions"]))]
     assert sum(bool(b.get("new_forward_pass")) for b in sent) == 3
