@@ -344,7 +344,7 @@ def run_score(config_path: str, input_path: str, output: str, *, save_every: int
                 closer.close()
     parts = [f"scored {report.scored} steps", f"{len(report.errors)} bad lines"]
     if report.resumed:
-        parts.append(f"{report.resumed} already in {output} (resumed after them)")
+        parts.append(f"{report.resumed} already in {output} (resumed after them: not scored again)")
     if report.redone:
         parts.append(f"{report.redone} written from the state's journal")
     print(", ".join(parts), file=sys.stderr)

@@ -100,7 +100,8 @@ def plot_memory(d: RunData, path: Path) -> None:
                       if k == 0 and a is ax else None)
     ax.set_ylabel("device memory (MiB)")
     ax.set_title("Device memory over time (simulated device on CPU): at rest, each model call's peak, OOMs, profiling")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: never over the data
+    if ax.get_legend_handles_labels()[0]:  # a run with no step has nothing to label
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: never over the data
     rss = [(s["time"] - d.t0, s["rest"].get("host_rss")) for s in d.steps if s.get("rest", {}).get("host_rss") is not None]
     if rss:
         ax2.plot([t for t, _ in rss], [v / MIB for _, v in rss], color="#555555", lw=1.2, label="process RSS at rest")
@@ -250,6 +251,12 @@ def summarize(d: RunData) -> dict[str, list[str]]:
     steps = s.get("steps", len(d.steps))
     run = [f"{steps} steps, {sum(len(e.get('statuses', [])) for e in d.events)} completions in events.jsonl; "
            f"device {s.get('device', (d.start or {}).get('device', '?'))}; budget {_mib(s.get('budget_bytes'))}"]
+    if not steps:
+        # Seen walking the README: a second `score ... --run-dir D` onto an output that already held
+        # every step resumed after them and scored none, and the report was empty without a word why.
+        run.append("no step was scored in this run folder: a run folder records the steps its `score` scores, "
+                   "and a `score` that resumes after steps already in its --output scores none of them again; "
+                   "give --run-dir to the run that scores them (a new --output and state_dir)")
     peaks = []
     for c in top_calls(d):
         lg = c.get("longest") or {}
