@@ -18,9 +18,9 @@ It prints the table, marks each target met or not, and writes `bench/RESULTS.md`
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
 test suite's run (tests/test_bench.py): one tiny row of each kind on the tiny stand-ins (one step of
-three completions, DPO on the tiny stand-in alone with a 128-token calibration, a one-model start-up,
-one length, the real rows on one step with a short DPO calibration); its figures mean nothing, it proves that every row's code runs and writes its table,
-RESULTS.md and plots.
+three completions, DPO on the tiny stand-in alone with a 128-token calibration, a one-model
+start-up, one length, the real rows on one step with a short DPO calibration); its figures mean
+nothing, it proves that every row's code runs and writes its table, RESULTS.md and plots.
 """
 
 from __future__ import annotations
