@@ -57,6 +57,11 @@ def actor_name(namespace: str) -> str:
 
 
 # -- the namespace state actor --------------------------------------------------------------------
+def _refusal(e: Any) -> tuple:
+    """A `ServiceError` as the actor's tagged answer (exceptions do not cross Ray unchanged)."""
+    return ("error", e.status, e.type, e.message, e.field)
+
+
 class NamespaceState:
     """One namespace's state; an async Ray actor, so every call runs on its one event-loop thread.
 
@@ -88,8 +93,7 @@ class NamespaceState:
     def _gap(self, got: int) -> tuple:
         from rewardstack.service.protocol import sequence_gap
 
-        e = sequence_gap(self.ns.name, got, self.ns.state.sequence + 1)
-        return ("error", e.status, e.type, e.message, e.field)
+        return _refusal(sequence_gap(self.ns.name, got, self.ns.state.sequence + 1))
 
     def _repeat(self, sequence: int, step: Step) -> tuple | None:
         """The stored answer of a committed step (409 if it was another step, or is too old), None
@@ -101,7 +105,7 @@ class NamespaceState:
         kept = repeat_answer(self.ns.state, self.ns.name, sequence, step, self.ns.state.config.input.max_chars)
         if isinstance(kept, str):
             return ("ok", kept, sequence, False)
-        return ("error", kept.status, kept.type, kept.message, kept.field)
+        return _refusal(kept)
 
     async def precheck(self, sequence: int | None, step: Step) -> tuple:
         """Before the forward pass: a repeat's stored answer, a hopeless gap's 409, else `("go",)`."""
