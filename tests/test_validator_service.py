@@ -46,8 +46,8 @@ def validator_python(tmp_path_factory: pytest.TempPathFactory, client_wheels: Pa
     The venv has no pip of its own (ensurepip alone cost ~10 s of CPU): the test's pip installs the
     client into it, from no index, resolving its requirements against the venv's packages."""
     where = tmp_path_factory.mktemp("validator-env")
-    python = validator_env.make_env(where / "venv", ["torch", "httpx", "numpy"], with_pip=False)
-    r = validator_env.install_client(python, client_wheels, host_pip=True)
+    python = validator_env.make_env(where / "venv", ["torch", "httpx", "numpy"])
+    r = validator_env.install_client(python, client_wheels)
     assert r.returncode == 0, r.stdout + r.stderr
     have = validator_env.versions(python, ["rewardstack-client", "httpx", "torch", "rewardstack", "transformers",
                                            "fastapi", "safetensors"])

@@ -2,8 +2,8 @@
 
 No package index is reachable from the tests, so the venv sees this interpreter's installed torch
 and httpx (and what they require) through a folder of symlinks named in a `.pth` file, not a copy;
-rewardstack and its other dependencies are not there. `install_client` then installs
-clients/python into it the way an operator would (`pip install ./clients/python`, no index).
+rewardstack and its other dependencies are not there. `install_client` then installs the client's
+wheel (`build_wheel`) into it the way an operator's `pip install ./clients/python` does (no index).
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ def closure(names: list[str]) -> dict[str, md.Distribution]:
     return seen
 
 
-def make_env(where: Path, packages: list[str], *, with_pip: bool = True) -> Path:
+def make_env(where: Path, packages: list[str]) -> Path:
     """A venv at `where` seeing only `packages` (and what they require); its python.
 
-    `with_pip=False` leaves out the venv's own pip (ensurepip costs seconds of CPU):
-    `install_client(..., host_pip=True)` then installs with this interpreter's pip, pointed at the venv.
+    The venv has no pip of its own (ensurepip costs seconds of CPU): `install_client` installs
+    with this interpreter's pip, pointed at the venv.
     """
-    venv.EnvBuilder(with_pip=with_pip).create(where)
+    venv.EnvBuilder(with_pip=False).create(where)
     shelf = where / "shelf"
     shelf.mkdir()
     for dist in closure(packages).values():
@@ -73,24 +73,19 @@ def build_wheel(wheels: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def install_client(python: Path, wheels: Path, *, host_pip: bool = False) -> subprocess.CompletedProcess:
-    """`pip install ./clients/python` into the venv, from no index (httpx must already be there).
+def install_client(python: Path, wheels: Path) -> subprocess.CompletedProcess:
+    """`pip install` of the client's wheel (`build_wheel` made it in `wheels`) into the venv of
+    `python`, from no index (httpx must already be there), as an operator's
+    `pip install ./clients/python` ends.
 
-    pip builds the wheel with this interpreter's setuptools (a fresh venv's bundled one would need
-    the `wheel` package, which only an index could give), then installs it into the venv, checking
-    its requirements against what the venv has. A wheel already in `wheels` is used as it is.
-    `host_pip`: the venv has no pip of its own (`make_env(..., with_pip=False)`); this
-    interpreter's pip installs into it (`pip --python VENV_PYTHON install`), resolving against the
-    venv's packages all the same.
+    The wheel is built with this interpreter's setuptools (a fresh venv's bundled one would need
+    the `wheel` package, which only an index could give); this interpreter's pip installs it into
+    the venv (`pip --python VENV_PYTHON install`), checking its requirements against the venv's
+    packages.
     """
-    if not list(wheels.glob("rewardstack_client-*.whl")):
-        built = build_wheel(wheels)
-        if built.returncode != 0:
-            return built
     wheel = next(wheels.glob("rewardstack_client-*.whl"))
-    pip = [sys.executable, "-m", "pip", "--python", str(python)] if host_pip else [str(python), "-m", "pip"]
-    return subprocess.run([*pip, "install", "--no-index", "--disable-pip-version-check", "-q", str(wheel)],
-                          capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
+                           "--disable-pip-version-check", "-q", str(wheel)], capture_output=True, text=True)
 
 
 def versions(python: Path, names: list[str]) -> dict[str, str | None]:
