@@ -352,14 +352,14 @@ def test_the_ray_state_actor_also_refuses_a_retry_with_other_uids(fake_config, t
     actor = NamespaceState(fake_config, "alpha", str(tmp_path / "ray-state"))  # the class, in process
     stack = RewardStack(fake_config, load_state=False)
     step = Step.from_dict(_step("r", uids=[1, 2]))
-    first = asyncio.run(actor.commit(1, stack.forward(step), 1.0))
+    first = asyncio.run(actor.commit(1, None, stack.forward(step), 1.0))
     assert first[0] == "ok" and first[3] is True
-    assert asyncio.run(actor.precheck(1, step))[:2] == ("ok", first[1])
+    assert asyncio.run(actor.precheck(1, None, step))[:2] == ("ok", first[1])
     other = Step.from_dict(_step("r", uids=[3, 4]))
-    assert asyncio.run(actor.precheck(1, other))[:3] == ("error", 409, "sequence_conflict")
-    assert asyncio.run(actor.commit(1, stack.forward(other), 1.0))[:3] == ("error", 409, "sequence_conflict")
+    assert asyncio.run(actor.precheck(1, None, other))[:3] == ("error", 409, "sequence_conflict")
+    assert asyncio.run(actor.commit(1, None, stack.forward(other), 1.0))[:3] == ("error", 409, "sequence_conflict")
     empty = Step.from_dict(_step("r", uids=[1, 2], completions=["", "r two"]))  # issue 33 #6: failed is not empty
     failed = Step.from_dict(_step("r", uids=[1, 2], completions=[None, "r two"]))
-    assert asyncio.run(actor.commit(2, stack.forward(failed), 1.0))[0] == "ok"
-    assert asyncio.run(actor.precheck(2, empty))[:3] == ("error", 409, "sequence_conflict")
+    assert asyncio.run(actor.commit(2, None, stack.forward(failed), 1.0))[0] == "ok"
+    assert asyncio.run(actor.precheck(2, None, empty))[:3] == ("error", 409, "sequence_conflict")
     actor.ns.lock.release()

@@ -16,7 +16,8 @@ import torch
 from pathlib import Path
 
 from rewardstack.config import from_dict
-from rewardstack.errors import SequenceError
+from rewardstack.service.errors import ServiceError
+from rewardstack.service.sessions import admit
 from rewardstack.stack import RECENT_BYTES, RECENT_RESULTS, RewardState
 from rewardstack.state import FORMAT_VERSION, StateStore
 
@@ -53,8 +54,8 @@ def test_kept_answers_stay_bounded_over_many_worst_case_steps(tmp_path: Path) ->
         kept = sum(len(r.encode()) for r in state.recent.values())
         assert kept <= RECENT_BYTES and seq in state.recent  # the newest is always kept
     assert list(state.recent) == [6, 7, 8]
-    with pytest.raises(SequenceError):
-        state.check_sequence(5)  # pushed out: a retry of it is told so, not answered wrongly
+    with pytest.raises(ServiceError, match="no longer kept"):  # pushed out: a retry of it is told so, not answered wrongly
+        admit(state, "n", None, sequence=5, epoch=None, expected=9, max_chars=None)  # type: ignore[arg-type]
     store.save(state.state_dict())
     again = RewardState(from_dict({"device": "cpu", "state_dir": str(tmp_path)}))
     again.load_state_dict(StateStore(tmp_path).load())

@@ -14,7 +14,7 @@ from rewardstack.wire import Refuse, Step, StepWire
 
 STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
 WIRE_ONLY = {"failed"}  # folded into `completions` (a failed response is None)
-ENVELOPE = {"namespace", "sequence"}  # where the service applies the step, not the step
+ENVELOPE = {"namespace", "sequence", "epoch"}  # where the service applies the step, not the step
 
 
 def test_step_and_the_wire_schema_have_the_same_fields() -> None:

@@ -66,15 +66,6 @@ class MissingExtraError(RewardStackError):
         return cls(EXTRAS[top], top) if top in EXTRAS else None
 
 
-class SequenceError(RewardStackError):
-    """A step's sequence number is not the next one of its namespace (and not a stored repeat)."""
-
-    def __init__(self, got: int, expected: int) -> None:
-        self.got = got
-        self.expected = expected
-        super().__init__(f"field 'sequence': got {got}, expected {expected}")
-
-
 class ClusterError(RewardStackError):
     """The Ray cluster cannot run the job as asked (a path not shared by every node, no workers left)."""
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
-from rewardstack.errors import SequenceError, StateError
+from rewardstack.errors import StateError
 from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack.memory.manager import check_device
 from rewardstack.memory.snapshot import take_snapshot
@@ -120,25 +120,14 @@ class RewardState:
         """The UTF-8 size of `recent` (None: not counted since a load)."""
         self.dormant: dict[str, dict[str, Any]] = {}
         """Saved state of scorers switched off in this run: carried over untouched, not dropped."""
+        self.session: dict[str, Any] = {}
+        """The namespace's writer session (epoch, holder), which the service keeps with the state."""
 
     # -- sequence numbers -------------------------------------------------------------------
     @property
     def sequence(self) -> int:
         """The last committed sequence number (0 before the first step)."""
         return self.steps_scored
-
-    def check_sequence(self, sequence: int | None) -> str | None:
-        """None when `sequence` (or no sequence) is the next step; the stored result of a repeat.
-
-        Raises SequenceError naming the expected number for a gap, or for a repeat whose result is
-        no longer kept (older than the last RECENT_RESULTS, or pushed out by RECENT_BYTES).
-        """
-        if sequence is None or sequence == self.steps_scored + 1:
-            return None
-        stored = self.recent.get(sequence)
-        if stored is not None:
-            return stored
-        raise SequenceError(sequence, self.steps_scored + 1)
 
     def remember(self, sequence: int, response: str) -> None:
         """Keep the response of committed step `sequence` for retries: the oldest go beyond
@@ -224,6 +213,8 @@ class RewardState:
         if self.recent:
             stack["recent"] = {str(k): v for k, v in self.recent.items()}
         sections |= {"normalizers": {n: norm.to_dict() for n, norm in self.normalizers.items()}, "stack": stack}
+        if self.session:
+            sections["session"] = dict(self.session)
         for name, part in ((BLACKLIST, self.blacklist), (DIVERSITY, self.diversity)):
             if self._active(name):
                 st = part.state_dict()
@@ -242,6 +233,7 @@ class RewardState:
             self.steps_scored = int(stack.get("steps_scored", 0))
             self.recent = OrderedDict(sorted((int(k), str(v)) for k, v in dict(stack.get("recent", {})).items()))
             self.recent_bytes = None
+            self.session = dict(sections.get("session", {}))
             if self._active(BLACKLIST) and BLACKLIST in sections:
                 self.blacklist.load_state_dict(sections[BLACKLIST])
             if self._active(DIVERSITY) and DIVERSITY in sections:

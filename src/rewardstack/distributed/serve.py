@@ -10,8 +10,8 @@ the two halves of the stack run in different processes:
   hold no validator state, so Serve may route any request to any replica and a replica that dies
   loses nothing.
 - **Namespace state actors**: each namespace's `RewardState` (normalizers, blacklist, diversity
-  history, committed sequence number and the last 64 results) lives in one named, detached Ray
-  actor. It runs on one event-loop thread and applies steps strictly in sequence order: a step whose
+  history, committed sequence number, the last 64 results and the writer session that fences an
+  old client) lives in one named, detached Ray actor. It runs on one event-loop thread and applies steps strictly in sequence order: a step whose
   predecessors are still in a replica's forward pass waits for them (replicas finish out of order),
   a repeat gets the stored result, a gap is 409. It commits each step to
   `<state_dir>/namespaces/<name>/` (the service's layout, through `StateStore`, under the
@@ -68,7 +68,8 @@ class NamespaceState:
     Between two `await`s nothing else runs, and `commit` does not await between checking the
     sequence number and writing the state: steps are applied one at a time, in sequence order.
     Answers are tagged tuples, not exceptions, so they cross Ray unchanged:
-    `("ok", body, sequence, scored)`, `("go",)` or `("error", status, type, message, field)`.
+    `("ok", body, sequence, scored)`, `("go",)`, `("session", answer)` or
+    `("error", status, type, message, field)`. Admission is the service's (service/sessions.py).
     """
 
     def __init__(self, config: StackConfig, name: str, state_dir: str) -> None:
@@ -90,57 +91,51 @@ class NamespaceState:
         """The last committed sequence number."""
         return self.ns.state.sequence
 
-    def _gap(self, got: int) -> tuple:
-        from rewardstack.service.protocol import sequence_gap
+    def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> tuple | str:
+        """The service's rule (`sessions.admit`) against the committed state: `GO`, `AHEAD`, or the
+        tagged answer (a retry's kept answer, or a refusal)."""
+        from rewardstack.service import sessions
+        from rewardstack.service.errors import ServiceError
 
-        return _refusal(sequence_gap(self.ns.name, got, self.ns.state.sequence + 1))
+        state = self.ns.state
+        try:
+            verdict = sessions.admit(state, self.ns.name, step, sequence=sequence, epoch=epoch,
+                                     expected=state.sequence + 1, max_chars=state.config.input.max_chars)
+        except ServiceError as e:
+            return _refusal(e)
+        if verdict in (sessions.GO, sessions.AHEAD):
+            return verdict
+        return ("ok", verdict, sequence, False)
 
-    def _repeat(self, sequence: int, step: Step) -> tuple | None:
-        """The stored answer of a committed step (409 if it was another step, or is too old), None
-        if not committed: the service's rule (`protocol.repeat_answer`)."""
-        from rewardstack.service.protocol import repeat_answer
+    async def precheck(self, sequence: int | None, epoch: int | None, step: Step) -> tuple:
+        """Before the forward pass: a repeat's stored answer, a refusal, a hopeless gap's 409, else `("go",)`."""
+        from rewardstack.service.sessions import AHEAD, sequence_gap
 
-        if sequence > self.ns.state.sequence:
-            return None
-        kept = repeat_answer(self.ns.state, self.ns.name, sequence, step, self.ns.state.config.input.max_chars)
-        if isinstance(kept, str):
-            return ("ok", kept, sequence, False)
-        return _refusal(kept)
-
-    async def precheck(self, sequence: int | None, step: Step) -> tuple:
-        """Before the forward pass: a repeat's stored answer, a hopeless gap's 409, else `("go",)`."""
-        if sequence is None:
-            return ("go",)
-        repeat = self._repeat(sequence, step)
-        if repeat is not None:
-            return repeat
-        if sequence - (self.ns.state.sequence + 1) > RECENT_RESULTS:
-            return self._gap(sequence)  # far ahead: not a predecessor in flight
+        verdict = self._admit(sequence, epoch, step)
+        if isinstance(verdict, tuple):
+            return verdict
+        if verdict == AHEAD and (sequence or 0) - (self.ns.state.sequence + 1) > RECENT_RESULTS:
+            return _refusal(sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))  # not in flight
         return ("go",)
 
-    async def commit(self, sequence: int | None, fwd: ForwardResult, wait_s: float) -> tuple:
+    async def commit(self, sequence: int | None, epoch: int | None, fwd: ForwardResult, wait_s: float) -> tuple:
         """Apply one step's forward result as `sequence` (or as the next one) and commit it to disk."""
-        async with self.turn:
-            if sequence is not None:
-                loop = asyncio.get_running_loop()
-                until = loop.time() + wait_s
-                while sequence > self.ns.state.sequence + 1:  # predecessors still in a forward pass
-                    left = until - loop.time()
-                    if left <= 0:
-                        return self._gap(sequence)
-                    try:
-                        await asyncio.wait_for(self.turn.wait(), left)
-                    except TimeoutError:
-                        return self._gap(sequence)
-                repeat = self._repeat(sequence, fwd.step)
-                if repeat is not None:
-                    return repeat
-            # From here to the end: no await, so nothing else touches the state.
-            from rewardstack.service.protocol import apply_step
+        from rewardstack.service.sessions import AHEAD, apply_step, sequence_gap
 
+        async with self.turn:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + wait_s
+            while (verdict := self._admit(sequence, epoch, fwd.step)) == AHEAD:  # predecessors in a forward pass
+                try:
+                    await asyncio.wait_for(self.turn.wait(), max(0.0, until - loop.time()))
+                except TimeoutError:
+                    return _refusal(sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))
+            if isinstance(verdict, tuple):
+                return verdict
+            # From here to the end: no await, so nothing else touches the state.
             state = self.ns.state
             try:
-                _, body = apply_step(state, fwd)  # the service's rule: applied, its answer kept for retries
+                _, body = apply_step(state, fwd, state.config.input.max_chars)  # applied, its answer kept for retries
                 self.ns.commit()
             except Exception:  # noqa: BLE001 - memory must not run ahead of the file
                 log.exception("namespace %s: applying or committing a step failed", self.ns.name)
@@ -148,6 +143,27 @@ class NamespaceState:
                 return ("error", 500, "state_error", "the step could not be applied and committed; not scored", None)
             self.turn.notify_all()
             return ("ok", body, state.sequence, True)
+
+    async def standing(self) -> dict:
+        """Where the namespace stands (`sessions.describe`)."""
+        from rewardstack.service.sessions import describe
+
+        return describe(self.ns.state)
+
+    async def open_session(self, client: dict) -> tuple:
+        """Open a session (`sessions.open_session`) after the step being applied now, and commit it."""
+        from rewardstack.service.sessions import open_session
+
+        async with self.turn:
+            answer = open_session(self.ns.state, client)
+            try:
+                self.ns.commit()
+            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
+                log.exception("namespace %s: committing a new session failed", self.ns.name)
+                self.ns.reload()
+                return ("error", 500, "state_error", "the session could not be committed; it was not opened", None)
+            self.turn.notify_all()  # steps of the old epoch waiting for predecessors are refused now
+            return ("session", answer)
 
 
 def namespace_actor(config: StackConfig, name: str, state_dir: str) -> Any:
@@ -236,10 +252,11 @@ def build_http_app(replica: ScoringReplica) -> Any:
     """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
     from rewardstack.service.errors import ServiceError
     from rewardstack.service.guard import authorizer, install_error_handlers, loopback_guard, require_json
-    from rewardstack.service.namespaces import NamespaceLimitError, reserve
-    from rewardstack.service.protocol import (SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
+    from rewardstack.service.namespaces import NamespaceLimitError, reserve, stored_state
+    from rewardstack.service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
                                               error_responses, namespace_for, namespace_limit, parse_score,
-                                              score_responses)
+                                              parse_session, score_responses)
+    from rewardstack.service.sessions import describe
 
     settings = replica.settings
     access = replica.access
@@ -297,7 +314,7 @@ def build_http_app(replica: ScoringReplica) -> Any:
         replica.in_flight += 1
         try:
             actor = replica._actor(namespace)
-            pre = await call_state(actor.precheck, sequence, step)
+            pre = await call_state(actor.precheck, sequence, call.epoch, step)
             if pre[0] != "go":
                 return answer(pre)
             deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
@@ -306,21 +323,35 @@ def build_http_app(replica: ScoringReplica) -> Any:
                 raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
                                    "the step was not scored (service.deadline_s)")
             # Started: it commits whatever happens to the client (shielded from its disconnect).
-            reply = await asyncio.shield(call_state(actor.commit, sequence, fwd, replica.reorder_wait_s))
+            reply = await asyncio.shield(call_state(actor.commit, sequence, call.epoch, fwd, replica.reorder_wait_s))
             return answer(reply)
         finally:
             replica.in_flight -= 1
 
-    @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number",
+    @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
              responses=error_responses(401, 403, 422))
     async def namespace_info(name: str, scope: str | None = Depends(authorize)) -> dict:
         name = namespace_for(name, scope)
         try:
             actor = ray.get_actor(actor_name(name), namespace=RAY_NAMESPACE)
-            sequence = await call_state(actor.sequence)
+            standing = await call_state(actor.standing)
         except ValueError:  # no actor: read the committed file
-            sequence = await asyncio.to_thread(committed_sequence, root / name)
-        return {"namespace": name, "sequence": sequence, "next": sequence + 1}
+            state = await asyncio.to_thread(stored_state, replica.config, root / name)
+            standing = describe(state)
+        return {"namespace": name, **standing}
+
+    @app.post("/v1/namespaces/{name}/sessions", summary="Open a session on a namespace, fencing the one before",
+              openapi_extra={"requestBody": {"content": {"application/json": {"schema": SESSION_SCHEMA}}}},
+              responses=error_responses(400, 401, 403, 415, 422, 503))
+    async def open_session(name: str, request: Request, scope: str | None = Depends(authorize),
+                           _json: None = Depends(require_json)) -> dict:
+        name = namespace_for(name, scope)
+        who = parse_session(await request.body())
+        check_namespace_count(name)
+        reply = await call_state(replica._actor(name).open_session, who.model_dump())
+        if reply[0] == "error":
+            answer(reply)
+        return {"namespace": name, **reply[1]}
 
     @app.get("/healthz", summary="Liveness of this replica")
     async def healthz() -> dict:

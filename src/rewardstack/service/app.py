@@ -3,6 +3,7 @@
     rewardstack serve --config C [--host 127.0.0.1] [--port 8000]
 
 Routes: `POST /v1/score` (one step in, its event out), `GET /v1/namespaces/{name}`,
+`POST /v1/namespaces/{name}/sessions` (service/sessions.py),
 `GET /v1/stack`, `GET /healthz`, `GET /readyz`, `GET /metrics`, and FastAPI's `/openapi.json` and
 `/docs`. Every refusal is a `ServiceError`, turned into `{"error": {"message", "type", "field"}}` by
 the exception handlers of service/guard.py (the one place errors become responses). The request
@@ -28,11 +29,11 @@ from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack.service.connections import CutAtShutdown
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.guard import authorizer, install_error_handlers, loopback_guard, require_json, status_for
-from rewardstack.service.namespaces import ALL_NAMESPACES, Access
-from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, BodyLimit, client_deadline,
-                                          committed_sequence, error_responses, memory_header, namespace_for,
-                                          parse_score, score_responses)
-from rewardstack.service.worker import Job, Worker
+from rewardstack.service import sessions
+from rewardstack.service.namespaces import ALL_NAMESPACES, Access, stored_state
+from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
+                                          error_responses, namespace_for, parse_score, parse_session, score_responses)
+from rewardstack.service.worker import SESSION, Job, Worker
 from rewardstack.settings import ServiceSettings
 
 log = logging.getLogger("rewardstack.service")
@@ -125,12 +126,12 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         # A new namespace past service.max_namespaces is refused by the worker, which creates
         # namespaces one at a time (checking here would race with concurrent first requests).
         deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
-        job = Job(call.namespace, call.step, call.sequence, deadline=deadline)
+        job = Job(call.namespace, call.step, call.sequence, deadline=deadline, epoch=call.epoch)
         worker.submit(job)  # 429 when full, 503 when not ready or draining
         outcome = await _wait(request, job, deadline)
         headers = {"X-Rewardstack-Scored": "true" if outcome.scored else "false"}
         if outcome.memory is not None:
-            headers[MEMORY_HEADER] = memory_header(outcome.memory)
+            headers[MEMORY_HEADER] = sessions.memory_header(outcome.memory)
         return Response(outcome.body, media_type="application/json", headers=headers)
 
     async def _wait(request: Request, job: Job, deadline: float) -> Any:
@@ -151,12 +152,26 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         finally:
             gone.cancel()
 
-    @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number",
+    @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
              responses=error_responses(401, 403, 422))
     async def namespace_info(name: str, scope: str | None = Depends(authorize)) -> dict:
         name = namespace_for(name, scope)
-        sequence = await asyncio.to_thread(sequence_of, worker, name)
-        return {"namespace": name, "sequence": sequence, "next": sequence + 1}
+        return {"namespace": name, **await asyncio.to_thread(standing_of, worker, name)}
+
+    @app.post("/v1/namespaces/{name}/sessions", summary="Open a session on a namespace, fencing the one before",
+              openapi_extra={"requestBody": {"content": {"application/json": {"schema": SESSION_SCHEMA}}}},
+              responses=error_responses(400, 401, 403, 415, 422, 429, 503, 504))
+    async def open_session(name: str, request: Request, scope: str | None = Depends(authorize),
+                           _json: None = Depends(require_json)) -> Response:
+        name = namespace_for(name, scope)
+        who = parse_session(await request.body())
+        deadline = time.monotonic() + min(settings.deadline_s, client_deadline(request.headers))
+        # Through the worker's queue, behind the namespace's steps already queued: its `next`
+        # counts every step admitted before it.
+        job = Job(name, None, None, deadline=deadline, kind=SESSION, client=who.model_dump())
+        worker.submit(job)
+        outcome = await _wait(request, job, deadline)
+        return Response(outcome.body, media_type="application/json")
 
     @app.get("/healthz", summary="Liveness: the worker's heartbeat, answered at once")
     async def healthz() -> JSONResponse:
@@ -202,12 +217,12 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def sequence_of(worker: Worker, name: str) -> int:
-    """A namespace's committed sequence: from memory when loaded, else from its state file."""
+def standing_of(worker: Worker, name: str) -> dict[str, Any]:
+    """Where a namespace stands (`sessions.describe`): from memory when loaded, else from its state file."""
     for ns in worker.namespaces.loaded():
         if ns.name == name:
-            return ns.state.sequence
-    return committed_sequence(worker.namespaces.root / name)
+            return sessions.describe(ns.state)
+    return sessions.describe(stored_state(worker.config, worker.namespaces.root / name))
 
 
 def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, scope: str | None = None) -> dict:

@@ -243,6 +243,14 @@ class Access:
         return cls(hashes)
 
 
+def stored_state(config: StackConfig, folder: Path) -> RewardState:
+    """A namespace's state as committed in `folder` (empty when it has none), read without taking it
+    over (no lock: a reader of a file replaced atomically sees the old state or the new)."""
+    state = RewardState(config)
+    state.load_state_dict(StateStore(folder).load())
+    return state
+
+
 def is_loopback(host: str) -> bool:
     """Whether binding `host` only accepts connections from this machine."""
     import ipaddress

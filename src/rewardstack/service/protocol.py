@@ -4,51 +4,43 @@ One module for the request and response contract of `POST /v1/score`, so the two
 drift (service/app.py on one worker, distributed/serve.py over state actors):
 
 - the schemas for the OpenAPI document: `ScoreBody` (the step of `rewardstack.wire`, with
-  `namespace` and `sequence`) whose JSON Schema is `SCORE_SCHEMA`, and `ERROR_SCHEMA`,
-  `error_responses`;
+  `namespace`, `sequence` and `epoch`) whose JSON Schema is `SCORE_SCHEMA`, `SessionBody`, and
+  `ERROR_SCHEMA`, `error_responses`;
 - the body limit (`BodyLimit`, bytes counted as they arrive, and its timeout) and the size limits
   of a step (`check_limits`: completions, characters and work (`step_work`), before any
   tokenization);
 - body parsing (`parse_score`): strict JSON through `rewardstack.jsonio` (bad UTF-8, bad syntax,
-  `NaN`, nesting past 64 levels are all 400 `invalid_json`, never a 500), then the namespace, the
-  sequence number and the step's own validation (422 naming the field);
+  `NaN`, nesting past 64 levels are all 400 `invalid_json`, never a 500), an unknown field (422
+  naming it and the closest known one: `check_fields`), then the namespace, the sequence number,
+  the epoch and the step's own validation (422 naming the field); `parse_session`;
 - deadlines (`client_deadline`: the `X-Rewardstack-Deadline-S` header);
-- the sequence rules: `response_body` (the answer), `stored_answer` / `answer_of` (what a
-  namespace keeps of a committed step: its answer and the digest of the whole step as committed),
-  `same_step` (is a repeat a retry of the committed step?), `sequence_conflict` and `sequence_gap`
-  (409s), `repeat_answer` (a committed sequence sent again), `apply_step` (apply a forward result
-  as the next sequence and keep its answer), `committed_sequence` (read from a state file);
+- what an answer says of the step's memory (`memory_summary`, `MEMORY_HEADER`);
 - the namespace rules: `namespace_for` (which namespace a request may use: 422 for a malformed
   name, 403 for one its token is not bound to) and `namespace_limit` (403 past
   `service.max_namespaces`).
 
 Every refusal is a `ServiceError`; the apps' handlers (service/guard.py) turn it into the body
-`{"error": {"message", "type", "field"}}`. Nothing here imports FastAPI or Ray.
+`{"error": {"message", "type", "field"}}`. The sequence and session rules are service/sessions.py.
+Nothing here imports FastAPI or Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
+import difflib
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from rewardstack.fileio import event_line
 from rewardstack.errors import InputError
-from rewardstack.jsonio import MAX_DEPTH, JSONInputError, canonical_chunks, parse
-from rewardstack.readview import ReadView
+from rewardstack.jsonio import MAX_DEPTH, JSONInputError, parse
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack.settings import InputSettings, ServiceSettings
-from rewardstack.stack import ForwardResult, RewardState, opens_forward_pass
-from rewardstack.stepresult import StepResult
-from rewardstack.wire import ERROR_SCHEMA, RECENT_RESULTS, EventWire, Refuse, Step, StepWire, read
+from rewardstack.wire import ERROR_SCHEMA, EventWire, Refuse, Step, StepWire, read
 
 SEQUENCE_REFUSAL = Refuse("must be an integer >= 1")
 SequenceNumber = Annotated[int, Field(ge=1), SEQUENCE_REFUSAL]
@@ -65,10 +57,25 @@ class ScoreBody(StepWire):
         f"the namespace whose state scores the step (default: the token's own, else {DEFAULT_NAMESPACE})"))] = None
     sequence: Annotated[SequenceNumber | None, Field(description="the namespace's step number; a repeat returns "
                                                      "the stored result")] = None
+    epoch: Annotated[SequenceNumber | None, Field(description=(
+        "the client's session on the namespace (`POST /v1/namespaces/{name}/sessions`); a step of an older "
+        "session is refused as `fenced`"))] = None
+
+
+class SessionBody(BaseModel):
+    """The body of `POST /v1/namespaces/{name}/sessions`: who opens the session (shown to the client
+    it fences)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", title="SessionBody")
+
+    client: Annotated[str, Field(max_length=200, description="the name the client gives itself")] = "unnamed"
+    host: Annotated[str, Field(max_length=255, description="the client's host name")] = ""
+    pid: Annotated[int | None, Field(ge=0, description="the client's process id")] = None
 
 
 SCORE_SCHEMA: dict[str, Any] = ScoreBody.model_json_schema()
-"""The OpenAPI schema of `POST /v1/score`'s body: every field a step accepts, `namespace` and `sequence`."""
+"""The OpenAPI schema of `POST /v1/score`'s body: every field a step accepts, `namespace`, `sequence`, `epoch`."""
+SESSION_SCHEMA: dict[str, Any] = SessionBody.model_json_schema()
 _SEQUENCE = TypeAdapter(SequenceNumber | None, config=ConfigDict(strict=True))
 
 
@@ -185,6 +192,7 @@ class ScoreCall:
     namespace: str
     sequence: int | None
     step: Step
+    epoch: int | None = None
 
 
 def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
@@ -198,15 +206,46 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
                            field="body") from None
     if not isinstance(obj, dict):
         raise ServiceError(422, "invalid_step", "a step must be a JSON object", field="body")
+    check_fields(obj, ScoreBody)
     namespace = namespace_for(obj.pop("namespace", None), scope)
     try:
-        # The sequence is checked before the step, by its declaration in ScoreBody.
+        # The sequence and the epoch are checked before the step, by their declarations in ScoreBody.
         sequence = read(_SEQUENCE, obj.pop("sequence", None), field="sequence", refuse=SEQUENCE_REFUSAL)
+        epoch = read(_SEQUENCE, obj.pop("epoch", None), field="epoch", refuse=SEQUENCE_REFUSAL)
         step = Step.from_dict(obj)  # the JSONL's validation: errors name the field
     except InputError as e:
         raise ServiceError(422, "invalid_step", str(e), field=e.field) from None
     check_limits(step, settings, limits)
-    return ScoreCall(namespace, sequence, step)
+    return ScoreCall(namespace, sequence, step, epoch)
+
+
+def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
+    """422 naming the first field `schema` does not declare, and the declared field closest to it: a
+    misspelt `sequnce` must not leave a step unnumbered, nor `base_promt` be ignored."""
+    known = list(schema.model_fields)
+    for key in obj:
+        if key not in schema.model_fields:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; the fields are {', '.join(known)}"
+            raise ServiceError(422, "unknown_field", f"field '{key}' is not a field of this request{hint}",
+                               field=str(key)[:200])
+
+
+def parse_session(body: bytes) -> SessionBody:
+    """`POST /v1/namespaces/{name}/sessions`' body (empty: an unnamed client), or the ServiceError."""
+    try:
+        obj = parse(body, strict=True) if body.strip() else {}
+    except JSONInputError as e:
+        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
+    if not isinstance(obj, dict):
+        raise ServiceError(422, "invalid_request", "the body must be a JSON object", field="body")
+    check_fields(obj, SessionBody)
+    try:
+        return SessionBody.model_validate(obj)
+    except ValidationError as e:
+        error = e.errors(include_url=False)[0]
+        field = str(error["loc"][0]) if error["loc"] else "body"
+        raise ServiceError(422, "invalid_request", f"field '{field}': {error['msg']}", field=field) from None
 
 
 def step_work(step: Step) -> int:
@@ -268,14 +307,7 @@ def namespace_limit(limit: int) -> ServiceError:
                         "no new one can be made; the step was not scored", field="namespace")
 
 
-# -- sequence rules ----------------------------------------------------------------------------
-
-def response_body(event: dict[str, Any], sequence: int) -> str:
-    """Exactly the event line `rewardstack score` writes, plus the sequence it was applied as."""
-    line = event_line(event).rstrip("\n")
-    assert line.endswith("}")
-    return f'{line[:-1]}, "sequence": {sequence}}}'
-
+# -- the memory record of an answer -------------------------------------------------------
 
 def memory_summary(record: Mapping[str, Any]) -> dict[str, Any]:
     """What a score answer says (in `MEMORY_HEADER`) of the step's memory record (bytes; null where nothing measured it).
@@ -302,137 +334,10 @@ def memory_summary(record: Mapping[str, Any]) -> dict[str, Any]:
 MEMORY_HEADER = "X-Rewardstack-Memory"
 """The header of a scored answer that carries `memory_summary` of its step, as compact JSON. A
 header, as TGI sends its per-request timings, so that the body stays the kept answer byte for byte
-(a repeat of the step is answered with the body alone)."""
+(a retry of the step gets the same body, and the record kept with it)."""
 
 
-def memory_header(memory: Mapping[str, Any]) -> str:
-    """`memory_summary` as the header's value (ASCII JSON, no spaces)."""
-    return json.dumps(dict(memory), allow_nan=False, default=str, separators=(",", ":"))
-
-
-def _echo(step: Step) -> dict[str, Any]:
-    """The step's fields as its event echoes them (what a retry of an answer kept without a digest
-    must repeat exactly)."""
-    n = len(step.completions)
-    return {
-        "name": step.name, "prompt": step.prompt,
-        "base_prompt": step.base_prompt if step.base_prompt is not None else step.prompt, "completions": [c if c is not None else "" for c in step.completions],
-        "uids": step.uids if step.uids is not None else list(range(n)),
-        "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
-        "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,
-    }
-
-
-def step_digest(step: Step, max_chars: int | None = None) -> str:
-    """SHA-256 of the step as committed: every field that changes what applying it does.
-
-    The event cannot tell a retry from another step: it echoes a failed completion (`null`) and an
-    empty one alike as `""`, and leaves out `new_forward_pass`. So the digest covers the step
-    itself, with defaults made explicit (no base prompt is the prompt, no `new_forward_pass` is
-    whether the step is `augment`, no uids are 0..n-1) so that two spellings of one step agree.
-    `max_chars` (`[input] max_chars`): the step as read, each text cut there, as it was committed.
-    """
-    if max_chars is not None:
-        step = ReadView.of(step, max_chars).step
-    n = len(step.completions)
-    whole = {
-        "name": step.name, "prompt": step.prompt, "completions": list(step.completions),
-        "base_prompt": step.base_prompt if step.base_prompt is not None else step.prompt,
-        "new_forward_pass": opens_forward_pass(step),
-        "uids": step.uids if step.uids is not None else list(range(n)),
-        "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
-        "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,
-        "logged_best": step.logged_best,
-    }
-    h = hashlib.sha256()
-    for chunk in canonical_chunks(whole):  # a slice at a time: a 50 MB completion is not copied whole
-        h.update(chunk)
-    return h.hexdigest()
-
-
-def stored_answer(body: str, step: Step, max_chars: int | None = None) -> str:
-    """What a namespace keeps of committed step `step` for retries: its answer, a line break, and
-    `step_digest`. The answer is one JSON line (the event writer escapes every line break in it),
-    so the last line break always separates the two."""
-    return f"{body}\n{step_digest(step, max_chars)}"
-
-
-def answer_of(stored: str) -> str:
-    """The answer to send for a kept step (`stored_answer`'s body; an older state kept the body alone)."""
-    body, sep, _ = stored.rpartition("\n")
-    return body if sep else stored
-
-
-def same_step(stored: str, step: Step, max_chars: int | None = None) -> bool:
-    """Whether a kept answer (`stored_answer`) is for this step (a retry), not another step reusing
-    its number.
-
-    `max_chars` (`[input] max_chars`): the committed step was read cut there. An answer kept by
-    an older version has no digest: it is compared with the fields its event echoes.
-    """
-    body, sep, digest = stored.rpartition("\n")
-    if sep:
-        return digest == step_digest(step, max_chars)
-    try:
-        event = json.loads(stored)
-    except ValueError:  # pragma: no cover - we wrote it
-        return False
-    if max_chars is not None:
-        step = ReadView.of(step, max_chars).step
-    want = json.loads(event_line(_echo(step)))  # through the event writer: NaN -> null, tuples -> lists
-    return all(event.get(k) == v for k, v in want.items())
-
-
-def sequence_conflict(namespace: str, got: int, expected: int) -> ServiceError:
-    """409: `got` was committed with a different step."""
-    return ServiceError(409, "sequence_conflict", f"sequence {got} of namespace '{namespace}' was committed with "
-                        f"a different step; the next sequence is {expected}", field="sequence")
-
-
-def sequence_gap(namespace: str, got: int, expected: int) -> ServiceError:
-    """409: `got` is too old to have its result kept, or skips ahead of `expected`."""
-    if got < expected:
-        msg = (f"sequence {got} of namespace '{namespace}' was committed but its result is no longer kept "
-               f"(only the last {RECENT_RESULTS} are); the next sequence is {expected}")
-    else:
-        msg = f"sequence {got} skips ahead: namespace '{namespace}' expects sequence {expected} next"
-    return ServiceError(409, "sequence_gap", msg, field="sequence")
-
-
-def repeat_answer(state: RewardState, namespace: str, sequence: int, step: Step, max_chars: int | None,
-                  expected: int | None = None) -> str | ServiceError:
-    """The answer to `step` sent again as `sequence`, which `state` has committed: the kept answer
-    if it is the same step (a retry), else a 409 (`sequence_conflict` for another step,
-    `sequence_gap` for one too old to be kept). `expected`: the next sequence the 409 names
-    (default: the one after the state's; the service counts the steps of its batch too)."""
-    expected = state.sequence + 1 if expected is None else expected
-    stored = state.recent.get(sequence)
-    if stored is None:
-        return sequence_gap(namespace, sequence, expected)
-    if not same_step(stored, step, max_chars):
-        return sequence_conflict(namespace, sequence, expected)
-    return answer_of(stored)
-
-
-def apply_step(state: RewardState, fwd: ForwardResult) -> tuple[StepResult, str]:
-    """Apply one forward result to a namespace's state as its next sequence number and keep the
-    answer for retries (with the whole step's digest); the result and the answer's body. The
-    caller commits the state to disk before it answers."""
-    result = state.apply(fwd)
-    body = response_body(result.event, state.sequence)
-    state.remember(state.sequence, stored_answer(body, fwd.step))
-    return result, body
-
-
-def committed_sequence(folder: Path) -> int:
-    """A namespace's committed sequence number, read from its state file (0 when it has none)."""
-    from rewardstack.state import StateStore
-
-    sections = StateStore(folder).load()
-    return int(sections.get("stack", {}).get("steps_scored", 0))
-
-
-__all__ = ["ANSWER_SCHEMA", "BodyLimit", "ScoreAnswer", "DEADLINE_HEADER", "ERROR_SCHEMA", "SCORE_CODES", "SCORE_SCHEMA", "ScoreBody", "ScoreCall", "check_limits",
-           "answer_of", "apply_step", "client_deadline", "committed_sequence", "error_responses", "namespace_for", "namespace_limit",
-           "parse_score", "repeat_answer", "response_body", "same_step", "score_responses", "sequence_conflict", "sequence_gap", "step_digest",
-           "step_work", "stored_answer"]
+__all__ = ["ANSWER_SCHEMA", "BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "MEMORY_HEADER", "SCORE_CODES",
+           "SCORE_SCHEMA", "SESSION_SCHEMA", "ScoreAnswer", "ScoreBody", "ScoreCall", "SessionBody", "check_limits",
+           "client_deadline", "error_responses", "memory_summary", "namespace_for", "namespace_limit", "parse_score",
+           "parse_session", "score_responses", "step_work"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
 import logging
 import math
 import queue
@@ -34,11 +35,14 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
 from rewardstack.service.errors import ServiceError
 from rewardstack.service.namespaces import Namespace, NamespaceLimitError, Namespaces
-from rewardstack.service.protocol import (apply_step, memory_summary, namespace_limit, repeat_answer, sequence_conflict,
-                                          sequence_gap, step_digest, step_work)
-from rewardstack.stack import ForwardResult, RewardStack, Step
+from rewardstack.service import sessions
+from rewardstack.service.protocol import memory_summary, namespace_limit, step_work
+from rewardstack.stack import ForwardResult, RewardStack, RewardState, Step
 
 log = logging.getLogger("rewardstack.service")
+
+SESSION = "session"
+"""A job that opens a session on its namespace (`sessions.open_session`), in the namespace's order."""
 
 WARMUP_STEP = Step(name="augment", prompt="rewardstack startup check.",
                    completions=["A short startup completion.", "Another startup completion?"])
@@ -61,7 +65,8 @@ class Job:
     """One request to score a step for a namespace."""
 
     namespace: str
-    step: Step
+    step: Step | None
+    """The step to score (None for a session job)."""
     sequence: int | None
     deadline: float
     """time.monotonic() after which the job is not started."""
@@ -71,6 +76,11 @@ class Job:
     """queued -> started (the worker took it) or cancelled (deadline, client gone, shutdown)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     applied_as: int | None = None
+    epoch: int | None = None
+    """The client's session (`sessions.admit` fences an older one)."""
+    kind: str = "score"
+    """`score` a step, or open a `SESSION` (then `client` says who opens it)."""
+    client: dict[str, Any] | None = None
 
     def try_start(self) -> bool:
         """Worker side: claim the job; False if it was cancelled first."""
@@ -231,8 +241,9 @@ class Worker:
         while self._lines and len(picked) < self.batch_requests:
             name = min(self._lines, key=lambda n: self._served.get(n, -1))  # ties: the earliest to arrive
             line = self._lines[name]
-            cost = step_work(line[0][1].step)
-            if picked and (work + cost > self.turn_work or cost > work):
+            session = line[0][1].kind == SESSION
+            cost = 0 if session else step_work(line[0][1].step)  # type: ignore[arg-type]
+            if picked and (session or work + cost > self.turn_work or cost > work):
                 break
             picked.append(line.popleft())
             work += cost
@@ -241,6 +252,8 @@ class Worker:
             self._picks += 1
             if not line:
                 del self._lines[name]
+            if session:  # its own turn: the namespace's earlier steps have committed, later ones wait
+                break
         if len(self._served) > 4 * max(64, self.namespaces.max_namespaces):  # names of refused requests too
             self._served = {n: t for n, t in self._served.items() if n in self._lines}
         return [job for _, job in sorted(picked, key=lambda p: p[0])]
@@ -292,6 +305,9 @@ class Worker:
                                         "started; the step was not scored"))
                 continue
             started.append(job)
+        if len(started) == 1 and started[0].kind == SESSION:  # `_take` gives a session its own turn
+            self._open_session(started[0])
+            return
         # Sequence numbers: plan what each job will be applied as, counting the jobs before it in
         # this batch (they commit first). A repeat of a committed step gets the stored answer; a
         # repeat of a job in this batch gets that job's answer.
@@ -300,36 +316,38 @@ class Worker:
         to_score: list[Job] = []
         duplicates: list[tuple[Job, Job]] = []
         created: list[str] = []
+        limit = self.config.input.max_chars
         for job in started:
             try:
                 ns = self.namespaces.peek(job.namespace)  # creates nothing: a refused step leaves no folder
+                state = ns.state if ns is not None else RewardState(self.config)
+                exp = expected.setdefault(job.namespace, state.sequence + 1)
+                verdict = sessions.admit(state, job.namespace, job.step, sequence=job.sequence, epoch=job.epoch,
+                                         expected=exp, max_chars=limit)
+                if verdict == sessions.GO and ns is None:  # a new namespace, made for a step that will be scored
+                    self.namespaces.get(job.namespace)
+                    created.append(job.namespace)
+            except ServiceError as e:
+                job.answer(e)
+                continue
+            except NamespaceLimitError as e:
+                job.answer(namespace_limit(e.limit))
+                continue
             except (StateError, OSError) as e:
                 job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
                 continue
-            exp = expected.setdefault(job.namespace, (ns.state.sequence if ns is not None else 0) + 1)
-            seq = job.sequence
-            if seq is None or seq == exp:
-                if ns is None:  # a new namespace, made for a step that will be scored
-                    try:
-                        self.namespaces.get(job.namespace)
-                    except NamespaceLimitError as e:
-                        job.answer(namespace_limit(e.limit))
-                        continue
-                    except (StateError, OSError) as e:
-                        job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
-                        continue
-                    created.append(job.namespace)
+            if verdict == sessions.GO:
                 job.applied_as = exp
                 expected[job.namespace] = exp + 1
                 in_batch[(job.namespace, exp)] = job
                 to_score.append(job)
-            elif (job.namespace, seq) in in_batch:
-                duplicates.append((job, in_batch[(job.namespace, seq)]))
-            elif ns is not None and seq <= ns.state.sequence:  # committed: a retry, or another step reusing it
-                kept = repeat_answer(ns.state, job.namespace, seq, job.step, self.config.input.max_chars, exp)
-                job.answer(Outcome(kept, seq, scored=False) if isinstance(kept, str) else kept)
-            else:
-                job.answer(sequence_gap(job.namespace, seq, exp))
+            elif verdict == sessions.PENDING:
+                duplicates.append((job, in_batch[(job.namespace, job.sequence)]))  # type: ignore[index]
+            elif verdict == sessions.AHEAD:
+                job.answer(sessions.sequence_gap(job.namespace, job.sequence or 0, exp))
+            else:  # a retry of a committed step: its kept answer, and the memory record kept with it
+                job.answer(Outcome(verdict, job.sequence or 0, scored=False,
+                                   memory=sessions.kept_memory(state, job.sequence or 0)))
         if to_score:
             self._score(to_score)
         for name in created:  # made this turn for steps that all failed: leave nothing behind
@@ -342,10 +360,35 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
                 job.answer(e)
             else:
-                limit = self.config.input.max_chars
-                same = step_digest(job.step, limit) == step_digest(original.step, limit)  # the whole step, as committed
-                job.answer(Outcome(done.body, done.sequence, scored=False) if same
-                           else sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
+                same = sessions.step_digest(job.step, limit) == sessions.step_digest(original.step, limit)
+                job.answer(Outcome(done.body, done.sequence, scored=False, memory=done.memory) if same
+                           else sessions.sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
+
+    def _open_session(self, job: Job) -> None:
+        """Open a session on the job's namespace, after every step admitted before it committed."""
+        try:
+            ns = self.namespaces.get(job.namespace)
+        except NamespaceLimitError as e:
+            job.answer(namespace_limit(e.limit))
+            return
+        except (StateError, OSError) as e:
+            job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
+            return
+        answer = sessions.open_session(ns.state, job.client or {})
+        try:
+            ns.commit()
+        except Exception:  # noqa: BLE001 - memory must not run ahead of the file
+            log.exception("namespace %s: committing a new session failed", job.namespace)
+            ns.reload()
+            job.answer(ServiceError(500, "state_error", "the session could not be committed; it was not opened"))
+            return
+        previous = answer.get("previous")
+        if previous:
+            log.warning("namespace %s: client '%s' (host %s, pid %s) opened epoch %d, fencing client '%s' (host %s, "
+                        "pid %s)", job.namespace, job.client.get("client") if job.client else None,
+                        job.client.get("host") if job.client else None, job.client.get("pid") if job.client else None,
+                        answer["epoch"], previous.get("client"), previous.get("host"), previous.get("pid"))
+        job.answer(Outcome(json.dumps({"namespace": job.namespace, **answer}), answer["sequence"], scored=False))
 
     def _score(self, jobs: list[Job]) -> None:
         assert self.stack is not None
@@ -374,10 +417,10 @@ class Worker:
                 job.answer(ServiceError(500, "internal", "an earlier step of this namespace failed; not scored"))
                 continue
             if job.applied_as != ns.state.sequence + 1:  # an earlier job of the batch did not apply
-                job.answer(sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
+                job.answer(sessions.sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
                 continue
             try:
-                result, body = apply_step(ns.state, fwd)  # type: ignore[arg-type]
+                result, body = sessions.apply_step(ns.state, fwd, self.config.input.max_chars)  # type: ignore[arg-type]
                 applied.append((job, result))
             except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
                 log.exception("namespace %s: applying a step failed", job.namespace)
@@ -403,6 +446,7 @@ class Worker:
                 record = self.stack.publish_step(result, record=True)
                 if record is not None:
                     memory[id(job)] = memory_summary(record)
+                    sessions.keep_memory(self.namespaces.get(job.namespace).state, job.applied_as or 0, memory[id(job)])
         for job, outcome in answers:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
