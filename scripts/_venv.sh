@@ -9,4 +9,5 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[$1]"
+# The client first: rewardstack depends on it (`rewardstack-client`), and it is not on the index.
+.venv/bin/pip install --quiet --disable-pip-version-check -e ./clients/python -e ".[$1]"

@@ -8,11 +8,12 @@ JSON and reads JSON. The scoring, the models and the GPU stay with the service.
 """
 
 from rewardstack_client._client import TOKEN_ENV, AsyncClient, Client
-from rewardstack_client._errors import (ClientError, DropInError, ServiceCallError, ServiceUnavailable, StepMismatch,
-                                        WeightsMismatch)
+from rewardstack_client._errors import (Cancelled, ClientError, DropInError, Fenced, InvalidNamespace, ServiceCallError,
+                                        ServiceUnavailable, StepMismatch, WeightsMismatch)
 from rewardstack_client._retry import RETRY_STATUSES, RetryPolicy
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncClient", "Client", "ClientError", "DropInError", "RETRY_STATUSES", "RetryPolicy", "ServiceCallError",
-           "ServiceUnavailable", "StepMismatch", "TOKEN_ENV", "WeightsMismatch", "__version__"]
+__all__ = ["AsyncClient", "Cancelled", "Client", "ClientError", "DropInError", "Fenced", "InvalidNamespace",
+           "RETRY_STATUSES", "RetryPolicy", "ServiceCallError", "ServiceUnavailable", "StepMismatch", "TOKEN_ENV",
+           "WeightsMismatch", "__version__"]

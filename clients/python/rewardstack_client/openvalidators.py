@@ -59,6 +59,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rewardstack_client._errors import StepMismatch, WeightsMismatch
+from rewardstack_client._retry import cancellable
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -360,8 +361,38 @@ class OpenValidatorsStack:
         p = s.this_pass()  # read here: the worker thread does not run in this coroutine's context
         call = functools.partial(s.step, p, name, list(responses), prompt=prompt,
                                  base_prompt=base_prompt if base_prompt is not None else prompt)
-        step = await asyncio.get_running_loop().run_in_executor(None, call)
+        step = await in_thread(call)
         return step.event
+
+
+async def in_thread(call: Callable[[], Any]) -> Any:
+    """`call()` in a daemon thread of its own, awaited; cancelling the await (Ctrl-C) ends it at its
+    next wait between tries (`_retry.cancellable`). Not the loop's default executor: `asyncio.run`
+    joins that at exit, so a call still retrying would keep the interpreter alive after Ctrl-C."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+    cancel = threading.Event()
+
+    def settle(outcome: Any, failed: bool) -> None:
+        if not done.done():
+            (done.set_exception if failed else done.set_result)(outcome)
+
+    def run() -> None:
+        with cancellable(cancel):
+            try:
+                outcome, failed = call(), False
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                outcome, failed = e, True
+        try:
+            loop.call_soon_threadsafe(settle, outcome, failed)
+        except RuntimeError:  # the loop closed: nobody awaits the answer any more
+            pass
+
+    threading.Thread(target=run, name="rewardstack-score-step", daemon=True).start()
+    try:
+        return await done
+    finally:
+        cancel.set()  # done or cancelled: a call still waiting to retry stops
 
 
 def check_weights(weights: Any, served: Dict[str, float], *, where: str = "the service") -> None:
