@@ -62,10 +62,11 @@ ROUNDS = 1
 """run.py's loop turns: each gathers 2 forward passes of 5 steps (augment, 2 x (followup, answer))."""
 
 
-def drive(python: Path, url: str, namespace: str, out: Path, *, deadline: float = 300.0) -> subprocess.Popen:
+def drive(python: Path, url: str, namespace: str, out: Path, *, deadline: float = 300.0,
+          step_pause: float = 0.0) -> subprocess.Popen:
     """validator_driver.py in the validator's venv (the real forward.py where its source is here)."""
     args = [str(python), str(TESTS / "validator_driver.py"), url, namespace, str(out), "--deadline", str(deadline),
-            "--concurrent", "2", "--rounds", str(ROUNDS)]
+            "--concurrent", "2", "--rounds", str(ROUNDS), "--step-pause", str(step_pause)]
     if SOURCE is not None:
         args += ["--real", str(SOURCE)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REWARDSTACK_TOKEN")}
@@ -240,3 +241,48 @@ def test_a_validator_waits_for_a_service_down_at_start_and_rides_out_a_kill_mid_
         for s in (first, second):
             if s.proc is not None and s.proc.poll() is None:
                 s.stop()
+
+
+def wait_for(proc: subprocess.Popen, text: str) -> list[str]:
+    """The driver's stderr lines up to the first that starts with `text`."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith(text):
+            return lines
+    raise AssertionError(f"{text!r} never came: " + "".join(lines)[-3000:])
+
+
+def test_a_validator_killed_mid_step_and_restarted_scores_on_with_nothing_twice(
+        validator_python: Path, steady: Server, tmp_path: Path) -> None:
+    killed = drive(validator_python, steady.url, "killed", tmp_path / "killed.json", step_pause=0.5)
+    wait_for(killed, "sending 4")
+    time.sleep(0.05)  # step 4's request is on its way
+    killed.kill()
+    killed.wait()
+    restarted = drive(validator_python, steady.url, "killed", tmp_path / "restarted.json")
+    _, err = restarted.communicate(timeout=600)
+    assert restarted.returncode == 0, err[-3000:]
+    sent = json.loads((tmp_path / "restarted.json").read_text())["sent"]
+    first = sent[0]["sequence"]
+    assert first in (4, 5)  # after the killed one's 3 steps, and its 4th if that one committed
+    assert [s["sequence"] for s in sent] == list(range(first, first + len(sent)))  # none skipped, none refused
+    assert httpx.get(f"{steady.url}/v1/namespaces/killed", timeout=30).json()["next"] == first + len(sent)
+    assert "took it over" in err and "Fenced" not in err
+
+
+def test_two_validators_on_one_namespace_fence_each_other_loudly(
+        validator_python: Path, steady: Server, tmp_path: Path) -> None:
+    first = drive(validator_python, steady.url, "twice", tmp_path / "first.json", step_pause=1.0)
+    wait_for(first, "sending 2")
+    second = drive(validator_python, steady.url, "twice", tmp_path / "second.json")
+    _, second_err = second.communicate(timeout=600)
+    _, first_err = first.communicate(timeout=600)
+    assert second.returncode == 0, second_err[-3000:]
+    assert first.returncode != 0 and "Fenced" in first_err, first_err[-3000:]  # it stopped, and said why
+    assert f"pid {second.pid}" in first_err  # ... naming the other validator
+    standing = httpx.get(f"{steady.url}/v1/namespaces/twice", timeout=30).json()
+    assert standing["holder"]["pid"] == second.pid
+    sent = json.loads((tmp_path / "second.json").read_text())["sent"]
+    assert standing["next"] == sent[-1]["sequence"] + 1  # nothing of the fenced one after the second's steps

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ def main() -> int:
     ap.add_argument("--concurrent", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=300.0)
+    ap.add_argument("--step-pause", type=float, default=0.0, help="seconds to wait before sending each step")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
 
@@ -45,6 +47,7 @@ def main() -> int:
     score = rs._session.score
 
     def announce(body: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(args.step_pause)
         print(f"sending {len(sent) + 1}", file=sys.stderr, flush=True)
         event = score(body)
         sent.append({**body, "sequence": event["sequence"]})
