@@ -178,6 +178,30 @@ def test_two_namespaces_answer_as_the_service_does_in_order(urls) -> None:  # no
     assert ray_client.get("/v1/namespaces/alice").json() == service.get("/v1/namespaces/alice").json()
 
 
+def test_a_second_writer_is_fenced_as_the_service_fences_it(urls) -> None:  # noqa: ANN001
+    service, ray_client = urls
+    ss = steps(3, seed=3)
+    answers = []
+    for http in (service, ray_client):
+        def session(name: str) -> dict:
+            r = http.post("/v1/namespaces/carol/sessions", json={"client": name, "host": "h", "pid": 1})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        first = session("first-writer")
+        assert post(http, ss[0] | {"namespace": "carol", "sequence": 1, "epoch": first["epoch"]})[0] == 200
+        second = session("second-writer")  # fences the first
+        assert second["next"] == 2 and second["previous"]["client"] == "first-writer"
+        code, stale, _ = post(http, ss[1] | {"namespace": "carol", "sequence": 2, "epoch": first["epoch"]})
+        assert code == 409 and stale["error"]["type"] == "fenced" and "second-writer" in stale["error"]["message"]
+        code, unknown, _ = post(http, ss[1] | {"namespace": "carol", "sequence": 2, "epoch": second["epoch"] + 1})
+        assert code == 409 and unknown["error"]["type"] == "session_unknown"
+        assert post(http, ss[2] | {"namespace": "carol", "sequence": 2, "epoch": second["epoch"]})[0] == 200
+        answers.append(http.get("/v1/namespaces/carol").json())
+    assert [a["holder"]["client"] for a in answers] == ["second-writer"] * 2
+    assert [a["next"] for a in answers] == [3, 3]
+
+
 def test_a_replica_killed_mid_run_loses_nothing(urls) -> None:  # noqa: ANN001
     service, ray_client = urls
     # The clients keep stepping until a replica has been caught scoring and killed, then two more

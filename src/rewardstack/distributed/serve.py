@@ -35,12 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from ray import serve
 
 from rewardstack.config import StackConfig
 from rewardstack.distributed.cluster import RAY_NAMESPACE
+from rewardstack.service.errors import ServiceError
+from rewardstack.service.guard import authorize, install_error_handlers, loopback_guard, require_json
+from rewardstack.service.namespaces import NamespaceLimitError, reserve, stored_state
+from rewardstack.service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline, error_responses,
+                                          namespace_for, namespace_limit, parse_score, parse_session, score_responses)
+from rewardstack.service import sessions
 from rewardstack.settings import ServiceSettings
 from rewardstack.stack import ForwardResult, RewardState, Step
 from rewardstack.wire import RECENT_RESULTS
@@ -94,9 +100,6 @@ class NamespaceState:
     def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> tuple | str:
         """The service's rule (`sessions.admit`) against the committed state: `GO`, `AHEAD`, or the
         tagged answer (a retry's kept answer, or a refusal)."""
-        from rewardstack.service import sessions
-        from rewardstack.service.errors import ServiceError
-
         state = self.ns.state
         try:
             verdict = sessions.admit(state, self.ns.name, step, sequence=sequence, epoch=epoch,
@@ -109,33 +112,29 @@ class NamespaceState:
 
     async def precheck(self, sequence: int | None, epoch: int | None, step: Step) -> tuple:
         """Before the forward pass: a repeat's stored answer, a refusal, a hopeless gap's 409, else `("go",)`."""
-        from rewardstack.service.sessions import AHEAD, sequence_gap
-
         verdict = self._admit(sequence, epoch, step)
         if isinstance(verdict, tuple):
             return verdict
-        if verdict == AHEAD and (sequence or 0) - (self.ns.state.sequence + 1) > RECENT_RESULTS:
-            return _refusal(sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))  # not in flight
+        if verdict == sessions.AHEAD and (sequence or 0) - (self.ns.state.sequence + 1) > RECENT_RESULTS:
+            return _refusal(sessions.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))  # not in flight
         return ("go",)
 
     async def commit(self, sequence: int | None, epoch: int | None, fwd: ForwardResult, wait_s: float) -> tuple:
         """Apply one step's forward result as `sequence` (or as the next one) and commit it to disk."""
-        from rewardstack.service.sessions import AHEAD, apply_step, sequence_gap
-
         async with self.turn:
             loop = asyncio.get_running_loop()
             until = loop.time() + wait_s
-            while (verdict := self._admit(sequence, epoch, fwd.step)) == AHEAD:  # predecessors in a forward pass
+            while (verdict := self._admit(sequence, epoch, fwd.step)) == sessions.AHEAD:  # predecessors in a forward pass
                 try:
                     await asyncio.wait_for(self.turn.wait(), max(0.0, until - loop.time()))
                 except TimeoutError:
-                    return _refusal(sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))
+                    return _refusal(sessions.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))
             if isinstance(verdict, tuple):
                 return verdict
             # From here to the end: no await, so nothing else touches the state.
             state = self.ns.state
             try:
-                _, body = apply_step(state, fwd, state.config.input.max_chars)  # applied, its answer kept for retries
+                _, body = sessions.apply_step(state, fwd, state.config.input.max_chars)  # applied, its answer kept for retries
                 self.ns.commit()
             except Exception:  # noqa: BLE001 - memory must not run ahead of the file
                 log.exception("namespace %s: applying or committing a step failed", self.ns.name)
@@ -146,16 +145,12 @@ class NamespaceState:
 
     async def standing(self) -> dict:
         """Where the namespace stands (`sessions.describe`)."""
-        from rewardstack.service.sessions import describe
-
-        return describe(self.ns.state)
+        return sessions.describe(self.ns.state)
 
     async def open_session(self, client: dict) -> tuple:
         """Open a session (`sessions.open_session`) after the step being applied now, and commit it."""
-        from rewardstack.service.sessions import open_session
-
         async with self.turn:
-            answer = open_session(self.ns.state, client)
+            answer = sessions.open_session(self.ns.state, client)
             try:
                 self.ns.commit()
             except Exception:  # noqa: BLE001 - memory must not run ahead of the file
@@ -250,129 +245,134 @@ class ScoringReplica:
 
 def build_http_app(replica: ScoringReplica) -> Any:
     """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
-    from rewardstack.service.errors import ServiceError
-    from rewardstack.service.guard import authorizer, install_error_handlers, loopback_guard, require_json
-    from rewardstack.service.namespaces import NamespaceLimitError, reserve, stored_state
-    from rewardstack.service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
-                                              error_responses, namespace_for, namespace_limit, parse_score,
-                                              parse_session, score_responses)
-    from rewardstack.service.sessions import describe
-
     settings = replica.settings
-    access = replica.access
     # The service's guards (service/guard.py, protocol.BodyLimit): loopback without a token answers
     # only this machine's Host and Origin, a step must be sent as JSON, a slow body is cut off.
-    local = loopback_guard(settings.host, access)
+    local = loopback_guard(settings.host, replica.access)
     app = FastAPI(title="rewardstack on Ray Serve", version="0.1.0",
                   dependencies=[Depends(local)] if local is not None else [],
                   description="The scoring service with stateless replicas and one state actor per namespace. "
                               "See docs/RAY.md.")
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
-
     install_error_handlers(app)  # the service's error chokepoint and access checks (service/guard.py)
-    authorize = authorizer(access)
-
-    root = Path(replica.state_dir) / "namespaces"
-
-    def check_namespace_count(name: str) -> None:
-        # Count and create under one file lock on the shared folder: replicas cannot overshoot.
-        try:
-            reserve(root, name, settings.max_namespaces)
-        except NamespaceLimitError as e:
-            raise namespace_limit(e.limit) from None
-
-    def answer(reply: tuple) -> Response:
-        if reply[0] == "error":
-            _, status, type_, message, field = reply
-            raise ServiceError(status, type_, message, field=field)
-        _, body, _, scored = reply
-        return Response(body, media_type="application/json",
-                        headers={"X-Rewardstack-Scored": "true" if scored else "false"})
-
-    async def call_state(method: Any, *args: Any) -> tuple:
-        from ray.exceptions import RayActorError
-
-        try:
-            return await method.remote(*args)
-        except RayActorError:
-            # The state actor died (Ray restarts it from its last commit): the client retries with
-            # the same sequence number and gets the stored result or a fresh, single application.
-            raise ServiceError(503, "state_restarting", "the namespace's state actor restarted; retry with the same "
-                               "sequence number", headers={"Retry-After": "1"}) from None
-
-    @app.post("/v1/score", summary="Score one step",
-              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
-              responses=score_responses())
-    async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
-        arrived = time.monotonic()
-        call = parse_score(await request.body(), scope, settings, replica.config.input)  # the service's rules
-        namespace, sequence, step = call.namespace, call.sequence, call.step
-        check_namespace_count(namespace)
-        if replica.in_flight >= settings.queue_size:
-            raise ServiceError(429, "queue_full", f"the replica has {replica.in_flight} steps in flight; the step "
-                               "was not scored", headers={"Retry-After": "1"})
-        replica.in_flight += 1
-        try:
-            actor = replica._actor(namespace)
-            pre = await call_state(actor.precheck, sequence, call.epoch, step)
-            if pre[0] != "go":
-                return answer(pre)
-            deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
-            fwd = await replica._forward(_Forward(step, deadline))
-            if fwd is None:
-                raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
-                                   "the step was not scored (service.deadline_s)")
-            # Started: it commits whatever happens to the client (shielded from its disconnect).
-            reply = await asyncio.shield(call_state(actor.commit, sequence, call.epoch, fwd, replica.reorder_wait_s))
-            return answer(reply)
-        finally:
-            replica.in_flight -= 1
-
-    @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
-             responses=error_responses(401, 403, 422))
-    async def namespace_info(name: str, scope: str | None = Depends(authorize)) -> dict:
-        name = namespace_for(name, scope)
-        try:
-            actor = ray.get_actor(actor_name(name), namespace=RAY_NAMESPACE)
-            standing = await call_state(actor.standing)
-        except ValueError:  # no actor: read the committed file
-            state = await asyncio.to_thread(stored_state, replica.config, root / name)
-            standing = describe(state)
-        return {"namespace": name, **standing}
-
-    @app.post("/v1/namespaces/{name}/sessions", summary="Open a session on a namespace, fencing the one before",
-              openapi_extra={"requestBody": {"content": {"application/json": {"schema": SESSION_SCHEMA}}}},
-              responses=error_responses(400, 401, 403, 415, 422, 503))
-    async def open_session(name: str, request: Request, scope: str | None = Depends(authorize),
-                           _json: None = Depends(require_json)) -> dict:
-        name = namespace_for(name, scope)
-        who = parse_session(await request.body())
-        check_namespace_count(name)
-        reply = await call_state(replica._actor(name).open_session, who.model_dump())
-        if reply[0] == "error":
-            answer(reply)
-        return {"namespace": name, **reply[1]}
-
-    @app.get("/healthz", summary="Liveness of this replica")
-    async def healthz() -> dict:
-        return {"status": "ok", "in_flight": replica.in_flight, "up_s": round(time.time() - replica.started, 1),
-                "replica": {"pid": os.getpid(), "host": os.uname().nodename}}
-
-    @app.get("/readyz", summary="Readiness: this replica loaded its models and ran a forward pass")
-    async def readyz() -> dict:
-        return {"status": "ready"}  # Serve routes to a replica only after its constructor returned
-
-    @app.get("/v1/stack", summary="Models, device and limits of this replica", responses=error_responses(401))
-    async def stack_info(scope: str | None = Depends(authorize)) -> dict:
-        return {
-            "device": str(replica.stack.device),
-            "models": [m.name for m in replica.config.active_models()],
-            "limits": {k: getattr(settings, k) for k in ("max_body_bytes", "max_completions", "max_chars",
-                                                          "deadline_s", "queue_size")},
-            "state_dir": replica.state_dir,
-        }
-
+    app.state.access, app.state.replica = replica.access, replica
+    app.include_router(router)
     return app
+
+
+router = APIRouter()
+"""A replica's routes: plain functions that find their replica on `request.app.state.replica`."""
+
+
+def _reserve(replica: ScoringReplica, name: str) -> None:
+    """Count and create the namespace's folder under one file lock on the shared folder: replicas
+    cannot overshoot `service.max_namespaces`."""
+    try:
+        reserve(Path(replica.state_dir) / "namespaces", name, replica.settings.max_namespaces)
+    except NamespaceLimitError as e:
+        raise namespace_limit(e.limit) from None
+
+
+def _answer(reply: tuple) -> Response:
+    if reply[0] == "error":
+        _, status, type_, message, field = reply
+        raise ServiceError(status, type_, message, field=field)
+    _, body, _, scored = reply
+    return Response(body, media_type="application/json", headers={"X-Rewardstack-Scored": "true" if scored else "false"})
+
+
+async def _call_state(method: Any, *args: Any) -> tuple:
+    from ray.exceptions import RayActorError
+
+    try:
+        return await method.remote(*args)
+    except RayActorError:
+        # The state actor died (Ray restarts it from its last commit): the client retries with
+        # the same sequence number and gets the stored result or a fresh, single application.
+        raise ServiceError(503, "state_restarting", "the namespace's state actor restarted; retry with the same "
+                           "sequence number", headers={"Retry-After": "1"}) from None
+
+
+@router.post("/v1/score", summary="Score one step", responses=score_responses(),
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}})
+async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
+    arrived = time.monotonic()
+    replica: ScoringReplica = request.app.state.replica
+    settings = replica.settings
+    call = parse_score(await request.body(), scope, settings, replica.config.input)  # the service's rules
+    _reserve(replica, call.namespace)
+    if replica.in_flight >= settings.queue_size:
+        raise ServiceError(429, "queue_full", f"the replica has {replica.in_flight} steps in flight; the step "
+                           "was not scored", headers={"Retry-After": "1"})
+    replica.in_flight += 1
+    try:
+        actor = replica._actor(call.namespace)
+        pre = await _call_state(actor.precheck, call.sequence, call.epoch, call.step)
+        if pre[0] != "go":
+            return _answer(pre)
+        deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
+        fwd = await replica._forward(_Forward(call.step, deadline))
+        if fwd is None:
+            raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
+                               "the step was not scored (service.deadline_s)")
+        # Started: it commits whatever happens to the client (shielded from its disconnect).
+        return _answer(await asyncio.shield(_call_state(actor.commit, call.sequence, call.epoch, fwd,
+                                                        replica.reorder_wait_s)))
+    finally:
+        replica.in_flight -= 1
+
+
+@router.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
+            responses=error_responses(401, 403, 422))
+async def namespace_info(name: str, request: Request, scope: str | None = Depends(authorize)) -> dict:
+    replica: ScoringReplica = request.app.state.replica
+    name = namespace_for(name, scope)
+    try:
+        actor = ray.get_actor(actor_name(name), namespace=RAY_NAMESPACE)
+        standing = await _call_state(actor.standing)
+    except ValueError:  # no actor: read the committed file
+        folder = Path(replica.state_dir) / "namespaces" / name
+        standing = sessions.describe(await asyncio.to_thread(stored_state, replica.config, folder))
+    return {"namespace": name, **standing}
+
+
+@router.post("/v1/namespaces/{name}/sessions", summary="Open a session on a namespace, fencing the one before",
+             openapi_extra={"requestBody": {"content": {"application/json": {"schema": SESSION_SCHEMA}}}},
+             responses=error_responses(400, 401, 403, 415, 422, 503))
+async def open_session(name: str, request: Request, scope: str | None = Depends(authorize),
+                       _json: None = Depends(require_json)) -> dict:
+    replica: ScoringReplica = request.app.state.replica
+    name = namespace_for(name, scope)
+    who = parse_session(await request.body())
+    _reserve(replica, name)
+    reply = await _call_state(replica._actor(name).open_session, who.model_dump())
+    if reply[0] == "error":
+        _answer(reply)
+    return {"namespace": name, **reply[1]}
+
+
+@router.get("/healthz", summary="Liveness of this replica")
+async def healthz(request: Request) -> dict:
+    replica: ScoringReplica = request.app.state.replica
+    return {"status": "ok", "in_flight": replica.in_flight, "up_s": round(time.time() - replica.started, 1),
+            "replica": {"pid": os.getpid(), "host": os.uname().nodename}}
+
+
+@router.get("/readyz", summary="Readiness: this replica loaded its models and ran a forward pass")
+async def readyz() -> dict:
+    return {"status": "ready"}  # Serve routes to a replica only after its constructor returned
+
+
+@router.get("/v1/stack", summary="Models, device and limits of this replica", responses=error_responses(401))
+async def stack_info(request: Request, scope: str | None = Depends(authorize)) -> dict:
+    replica: ScoringReplica = request.app.state.replica
+    return {
+        "device": str(replica.stack.device),
+        "models": [m.name for m in replica.config.active_models()],
+        "limits": {k: getattr(replica.settings, k) for k in ("max_body_bytes", "max_completions", "max_chars",
+                                                              "deadline_s", "queue_size")},
+        "state_dir": replica.state_dir,
+    }
 
 
 def build_app(config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str], *, state_dir: str,

@@ -158,17 +158,14 @@ def bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def authorizer(access: Access) -> Callable[[Request], str | None]:
+def authorize(request: Request) -> str | None:
     """A FastAPI dependency: the namespace the caller's token is bound to (ALL_NAMESPACES: any;
-    None: no tokens are configured), or 401."""
-
-    def authorize(request: Request) -> str | None:
-        if not access.required:
-            return None
-        scope = access.namespace_of(bearer(request))
-        if scope is None:
-            raise ServiceError(401, "unauthorized", "a valid bearer token is required (Authorization: Bearer ...)",
-                               field="authorization", headers={"WWW-Authenticate": "Bearer"})
-        return scope
-
-    return authorize
+    None: no tokens are configured), or 401. The app's `Access` is `request.app.state.access`."""
+    access: Access = request.app.state.access
+    if not access.required:
+        return None
+    scope = access.namespace_of(bearer(request))
+    if scope is None:
+        raise ServiceError(401, "unauthorized", "a valid bearer token is required (Authorization: Bearer ...)",
+                           field="authorization", headers={"WWW-Authenticate": "Bearer"})
+    return scope
