@@ -27,8 +27,8 @@ import pytest
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from rewardstack.service.app import create_app  # noqa: E402
-from rewardstack.service.namespaces import Access  # noqa: E402
+from rewardstack._service.app import create_app  # noqa: E402
+from rewardstack._service.namespaces import Access  # noqa: E402
 from rewardstack_client import Client, Fenced, RetryPolicy  # noqa: E402
 
 from service_fixtures import free_port  # noqa: E402
