@@ -32,6 +32,8 @@ from rewardstack.service.namespaces import ALL_NAMESPACES, Access
 from rewardstack.service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, BodyLimit, client_deadline,
                                           committed_sequence, error_responses, memory_header, namespace_for,
                                           parse_score, score_responses)
+from rewardstack.service.batching import Lane
+from rewardstack.service.trainers import install_trainer_routes
 from rewardstack.service.worker import Job, Worker
 from rewardstack.settings import ServiceSettings
 
@@ -80,7 +82,8 @@ def metrics_registry() -> Any:
 def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None) -> FastAPI:
     """The FastAPI app; its lifespan starts the worker (models load in the worker's thread)."""
     worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
-                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars)
+                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
+                              lane=Lane(settings))
     metrics = Metrics.create()
 
     @asynccontextmanager
@@ -100,6 +103,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
 
     install_error_handlers(app)  # the one error chokepoint (service/guard.py)
     authorize = authorizer(access)
+    install_trainer_routes(app, worker, config, settings, authorize)  # /get_reward, /classify: docs/TRAINERS.md
 
     # -- routes ----------------------------------------------------------------------------
     @app.post("/v1/score", summary="Score one step",
@@ -244,6 +248,7 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, sco
         "budget": dataclasses.asdict(budget) if budget is not None else {"activation_bytes": stack.memory.budget_bytes},
         "cost_models": summary.get("cost_models", {}),
         "queue": {"length": worker.queue_length(), "size": worker.queue.maxsize, "batch_requests": worker.batch_requests},
+        "trainer": {"waiting": len(worker.lane), "batches": worker.lane.batches, "requests": worker.lane.requests},
         "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
                                                set(worker.namespaces.on_disk()))
                        if scope in (None, ALL_NAMESPACES) or name == scope],
