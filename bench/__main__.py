@@ -40,7 +40,7 @@ import torch
 
 from bench import causal, curves, fullstack, prediction, results
 from bench.common import MiB
-from rewardstack.workload import heavy_tailed_steps
+from rewardstack._workload import heavy_tailed_steps
 
 HERE = Path(__file__).resolve().parent
 TARGET_FLOOR = 1.2
@@ -263,7 +263,7 @@ def _one_model_config(config: Path) -> Path:
 def _real_lines(repeats: int, n_steps: int | None = None, *, smoke: bool = False) -> list[str]:
     """bench.real's rows, or one line saying why they did not run (the checkpoints are not fetched)."""
     from bench import real
-    from rewardstack.realmodels import RealModelsError
+    from rewardstack._realmodels import RealModelsError
 
     try:
         return real.measure(repeats, n_steps, smoke=smoke)

@@ -36,12 +36,12 @@ from bench import floors
 from bench.floors import BTLM_RATIO, floor_body, work_ratio
 from causal_fixtures import model_config, reference_dahoas, reference_dpo
 
-from rewardstack.memory import MemoryManager
-from rewardstack.scorers import dahoas, dpo, judge, reciprocate
-from rewardstack.scorers.base import Runtime, ScoreRequest
-from rewardstack.scorers.loading import ModelCache
-from rewardstack.standins import make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin
-from rewardstack.workload import Step, heavy_tailed_steps, text
+from rewardstack._memory import MemoryManager
+from rewardstack._scorers import dahoas, dpo, judge, reciprocate
+from rewardstack._scorers.base import Runtime, ScoreRequest
+from rewardstack._scorers.loading import ModelCache
+from rewardstack._standins import make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin
+from rewardstack._workload import Step, heavy_tailed_steps, text
 
 
 def runtime(tracked: bool) -> Runtime:

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from rewardstack.memory import TensorBytesTracker
+from rewardstack._memory import TensorBytesTracker
 
 MiB = 2**20
 

@@ -4,7 +4,7 @@
   rewardstack against the literal per-completion reference. The reference is measured for real only
   where it fits this machine comfortably (its peak grows with the input); past that, and for the
   real models at full size, the figures come from the meta-device simulation
-  (`rewardstack.planning.simulate`) and are marked simulated.
+  (`rewardstack._planning.simulate`) and are marked simulated.
 - Uptime: memory at rest (the tracker's live bytes and the process RSS) after each of N short steps;
   the only growth allowed is the diversity history until it is full.
 - Scaling: seconds per step for 10 ... 200 completions per step (linear or better).
@@ -21,10 +21,10 @@ from typing import Any, Callable
 import torch
 
 from bench.common import peak_of, timed
-from rewardstack.memory import TensorBytesTracker
-from rewardstack.scorers.base import ScoreRequest
+from rewardstack._memory import TensorBytesTracker
+from rewardstack._scorers.base import ScoreRequest
 from rewardstack.stack import RewardStack, Step
-from rewardstack.workload import heavy_tailed_lengths, text
+from rewardstack._workload import heavy_tailed_lengths, text
 
 LENGTHS = (500, 2_000, 8_000, 32_000, 100_000)
 # Largest completion (characters) whose reference is run for real per model: beyond it the
@@ -56,7 +56,7 @@ class LengthRow:
 def _reference_fn(stack: RewardStack, name: str, prompt: str) -> Callable[[str], Any] | None:
     from causal_fixtures import reference_dpo
     from encoder_fixtures import ref_bert_embedding, ref_mpnet_embedding, ref_nsfw, ref_openassistant
-    from rewardstack.scorers import reciprocate
+    from rewardstack._scorers import reciprocate
 
     sc = stack.scorers[name]
     if name == "dpo_reward_model":
@@ -85,7 +85,7 @@ def _simulated(model: str, tokens: int) -> tuple[int | None, int | None]:
     Ours: one input cut to the scorer's bound. The reference: OpenAssistant untruncated (the
     reference passed no limit); the others at most at their position limit, as the reference cut them.
     """
-    from rewardstack.planning import simulate
+    from rewardstack._planning import simulate
 
     bound = simulate.scorer_bound(model)
     ours = simulate.simulate_peak(model, 1, max(2, min(tokens, bound)), padded=False, exact=False).peak_bytes

@@ -23,12 +23,12 @@ import torch
 
 from bench.common import MiB, peak_of, timed
 from rewardstack.config import ModelConfig
-from rewardstack.memory import MemoryManager
-from rewardstack.scorers import dpo, kvcache, reciprocate
-from rewardstack.scorers.base import Runtime, ScoreRequest
-from rewardstack.scorers.loading import ModelCache
-from rewardstack.standins import make_btlm_checkpoint, make_dpo_standin, make_reciprocate_standin
-from rewardstack.workload import text
+from rewardstack._memory import MemoryManager
+from rewardstack._scorers import dpo, kvcache, reciprocate
+from rewardstack._scorers.base import Runtime, ScoreRequest
+from rewardstack._scorers.loading import ModelCache
+from rewardstack._standins import make_btlm_checkpoint, make_dpo_standin, make_reciprocate_standin
+from rewardstack._workload import text
 
 
 def _runtime() -> Runtime:

@@ -34,10 +34,10 @@ from encoder_fixtures import (
     config, make_runtime, make_standins, ref_bert_embedding, ref_mpnet_embedding, ref_nsfw, ref_openassistant,
 )
 
-from rewardstack.scorers import classifier, embedding
-from rewardstack.scorers.base import ScoreRequest
-from rewardstack.standins import make_reciprocate_standin
-from rewardstack.workload import Step, heavy_tailed_steps, text
+from rewardstack._scorers import classifier, embedding
+from rewardstack._scorers.base import ScoreRequest
+from rewardstack._standins import make_reciprocate_standin
+from rewardstack._workload import Step, heavy_tailed_steps, text
 
 ORDER = ("rlhf_reward_model", "reciprocate_reward_model", "relevance_filter", "diversity_reward_model", "nsfw_filter")
 
@@ -144,7 +144,7 @@ class Bench:
                     "marginal: after relevance, MPNet shared (floor: texts not yet embedded)")
 
     def reciprocate(self) -> None:
-        from rewardstack.scorers import reciprocate
+        from rewardstack._scorers import reciprocate
 
         folder = self.root / "reciprocate_reward_model"
         entry = make_reciprocate_standin(folder)

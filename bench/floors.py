@@ -13,9 +13,9 @@ from typing import Any, Callable
 import torch
 
 from bench.common import timed
-from rewardstack.scorers import classifier, embedding
-from rewardstack.scorers import encoding as enc
-from rewardstack.scorers.prefix import PrefixRunner, padding_groups, split_prefix
+from rewardstack._scorers import classifier, embedding
+from rewardstack._scorers import encoding as enc
+from rewardstack._scorers.prefix import PrefixRunner, padding_groups, split_prefix
 from rewardstack.stack import Step
 
 BTLM_RATIO = 50257 * 2560 / (32 * 12 * 2560**2)
@@ -150,7 +150,7 @@ def embeddings(rel: Any, steps: list[Step], cache: Any) -> tuple[float, float]:
 
 def reciprocate_groups(sc: Any, steps: list[Step]) -> list[list[list[int]]]:
     """Reciprocate's templated inputs, cut to its bound, one group per step."""
-    from rewardstack.scorers import reciprocate
+    from rewardstack._scorers import reciprocate
 
     fmt = reciprocate.TEMPLATE.format
     return [reciprocate.tokenize_bounded(sc.tokenizer, [fmt(prompt=s.prompt, completion=c) for c in live(s)], sc.max_len)[0]

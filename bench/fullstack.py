@@ -26,7 +26,7 @@ import torch
 from bench import floors
 from bench.common import timed
 from rewardstack.config import load_config
-from rewardstack.scorers.base import ScoreRequest
+from rewardstack._scorers.base import ScoreRequest
 from rewardstack.stack import RewardStack, RewardState, Step
 
 
@@ -59,7 +59,7 @@ and code paths at hidden size 16) instead of the standard ones, so every row run
 
 def build_stack(root: Path, *, device: str = "cpu", extra: dict[str, Any] | None = None) -> RewardStack:
     """The stand-in default stack under `root` (stand-ins built once), with a fresh state dir."""
-    from rewardstack.standins import make_standins, make_tiny_standins
+    from rewardstack._standins import make_standins, make_tiny_standins
 
     cfg = load_config(make_tiny_standins(root / "standins") if TINY else make_standins(root / "standins"))
     cfg.device = device
@@ -90,7 +90,7 @@ def reference_step(stack: RewardStack, step: Step) -> dict[str, float]:
     """The per-completion reference of every active model on one step: seconds per model."""
     from causal_fixtures import reference_dpo
     from encoder_fixtures import ref_bert_embedding, ref_mpnet_embedding, ref_nsfw, ref_openassistant
-    from rewardstack.scorers import reciprocate
+    from rewardstack._scorers import reciprocate
 
     sc = stack.scorers
     comps = floors.live(step)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from rewardstack.memory import MemoryManager, Profile
-from rewardstack.standins.memory import LOGIT_CHUNK, build
+from rewardstack._memory import MemoryManager, Profile
+from rewardstack._standins.memory import LOGIT_CHUNK, build
 
 FAMILIES = {
     "deberta": "DeBERTa-v2 classifier (rlhf_reward_model)",
@@ -72,7 +72,7 @@ def scorer_table(shapes: tuple[tuple[int, int], ...] = ((3, 48), (5, 200), (2, 3
     """Each stand-in scorer's own cost model against its own profile run at shapes off its grid."""
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
-    from rewardstack.standins import make_standins
+    from rewardstack._standins import make_standins
 
     print()
     print("== each scorer of the stand-in stack: predicted vs measured peak at shapes off the profile grid ==")
@@ -100,8 +100,8 @@ def full_stack(budget: int = 64 * 1024**2) -> None:
     """Score the 9-step, 50-completion heavy-tailed workload on the stand-ins under a simulated budget."""
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
-    from rewardstack.standins import make_standins
-    from rewardstack.workload import heavy_tailed_steps
+    from rewardstack._standins import make_standins
+    from rewardstack._workload import heavy_tailed_steps
 
     steps = heavy_tailed_steps()
     print()
@@ -161,7 +161,7 @@ def huge_completion_row(chars: int = HUGE_CHARS, budget: int | None = None) -> N
     extra = f"\nmemory_budget = {budget}" if budget else ""
     import json
 
-    from rewardstack.standins import make_standins
+    from rewardstack._standins import make_standins
 
     print()
     print(f"== hostile input: one {chars / 1e6:.0f} MB completion through `rewardstack score` (stand-in stack, "

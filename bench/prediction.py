@@ -7,7 +7,7 @@ config), `--quick` (2 steps x 6), `--budget MiB` (a simulated activation budget,
 packs by the predictions). `python -m bench` prints the same table under its full-stack rows.
 
 The error of a call is |measured - predicted| / predicted, the telemetry's `error_ratio` made
-absolute (`rewardstack.telemetry.monitor`: a call record's `predicted_bytes` and `peak_bytes`):
+absolute (`rewardstack._telemetry.monitor`: a call record's `predicted_bytes` and `peak_bytes`):
 the share of what the planner set aside that was not used (or, under 0, was overrun). Only calls
 that completed on the device count (an OOM'd or host-placed call has no device peak to compare).
 A planned-batch OOM is any call whose outcome is not `ok` (the guard split it, fell back to the
@@ -46,8 +46,8 @@ class PredictionRow:
 def measure(root: Path, steps: list[Step], *, budget: int | None = None) -> list[PredictionRow]:
     """Score `steps` on the stand-in stack under `root` (monitor attached); one row per model run."""
     from bench.fullstack import build_stack
-    from rewardstack.telemetry.monitor import Monitor
-    from rewardstack.telemetry.rundir import RunDir, read_timeline
+    from rewardstack._telemetry.monitor import Monitor
+    from rewardstack._telemetry.rundir import RunDir, read_timeline
 
     stack = build_stack(root, extra={"memory_budget": budget} if budget else None)
     run_dir = RunDir(root / f"prediction-run-{time.monotonic_ns()}")
@@ -92,7 +92,7 @@ def lines(rows: list[PredictionRow], budget: int | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
-    from rewardstack.workload import heavy_tailed_steps
+    from rewardstack._workload import heavy_tailed_steps
 
     ap = argparse.ArgumentParser(prog="python -m bench.prediction", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 steps x 6 completions (one of 3,000 characters)")

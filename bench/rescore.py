@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from rewardstack.config import load_config
-from rewardstack.standins import make_standins
-from rewardstack.workload import heavy_tailed_steps
+from rewardstack._standins import make_standins
+from rewardstack._workload import heavy_tailed_steps
 
 
 def write_runs(folder: Path, n_runs: int, n_steps: int, n_completions: int) -> list[Path]:
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     import ray
 
-    from rewardstack.distributed.rescore import RescorePool, rescore
-    from rewardstack.distributed.runs import discover_runs
+    from rewardstack._distributed.rescore import RescorePool, rescore
+    from rewardstack._distributed.runs import discover_runs
 
     sizes = [int(x) for x in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp:

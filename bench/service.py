@@ -166,7 +166,7 @@ def run_service(url: str, pid: int, steps: list[dict], clients: int, tag: str, t
 
 def run_library(stack: Any, order: list[tuple[int, dict]], clients: int, state_root: Path) -> dict[str, Any]:
     """The same steps through the library: per client a RewardState, forward + apply + save per step."""
-    from rewardstack.state import StateStore
+    from rewardstack._state import StateStore
 
     states = [stack.new_state() for _ in range(clients)]
     stores = [StateStore(state_root / f"lib-{clients}-{i}") for i in range(clients)]
@@ -290,13 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
-    from rewardstack.workload import heavy_tailed_steps
+    from rewardstack._workload import heavy_tailed_steps
 
     tmp = Path(tempfile.mkdtemp(prefix="rewardstack-bench-service-"))
     if args.config:
         source = Path(args.config).resolve()
     else:
-        from rewardstack.standins import make_standins
+        from rewardstack._standins import make_standins
 
         source = Path(make_standins(tmp / "standins"))
     # Same models, a state folder of this run's own (beside the source so relative paths resolve).

@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--standins", help="stand-in folder (built in a temp folder when omitted)")
     p.add_argument("--quick", action="store_true", help="one small model: check that the script runs")
     args = p.parse_args()
-    from rewardstack.standins import make_standins
+    from rewardstack._standins import make_standins
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.standins) if args.standins else Path(tmp) / "standins"

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _steps(n_steps: int, n: int) -> list[dict]:
-    from rewardstack.workload import text
+    from rewardstack._workload import text
 
     rng = random.Random(0)
     tasks = ["augment", "followup0", "answer0", "followup1", "answer1"]
@@ -40,7 +40,7 @@ def _steps(n_steps: int, n: int) -> list[dict]:
 
 def _timed_monitor() -> type:
     """A `Monitor` that times its own end-of-step work (`step_done`)."""
-    from rewardstack.telemetry import Monitor
+    from rewardstack._telemetry import Monitor
 
     class Timed(Monitor):
         def __init__(self, **kwargs: Any) -> None:
@@ -59,8 +59,8 @@ def _timed_monitor() -> type:
 
 def _wrap_cost(calls: int = 20000) -> float:
     """Seconds the monitor adds to one model call (wrapper, peak window, record), on an empty forward."""
-    from rewardstack.memory import CostModel, TensorBytesTracker
-    from rewardstack.telemetry import Monitor
+    from rewardstack._memory import CostModel, TensorBytesTracker
+    from rewardstack._telemetry import Monitor
 
     tracker = TensorBytesTracker(None)
     mon = Monitor(tracker=tracker)
@@ -101,9 +101,9 @@ def main() -> None:
 
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
-    from rewardstack.standins import make_standins
-    from rewardstack.telemetry import Monitor, RunDir
-    from rewardstack.telemetry.metrics import metrics_for
+    from rewardstack._standins import make_standins
+    from rewardstack._telemetry import Monitor, RunDir
+    from rewardstack._telemetry.metrics import metrics_for
 
     hf_logging.disable_progress_bar()
     tmp = Path(tempfile.mkdtemp(prefix="rewardstack-bench-telemetry-"))

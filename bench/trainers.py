@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="telemetry on/off runs each")
     ap.add_argument("--standins", help="a folder of already built stand-ins (default: built in a temporary folder)")
     args = ap.parse_args(argv)
-    from rewardstack.standins import make_standins
+    from rewardstack._standins import make_standins
 
     lines = []
     with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:

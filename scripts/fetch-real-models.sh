@@ -13,4 +13,4 @@ else
   source scripts/_venv.sh test
   PY=.venv/bin/python
 fi
-exec "$PY" -m rewardstack.realmodels fetch "$@"
+exec "$PY" -m rewardstack._realmodels fetch "$@"

@@ -47,14 +47,14 @@ from typing import Any
 import torch
 
 from rewardstack.config import default_config
-from rewardstack.planning import simulate as S
-from rewardstack.memory.budget import weights_bytes
-from rewardstack.models import resolve, spec
-from rewardstack.memory.costmodel import CostModel
-from rewardstack.memory.planner import plan_batches
-from rewardstack.plan import scorer_max_batch
-from rewardstack.settings import parse_bytes
-from rewardstack.workload import heavy_tailed_lengths
+from rewardstack._planning import simulate as S
+from rewardstack._memory.budget import weights_bytes
+from rewardstack._models import resolve, spec
+from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.planner import plan_batches
+from rewardstack._plan import scorer_max_batch
+from rewardstack._settings import parse_bytes
+from rewardstack._workload import heavy_tailed_lengths
 
 GIB = 1024**3
 TOLERANCE = 0.15
@@ -63,10 +63,10 @@ failures: list[str] = []
 # Modules the check imports inside its functions: scripts/gpu_preflight.py imports them up front,
 # so a package the card's image lacks is named before any GPU time is spent.
 LAZY_MODULES = [
-    "rewardstack.scorers.classifier", "rewardstack.scorers.embedding", "rewardstack.scorers.encoding",
-    "rewardstack.scorers.dpo", "rewardstack.scorers.prefix", "rewardstack.memory.guard",
-    "rewardstack.memory.placement", "rewardstack.memory.budget", "rewardstack.memory.swapcopy",
-    "rewardstack.scorers.attention", "transformers",
+    "rewardstack._scorers.classifier", "rewardstack._scorers.embedding", "rewardstack._scorers.encoding",
+    "rewardstack.scorers.dpo", "rewardstack._scorers.prefix", "rewardstack._memory.guard",
+    "rewardstack._memory.placement", "rewardstack._memory.budget", "rewardstack._memory.swapcopy",
+    "rewardstack._scorers.attention", "transformers",
 ]
 
 
@@ -127,7 +127,7 @@ def planned_attention(model: str, arch: S.Arch, mods: tuple) -> tuple:
     """The DPO scorer's load-time attention on a remote-code model: blocked when its probe agrees
     (the probe runs here, on the card), as `DpoScorer` installs it and the simulation plans it."""
     if arch.remote_code and S.SCORERS[model][0] == "dpo":
-        from rewardstack.scorers import attention
+        from rewardstack._scorers import attention
 
         choice = attention.install(model, mods[0].base_model)
         print(f"  {model}: {choice.describe()} ({choice.reason})", flush=True)
@@ -137,9 +137,9 @@ def planned_attention(model: str, arch: S.Arch, mods: tuple) -> tuple:
 def scorer_pass(model: str, mods: tuple, batch: int, length: int, prefix: int, device: str, chunk: int = 512) -> None:
     """The scorer's pass on real tensors (random ids, last row one token short), as the simulation
     runs it. tests/test_simulate.py runs it on CPU under the tracker against the simulation."""
-    from rewardstack.scorers import encoding as enc
-    from rewardstack.scorers.dpo import LogitHead, chunked_logprobs, logits_scale
-    from rewardstack.scorers.prefix import PrefixRunner
+    from rewardstack._scorers import encoding as enc
+    from rewardstack._scorers.dpo import LogitHead, chunked_logprobs, logits_scale
+    from rewardstack._scorers.prefix import PrefixRunner
 
     m = mods[0]
     vocab = getattr(m.config, "vocab_size", 30000)
@@ -202,7 +202,7 @@ def shapes_for(model: str, bound: int) -> list[tuple[int, int, int]]:
 
 def fitted_cost(model: str, bound: int, dtype: str, cap: int) -> CostModel:
     """The cost model fitted to simulated peaks, up to the scorer's largest pass (`cap` x `bound`)."""
-    from rewardstack.plan import _shapes
+    from rewardstack._plan import _shapes
 
     shapes = sorted(set(_shapes(bound)) | {(cap, bound), (cap, max(8, bound // 4))})
     samples = [(b, l, S.simulate_peak(model, b, l, dtype, exact=False, padded=b > 1).peak_bytes) for b, l in shapes]
@@ -212,7 +212,7 @@ def fitted_cost(model: str, bound: int, dtype: str, cap: int) -> CostModel:
 def swap_phase(names: list[str], mods: dict[str, tuple], weights: int, dry: bool) -> None:
     """5. Swaps that complete: a weights budget that holds the largest model and half the rest, so
     some models swap; each swap must leave the planned bytes on the card and the model must score."""
-    from rewardstack.memory.placement import Placement
+    from rewardstack._memory.placement import Placement
 
     t = time.time()
     sizes = {n: weights_bytes(mods[n]) for n in names}
@@ -266,8 +266,8 @@ def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, d
     """6. A real CUDA OOM survived with nothing lost: four DeBERTa reference inputs, each simulated
     at 45% of what the card has left, in one batch; the guard must hit a real OOM, split, and give
     each input the value it has alone."""
-    from rewardstack.memory.guard import OomRecord, run_guarded
-    from rewardstack.scorers import classifier, encoding as enc
+    from rewardstack._memory.guard import OomRecord, run_guarded
+    from rewardstack._scorers import classifier, encoding as enc
 
     t = time.time()
     left = card - (live if dry else torch.cuda.memory_allocated())
@@ -326,8 +326,8 @@ def check_btlm_at_bound(names: list[str], mods: dict[str, tuple], cfg: Any, dry:
 
 def largest_swapped(cfg: Any, card: int) -> tuple[str, int] | None:
     """The largest model `rewardstack plan` swaps on a card of `card` bytes (None: nothing swapped)."""
-    from rewardstack.memory.budget import split_card
-    from rewardstack.memory.placement import Placement
+    from rewardstack._memory.budget import split_card
+    from rewardstack._memory.placement import Placement
 
     names = S.active_models(cfg)
     owners: dict[str, list] = {}
@@ -356,7 +356,7 @@ def check_swap_time(cfg: Any, mods: dict[str, tuple], dry: bool, card: int = 24 
     if dry or name not in {n.split('[', 1)[0] for n in mods}:
         print("  (would measure: pageable .to(), pinned copy on a side stream, and that copy overlapped with a DPO pass)")
         return
-    from rewardstack.memory.swapcopy import PinnedSwapper  # pragma: no cover - CUDA-only path
+    from rewardstack._memory.swapcopy import PinnedSwapper  # pragma: no cover - CUDA-only path
 
     ms = next(v for k, v in mods.items() if k.split("[", 1)[0] == name)  # pragma: no cover
     sw = PinnedSwapper(torch.device("cuda"))  # pragma: no cover

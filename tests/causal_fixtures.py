@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from rewardstack.config import ModelConfig
-from rewardstack.memory import MemoryManager
-from rewardstack.memory.calibration import CalibrationCache
-from rewardstack.scorers.base import Runtime
-from rewardstack.scorers.loading import ModelCache
+from rewardstack._memory import MemoryManager
+from rewardstack._memory.calibration import CalibrationCache
+from rewardstack._scorers.base import Runtime
+from rewardstack._scorers.loading import ModelCache
 
 
 def make_runtime(budget: int | None = None) -> Runtime:

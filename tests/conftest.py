@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from rewardstack import config as config_mod
-from rewardstack import models
+from rewardstack import _models as models
 
 
 _HOME: dict[str, str] = {}
@@ -21,7 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
     the operator's ~/.cache/rewardstack, and stacks built from one config file still share one
     calibration cache across tests, as restarts would. The real checkpoints stay where they were
     fetched ($REWARDSTACK_REAL_CACHE, pinned before the home moves)."""
-    from rewardstack.realmodels import CACHE_ENV, default_cache
+    from rewardstack._realmodels import CACHE_ENV, default_cache
 
     os.environ.setdefault(CACHE_ENV, str(default_cache()))
     _HOME["path"] = os.environ["REWARDSTACK_HOME"] = tempfile.mkdtemp(prefix="rewardstack-test-home-")
@@ -102,7 +102,7 @@ def fake_config(tmp_path, fake_registry):  # noqa: ANN001, ANN201
 @pytest.fixture(scope="session")
 def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """The offline stand-in stack, built once per test session; returns its folder."""
-    from rewardstack.standins import make_standins
+    from rewardstack._standins import make_standins
 
     root = tmp_path_factory.mktemp("standins")
     make_standins(root)
@@ -112,7 +112,7 @@ def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 @pytest.fixture(scope="session")
 def tiny_standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """The tiny stand-in stack (`make-standins --tiny`), built once per test session; returns its folder."""
-    from rewardstack.standins import make_tiny_standins
+    from rewardstack._standins import make_tiny_standins
 
     root = tmp_path_factory.mktemp("tiny_standins")
     make_tiny_standins(root)

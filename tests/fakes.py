@@ -6,7 +6,7 @@ import math
 import zlib
 
 from rewardstack.config import ModelConfig
-from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
 
 def text_score(name: str, text: str) -> float:

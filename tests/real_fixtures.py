@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from rewardstack import realmodels
+from rewardstack import _realmodels as realmodels
 
 
 def in_ci() -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rewardstack.workload import _WORDS
+from rewardstack._workload import _WORDS
 
 SPECIALS = ["<|endoftext|>", "<pad>"]
 

@@ -19,9 +19,9 @@ import torch
 
 from rewardstack import config as config_mod
 from conftest import use_builder
-from rewardstack.memory import Profile
-from rewardstack.memory.costmodel import ProfileCapped
-from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._memory import Profile
+from rewardstack._memory.costmodel import ProfileCapped
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
 SLOW_SECONDS = 0.1
 SLOW_SHAPES = [(1, 8), (1, 16), (1, 32), (2, 32), (1, 64), (2, 64)]

@@ -21,9 +21,9 @@ import torch
 from causal_fixtures import close, reference_dahoas, reference_dpo
 from conftest import standin_config
 from encoder_fixtures import RefDiversity, ref_nsfw, ref_openassistant, ref_relevance_mask, ref_relevance_scores
-from rewardstack.scorers.base import Status
+from rewardstack._scorers.base import Status
 from rewardstack.stack import RewardStack
-from rewardstack.workload import text
+from rewardstack._workload import text
 
 PROMPT = "Write about the model and its reward."
 BASE = "The model and its reward."
@@ -165,8 +165,8 @@ def test_reciprocate_small_vocab_both_dtypes(tmp_path: Path, dtype: str) -> None
     """Reciprocate's family in float32 and float16 against `model(**inputs)` in the same dtype, on a
     tokenizer that emits token types: repetition, and inputs past the 1,024-token maximum."""
     from causal_fixtures import make_runtime, model_config
-    from rewardstack.scorers import reciprocate
-    from rewardstack.scorers.base import ScoreRequest
+    from rewardstack._scorers import reciprocate
+    from rewardstack._scorers.base import ScoreRequest
     from small_models import make_small_gptj_classifier
 
     folder = tmp_path / "rec"

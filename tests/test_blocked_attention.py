@@ -22,11 +22,11 @@ import torch
 
 from causal_fixtures import make_runtime
 from rewardstack.config import ModelConfig
-from rewardstack.memory.tracker import TensorBytesTracker
-from rewardstack.scorers import attention, dpo
-from rewardstack.scorers.prefix import PrefixRunner
-from rewardstack.standins import make_btlm_checkpoint, make_dpo_standin
-from rewardstack.workload import text
+from rewardstack._memory.tracker import TensorBytesTracker
+from rewardstack._scorers import attention, dpo
+from rewardstack._scorers.prefix import PrefixRunner
+from rewardstack._standins import make_btlm_checkpoint, make_dpo_standin
+from rewardstack._workload import text
 
 BOUND = 8192
 TOL = {"float32": 1e-6, "float16": 2e-3}  # float16: docs/SEMANTICS.md's tolerance for scores

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import standin_config
-from rewardstack.plan import StackPlan, format_plan, plan_weights
+from rewardstack._plan import StackPlan, format_plan, plan_weights
 from rewardstack.stack import RewardStack
-from rewardstack.telemetry import Monitor, RunDir, read_timeline
-from rewardstack.telemetry.card import weight_bands
+from rewardstack._telemetry import Monitor, RunDir, read_timeline
+from rewardstack._telemetry.card import weight_bands
 
 GIB = 1024**3
 
@@ -25,7 +25,7 @@ GIB = 1024**3
 def _v1_stack(stack: RewardStack) -> dict:
     """What `GET /v1/stack` answers for this stack (the route's own function, over a ready worker)."""
     pytest.importorskip("fastapi")
-    from rewardstack.service.app import describe
+    from rewardstack._service.app import describe
 
     namespaces = SimpleNamespace(loaded=lambda: [], on_disk=lambda: [])
     worker = SimpleNamespace(stack=stack, ready=True, draining=False, namespaces=namespaces, queue_length=lambda: 0,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from rewardstack.memory.guard import Outcome
-from rewardstack.scorers.base import ScoreResult, Status
-from rewardstack.scorers.causal import CausalScorer
+from rewardstack._memory.guard import Outcome
+from rewardstack._scorers.base import ScoreResult, Status
+from rewardstack._scorers.causal import CausalScorer
 
 
 def _result(n: int) -> ScoreResult:

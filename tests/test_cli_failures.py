@@ -9,7 +9,7 @@ import pytest
 
 from rewardstack import stack as stack_mod
 from rewardstack.cli import main
-from rewardstack.fileio import read_steps
+from rewardstack._fileio import read_steps
 from rewardstack.errors import InputError
 
 
@@ -96,7 +96,7 @@ def test_json_error_column_is_the_errors(text: str, column: int) -> None:
 
 
 def test_replay_reader_names_the_errors_column(tmp_path: Path) -> None:
-    from rewardstack.replay.readers import read_run
+    from rewardstack._replay.readers import read_run
 
     p = tmp_path / "steps.jsonl"
     good = '{"name": "augment", "prompt": "p", "completions": ["a"]}'

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from rewardstack.cli import main
-from rewardstack.cli_errors import EXIT_MISSING_EXTRA
+from rewardstack._cli_errors import EXIT_MISSING_EXTRA
 from rewardstack.config import from_dict
 from rewardstack.errors import ConfigError
-from rewardstack.scorers.loading import ModelCache
+from rewardstack._scorers.loading import ModelCache
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def _rescore(tmp_path: Path) -> list[str]:
 
 def test_a_broken_import_in_serve_is_not_a_missing_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Only an extra's own modules are a missing extra; rewardstack's own failing to import is a bug.
-    monkeypatch.setitem(sys.modules, "rewardstack.service.app", None)
+    monkeypatch.setitem(sys.modules, "rewardstack._service.app", None)
     with pytest.raises(ModuleNotFoundError):
         main(_serve(tmp_path))
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from rewardstack import cli, modeloptions, models
+from rewardstack import cli, _modeloptions as modeloptions, _models as models
 from rewardstack.config import ALL_MODELS, ModelConfig, from_dict
 from rewardstack.errors import ConfigError
-from rewardstack.settings import TABLES
+from rewardstack._settings import TABLES
 
 PACKAGE = Path(modeloptions.__file__).parent
 SCORERS = PACKAGE / "scorers"

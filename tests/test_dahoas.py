@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from causal_fixtures import close, make_runtime, model_config, reference_dahoas
-from rewardstack.scorers import dahoas
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.standins import make_dahoas_standin
-from rewardstack.workload import text
+from rewardstack._scorers import dahoas
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._standins import make_dahoas_standin
+from rewardstack._workload import text
 
 
 @pytest.fixture(scope="session")

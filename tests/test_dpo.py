@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from causal_fixtures import cached_runtime, close, make_runtime, model_config, reference_dpo
-from rewardstack.scorers import dpo
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.standins import make_dpo_standin
-from rewardstack.workload import text
+from rewardstack._scorers import dpo
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._standins import make_dpo_standin
+from rewardstack._workload import text
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,9 @@ from encoder_fixtures import (
     RefDiversity, config, make_runtime, random_texts, ref_bert_embedding, ref_relevance_mask, ref_relevance_scores,
     standin_root,
 )
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.scorers.embedding import build_diversity, build_relevance
-from rewardstack.workload import text
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._scorers.embedding import build_diversity, build_relevance
+from rewardstack._workload import text
 
 BASE = "The validator network scores miners with reward models; über naïve café 東京 data memory."
 

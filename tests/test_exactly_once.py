@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rewardstack import runner
+from rewardstack import _runner as runner
 from rewardstack.cli import main
 from rewardstack.errors import StateError
-from rewardstack.state import FORMAT_VERSION, StateLock, StateLockedError, StateStore
+from rewardstack._state import FORMAT_VERSION, StateLock, StateLockedError, StateStore
 
 TESTS = Path(__file__).parent
 
@@ -85,7 +85,7 @@ def test_crash_between_state_and_output_is_redone_from_the_journal(tmp_path: Pat
         real_append(path, lines)
 
     monkeypatch.setattr(runner, "_append", dies_after_state_save)
-    # the command line reports the interrupt in one line and exits 130 (rewardstack.cli_errors)
+    # the command line reports the interrupt in one line and exits 130 (rewardstack._cli_errors)
     assert main(["score", "--config", str(cfg), "--input", str(steps), "--output", str(out)]) == 130
     monkeypatch.setattr(runner, "_append", real_append)
     assert len(out.read_text().splitlines()) == 6 and not out.read_text().endswith("\n")  # 5 + a torn line
@@ -124,7 +124,7 @@ _WORKER = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import fakes
     import dataclasses
-    from rewardstack import config as config_mod, models
+    from rewardstack import config as config_mod, _models as models
 
     class Slow(fakes.FakeReward):
         def score(self, request):
@@ -181,7 +181,7 @@ def test_score_killed_three_times_equals_one_uninterrupted_run(tmp_path: Path, f
 def test_second_process_on_the_same_state_dir_is_refused(tmp_path: Path, fake_registry, capsys) -> None:  # noqa: ANN001
     state = tmp_path / "state"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom rewardstack.state import StateLock\n"
+        [sys.executable, "-c", "import sys, time\nfrom rewardstack._state import StateLock\n"
          "StateLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(120)", str(state)],
         stdout=subprocess.PIPE, text=True,
     )

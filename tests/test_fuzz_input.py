@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import pytest
 
-from rewardstack import runner
+from rewardstack import _runner as runner
 from rewardstack.errors import InputError
-from rewardstack.settings import InputSettings
+from rewardstack._settings import InputSettings
 from rewardstack.stack import RewardStack, Step
 
 from test_hostile_input import service  # noqa: F401 - the in-process service fixture

@@ -15,8 +15,8 @@ import torch
 
 from conftest import standin_config
 from rewardstack import RewardStack
-from rewardstack.memory import MemoryManager, compute_budget, configure_allocator, maybe_empty_cache
-from rewardstack.workload import heavy_tailed_steps
+from rewardstack._memory import MemoryManager, compute_budget, configure_allocator, maybe_empty_cache
+from rewardstack._workload import heavy_tailed_steps
 
 pytestmark = [
     pytest.mark.gpu,

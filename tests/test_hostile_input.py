@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from fakes import text_score
-from rewardstack import runner
+from rewardstack import _runner as runner
 from rewardstack.cli import main
-from rewardstack.fileio import event_line, jsonable as _jsonable
+from rewardstack._fileio import event_line, jsonable as _jsonable
 from rewardstack.config import from_dict
 from rewardstack.errors import InputError
-from rewardstack.service.errors import ServiceError
+from rewardstack._service.errors import ServiceError
 from rewardstack.stack import RewardStack, Step
-from rewardstack.state import StateStore
+from rewardstack._state import StateStore
 
 
 def _config(tmp_path: Path, extra: str = "") -> Path:
@@ -107,9 +107,9 @@ def service(fake_config):  # noqa: ANN001, ANN201
     pytest.importorskip("fastapi")
     import httpx
 
-    from rewardstack.service.app import create_app
-    from rewardstack.service.namespaces import Access
-    from rewardstack.service.worker import Worker
+    from rewardstack._service.app import create_app
+    from rewardstack._service.namespaces import Access
+    from rewardstack._service.worker import Worker
 
     settings = fake_config.service
     settings.max_namespaces = 3
@@ -177,7 +177,7 @@ def test_a_refused_request_creates_no_namespace(service, fake_config) -> None:  
 
 def test_a_new_namespace_whose_only_step_failed_leaves_nothing(fake_config, monkeypatch) -> None:  # noqa: ANN001
     """Issue 33 #8: a step that fails (500) in a new namespace does not keep the namespace's slot."""
-    from rewardstack.service.worker import Job, Worker
+    from rewardstack._service.worker import Job, Worker
 
     worker = Worker(fake_config, queue_size=8, batch_requests=8, max_namespaces=1)
     worker.stack = RewardStack(fake_config, load_state=False)
@@ -260,7 +260,7 @@ def test_the_journal_of_another_output_is_settled_before_scoring_this_one(tmp_pa
         real_append(path, lines)
 
     monkeypatch.setattr(runner, "_append", dies_after_state_save)
-    # the command line reports the interrupt in one line and exits 130 (rewardstack.cli_errors)
+    # the command line reports the interrupt in one line and exits 130 (rewardstack._cli_errors)
     assert main(["score", "--config", str(cfg), "--input", str(a_in), "--output", str(a_out)]) == 130
     monkeypatch.setattr(runner, "_append", real_append)
     assert len(_events(a_out)) == 2
@@ -289,7 +289,7 @@ def test_a_journal_whose_output_is_gone_refuses_another_input(tmp_path: Path, fa
         real_append(path, lines)
 
     monkeypatch.setattr(runner, "_append", dies)
-    # the command line reports the interrupt in one line and exits 130 (rewardstack.cli_errors)
+    # the command line reports the interrupt in one line and exits 130 (rewardstack._cli_errors)
     assert main(["score", "--config", str(cfg), "--input", str(a_in), "--output", str(a_out)]) == 130
     monkeypatch.setattr(runner, "_append", real_append)
     a_out.unlink()
@@ -336,8 +336,8 @@ def test_the_library_refuses_too_many_completions(fake_config) -> None:  # noqa:
 
 
 def test_service_error_type_is_unchanged_for_limits() -> None:
-    from rewardstack.service.protocol import parse_score
-    from rewardstack.settings import InputSettings, ServiceSettings
+    from rewardstack._service.protocol import parse_score
+    from rewardstack._settings import InputSettings, ServiceSettings
 
     with pytest.raises(ServiceError) as e:
         parse_score(json.dumps(_step("x", completions=["a"] * 5)).encode(), None, ServiceSettings(),
@@ -347,7 +347,7 @@ def test_service_error_type_is_unchanged_for_limits() -> None:
 
 def test_the_ray_state_actor_also_refuses_a_retry_with_other_uids(fake_config, tmp_path: Path) -> None:  # noqa: ANN001
     pytest.importorskip("ray")
-    from rewardstack.distributed.serve import NamespaceState
+    from rewardstack._distributed.serve import NamespaceState
 
     actor = NamespaceState(fake_config, "alpha", str(tmp_path / "ray-state"))  # the class, in process
     stack = RewardStack(fake_config, load_state=False)

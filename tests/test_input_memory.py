@@ -20,9 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import GPT2Config, GPT2Model
 
-from rewardstack.jsonio import canonical_chunks
-from rewardstack.runner import iter_steps, step_hash
-from rewardstack.scorers.prefix import PrefixRunner, runs_whole
+from rewardstack._jsonio import canonical_chunks
+from rewardstack._runner import iter_steps, step_hash
+from rewardstack._scorers.prefix import PrefixRunner, runs_whole
 from rewardstack.stack import Step
 
 MB = 1 << 20

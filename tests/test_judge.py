@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from causal_fixtures import make_runtime, model_config
-from rewardstack.scorers import judge
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.standins import make_judge_standin
-from rewardstack.workload import text
+from rewardstack._scorers import judge
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._standins import make_judge_standin
+from rewardstack._workload import text
 
 
 @pytest.fixture(scope="session")

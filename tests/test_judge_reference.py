@@ -20,8 +20,8 @@ import torch
 from causal_fixtures import make_runtime
 from ov_reference import TEMPLATES, as_scorer_template, reward_judge
 from rewardstack.config import ModelConfig
-from rewardstack.scorers import judge
-from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack._scorers import judge
+from rewardstack._scorers.base import ScoreRequest, Status
 from small_models import make_small_llama
 
 # Words only: no tag name of the templates (the reference deletes those from its inputs).

@@ -39,8 +39,8 @@ def test_the_contracts_have_no_ignored_imports() -> None:
 
 
 @pytest.mark.parametrize(("module", "line", "broken"), [
-    ("memory/budget.py", "from rewardstack.scorers import base as _upward\n", "imports only from below BROKEN"),
-    ("runner.py", "from rewardstack.cli import main as _cli\n", "nothing imports the command line BROKEN"),
+    ("_memory/budget.py", "from rewardstack._scorers import base as _upward\n", "imports only from below BROKEN"),
+    ("_runner.py", "from rewardstack.cli import main as _cli\n", "nothing imports the command line BROKEN"),
 ])
 def test_an_upward_import_breaks_the_contract(tmp_path: Path, module: str, line: str, broken: str) -> None:
     src = tmp_path / "src"

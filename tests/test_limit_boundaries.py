@@ -12,8 +12,8 @@ import random
 from pathlib import Path
 
 from rewardstack.config import from_dict
-from rewardstack.memory.costmodel import CostModel
-from rewardstack.memory.planner import PADDING_SLACK, padding_groups, plan_batches
+from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.planner import PADDING_SLACK, padding_groups, plan_batches
 from rewardstack.stack import RewardStack
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from causal_fixtures import make_runtime
-from rewardstack import cli, hub
+from rewardstack import cli, _hub as hub
 from rewardstack.config import default_config, load_config
 from rewardstack.errors import ConfigError, ModelLoadError
-from rewardstack.scorers import dpo
-from rewardstack.scorers.base import ScoreRequest
-from rewardstack.standins import make_btlm_checkpoint
+from rewardstack._scorers import dpo
+from rewardstack._scorers.base import ScoreRequest
+from rewardstack._standins import make_btlm_checkpoint
 
 
 def fake_commit(repo: str, revision: str | None) -> str:

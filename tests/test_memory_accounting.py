@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from rewardstack.config import StackConfig
-from rewardstack.memory import MemoryManager
-from rewardstack.memory.snapshot import MemorySnapshot
-from rewardstack.settings import MemorySettings
+from rewardstack._memory import MemoryManager
+from rewardstack._memory.snapshot import MemorySnapshot
+from rewardstack._settings import MemorySettings
 
 MiB = 1024**2
 GiB = 1024**3
@@ -87,7 +87,7 @@ def test_plans_subtract_bytes_live_now_on_cuda() -> None:
     assert mm.live_bytes() == 0
     card.allocated += 1 * GiB  # a prefix cache kept for the step
     assert mm.live_bytes() == GiB
-    from rewardstack.memory.costmodel import CostModel
+    from rewardstack._memory.costmodel import CostModel
 
     mm.set_cost_model("m", CostModel(b=8.0, samples=[(1, 10**9, 8 * 10**9)]))
     before = mm.length_cap("m", 10**9)
@@ -116,7 +116,7 @@ def test_device_memory_sizes_the_simulated_device_on_cpu() -> None:
 
 
 def test_cli_device_memory_flag_overrides_the_config(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    import rewardstack.runner as runner
+    import rewardstack._runner as runner
     from rewardstack import cli
 
     seen = {}
@@ -142,10 +142,10 @@ DAHOAS_LOAD = textwrap.dedent("""
     import json, resource, sys
     import torch
     from rewardstack.config import ModelConfig
-    from rewardstack.memory import MemoryManager
-    from rewardstack.scorers.base import Runtime
-    from rewardstack.scorers.dahoas import load_dahoas
-    from rewardstack.scorers.loading import ModelCache
+    from rewardstack._memory import MemoryManager
+    from rewardstack._scorers.base import Runtime
+    from rewardstack._scorers.dahoas import load_dahoas
+    from rewardstack._scorers.loading import ModelCache
     folder, base = sys.argv[1], sys.argv[2]
     cpu = torch.device("cpu")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -161,7 +161,7 @@ def test_dahoas_pt_checkpoint_loads_without_a_second_copy(tmp_path: Path) -> Non
     """A 1 GiB `hf_ckpt.pt` loads with peak RSS rising by at most 1.3x the file (mmap + assign)."""
     from transformers import GPTJConfig
 
-    from rewardstack.standins.tokenizer import DECODER_INPUTS, save_tokenizer
+    from rewardstack._standins.tokenizer import DECODER_INPUTS, save_tokenizer
 
     base = tmp_path / "base"
     base.mkdir()

@@ -17,14 +17,14 @@ import torch
 
 from causal_fixtures import make_runtime
 from rewardstack.config import ModelConfig
-from rewardstack.memory import MemoryManager, Profile
-from rewardstack import paths
-from rewardstack.memory.calibration import CalibrationCache, cache_path_for
-from rewardstack.memory.costmodel import CostModel, profile_shapes
-from rewardstack.memory.planner import plan_batches
-from rewardstack.scorers.prefix import PrefixRunner, split_prefix
-from rewardstack.scorers.reciprocate import TEMPLATE, ReciprocateScorer
-from rewardstack.standins.tokenizer import DECODER_INPUTS, save_tokenizer
+from rewardstack._memory import MemoryManager, Profile
+from rewardstack import _paths as paths
+from rewardstack._memory.calibration import CalibrationCache, cache_path_for
+from rewardstack._memory.costmodel import CostModel, profile_shapes
+from rewardstack._memory.planner import plan_batches
+from rewardstack._scorers.prefix import PrefixRunner, split_prefix
+from rewardstack._scorers.reciprocate import TEMPLATE, ReciprocateScorer
+from rewardstack._standins.tokenizer import DECODER_INPUTS, save_tokenizer
 
 MAX_LEN = 384
 
@@ -148,7 +148,7 @@ def test_a_restart_reads_saved_cost_models_and_does_not_profile(standins, tmp_pa
 
 
 def test_calibration_key_covers_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rewardstack.memory.calibrating as manager_mod  # where the calibration key is built
+    import rewardstack._memory.calibrating as manager_mod  # where the calibration key is built
 
     calls = []
     run = lambda b, l: calls.append((b, l)) or torch.ones(b, l, 8).sum()  # noqa: E731

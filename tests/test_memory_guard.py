@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from rewardstack.memory import FaultInjector, MemoryManager, Profile
-from rewardstack.memory.guard import run_guarded
-from rewardstack.standins.memory import build
+from rewardstack._memory import FaultInjector, MemoryManager, Profile
+from rewardstack._memory.guard import run_guarded
+from rewardstack._standins.memory import build
 
 
 def _score_fn(model: torch.nn.Module, lengths: list[int], seed: int = 0):  # noqa: ANN202
@@ -145,7 +145,7 @@ def test_long_inputs_with_an_underfitted_cost_model_oom(bert: torch.nn.Module) -
 
 def test_real_simulated_oom_splits_and_shrinks_trust(bert: torch.nn.Module) -> None:
     """A cost model that underestimates: the tracker raises, the guard splits, trust shrinks."""
-    from rewardstack.memory.costmodel import CostModel
+    from rewardstack._memory.costmodel import CostModel
 
     mm = MemoryManager(2_000_000)
     mm.set_cost_model("bert", CostModel(b=1.0))  # wildly optimistic: everything in one batch
@@ -177,7 +177,7 @@ def test_injected_ooms_with_a_real_model(bert: torch.nn.Module) -> None:
 
 
 def test_oom_log_is_a_ring_buffer_with_totals(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rewardstack.memory import manager
+    from rewardstack._memory import manager
 
     # A short ring: each OOM's recovery collects garbage, which takes ~0.4 s in a process holding
     # this suite's models, so 256 records would cost minutes.

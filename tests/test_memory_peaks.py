@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from rewardstack.config import StackConfig
-from rewardstack.memory import FaultInjector, MemoryManager, TensorBytesTracker
-from rewardstack.memory.observers import MemoryObserver, PlacementMove
-from rewardstack.memory.peaks import use_allocator_stats
-from rewardstack.telemetry import PeakWindow
+from rewardstack._memory import FaultInjector, MemoryManager, TensorBytesTracker
+from rewardstack._memory.observers import MemoryObserver, PlacementMove
+from rewardstack._memory.peaks import use_allocator_stats
+from rewardstack._telemetry import PeakWindow
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on a GPU
 BATCHES = (50, 30, 10)  # batches run largest first: the last inner peak is the smallest

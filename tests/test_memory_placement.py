@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rewardstack.config import StackConfig
-from rewardstack.memory import MemoryManager, Placement
-from rewardstack.memory.budget import compute_budget, resolve_budget, weights_bytes
+from rewardstack._memory import MemoryManager, Placement
+from rewardstack._memory.budget import compute_budget, resolve_budget, weights_bytes
 
 
 def _mod(n_floats: int) -> torch.nn.Module:
@@ -139,7 +139,7 @@ def test_place_then_load_moves_only_resident_models_to_the_card() -> None:
 def test_model_cache_loads_on_the_host(tmp_path) -> None:  # noqa: ANN001
     from transformers import BertConfig, BertModel
 
-    from rewardstack.scorers.loading import ModelCache
+    from rewardstack._scorers.loading import ModelCache
 
     BertModel(BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=16)).save_pretrained(str(tmp_path), safe_serialization=True)

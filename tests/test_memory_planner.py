@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from rewardstack.memory.costmodel import CostModel
-from rewardstack.memory.planner import max_fitting_length, plan_batches
+from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.planner import max_fitting_length, plan_batches
 
 
 def test_every_batch_fits_and_every_input_is_planned_once() -> None:
@@ -49,7 +49,7 @@ def test_largest_first_orders_by_predicted_peak() -> None:
 def test_length_cap_counts_bytes_already_live_on_the_device() -> None:
     import torch
 
-    from rewardstack.memory import CostModel, MemoryManager
+    from rewardstack._memory import CostModel, MemoryManager
 
     mm = MemoryManager(1_000_000, margin=1.0)
     mm.set_cost_model("m", CostModel(b=1000.0))  # 1,000 bytes per token

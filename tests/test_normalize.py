@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rewardstack.normalize import RunningNormalizer
+from rewardstack._normalize import RunningNormalizer
 
 
 class ReferenceNormalizer:

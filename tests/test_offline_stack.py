@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rewardstack.cli import main
 from rewardstack.config import ALL_MODELS
-from rewardstack.state import StateStore
+from rewardstack._state import StateStore
 
 EVENT_FIELDS = {
     "name", "prompt", "completions", "uids", "completion_times", "rewards", "best", "step_length",

@@ -11,8 +11,8 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from rewardstack.cli import main
-from rewardstack.memory.budget import weights_bytes
-from rewardstack.oplog import revision_of
+from rewardstack._memory.budget import weights_bytes
+from rewardstack._oplog import revision_of
 from rewardstack.stack import RewardStack
 
 
@@ -47,7 +47,7 @@ def test_a_model_of_several_local_folders_is_logged_as_local(tmp_path: Path, cap
     # relevance_filter loads two folders (`paths`, no `path`): its line said "at unpinned" (issue 34 #8).
     from types import SimpleNamespace
 
-    from rewardstack.oplog import log_models
+    from rewardstack._oplog import log_models
 
     folders = [tmp_path / "bert", tmp_path / "mpnet"]
     for f in folders:
@@ -91,8 +91,8 @@ def test_step_line_shows_the_peak_of_the_calls_inside(caplog: pytest.LogCaptureF
     # The step itself never enters the tracker; its model calls do (as the memory manager runs them).
     from types import SimpleNamespace
 
-    from rewardstack.memory.tracker import TensorBytesTracker
-    from rewardstack.oplog import OperatorLog
+    from rewardstack._memory.tracker import TensorBytesTracker
+    from rewardstack._oplog import OperatorLog
 
     tracker = TensorBytesTracker(budget_bytes=64 * 2**20)
     stack = SimpleNamespace(device=torch.device("cpu"), memory=SimpleNamespace(tracker=tracker), steps_scored=1)

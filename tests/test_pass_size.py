@@ -8,9 +8,9 @@ import time
 import pytest
 
 from encoder_fixtures import config, make_runtime, standin_root
-from rewardstack.scorers import encoding as enc
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.scorers.classifier import build_nsfw
+from rewardstack._scorers import encoding as enc
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._scorers.classifier import build_nsfw
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_tuning_picks_wide_passes_only_when_they_pay() -> None:
 
 def test_tuned_cap_is_read_back_from_the_calibration_cache(stand, tmp_path) -> None:  # noqa: ANN001
     """A warm start gets the tuned cap from the cache without timing anything again."""
-    from rewardstack.memory.calibration import CalibrationCache
+    from rewardstack._memory.calibration import CalibrationCache
 
     root, entries = stand
     cfg = config("nsfw_filter", root, entries["nsfw_filter"])

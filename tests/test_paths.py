@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rewardstack import paths
+from rewardstack import _paths as paths
 from rewardstack.cli import build_parser, main
 from rewardstack.config import load_config
-from rewardstack.memory.manager import MemoryManager
+from rewardstack._memory.manager import MemoryManager
 
 
 @pytest.fixture

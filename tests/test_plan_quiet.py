@@ -14,9 +14,9 @@ import logging
 import pytest
 import transformers.utils.logging  # noqa: F401 - gives logging.Logger its `warning_once`
 
-from rewardstack.planning import simulate as S
+from rewardstack._planning import simulate as S
 from rewardstack.config import default_config
-from rewardstack.quiet import silence_moot_warnings
+from rewardstack._quiet import silence_moot_warnings
 
 
 class _Records(logging.Handler):

@@ -17,14 +17,14 @@ from typing import Any, Sequence
 import pytest
 
 from causal_fixtures import make_runtime, model_config
-from rewardstack.memory.costmodel import CostModel, prefix_profile_shapes
-from rewardstack.memory.observers import MemoryObserver
-from rewardstack.memory.peaks import PeakWindow
-from rewardstack.memory.planner import padding_groups, plan_batches
-from rewardstack.scorers import dpo, reciprocate
-from rewardstack.scorers.base import ScoreRequest
-from rewardstack.standins import make_dpo_standin, make_nsfw_standin, make_reciprocate_standin
-from rewardstack.workload import heavy_tailed_lengths, text
+from rewardstack._memory.costmodel import CostModel, prefix_profile_shapes
+from rewardstack._memory.observers import MemoryObserver
+from rewardstack._memory.peaks import PeakWindow
+from rewardstack._memory.planner import padding_groups, plan_batches
+from rewardstack._scorers import dpo, reciprocate
+from rewardstack._scorers.base import ScoreRequest
+from rewardstack._standins import make_dpo_standin, make_nsfw_standin, make_reciprocate_standin
+from rewardstack._workload import heavy_tailed_lengths, text
 
 
 class Calls(MemoryObserver):
@@ -131,7 +131,7 @@ def test_prefix_prediction_bounds() -> None:
 
 def test_lone_input_is_predicted_unpadded(tmp_path: Path) -> None:
     """An encoder's batch of one runs without a mask: its prediction is the unpadded pass's."""
-    from rewardstack.scorers import classifier
+    from rewardstack._scorers import classifier
 
     folder = tmp_path / "nsfw"
     entry = make_nsfw_standin(folder)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import standin_config
 
-from rewardstack.memory.budget import weights_bytes
+from rewardstack._memory.budget import weights_bytes
 from rewardstack.stack import RewardStack
 
 

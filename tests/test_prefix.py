@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import GPT2Config, GPT2Model, GPTJConfig, GPTJModel, LlamaConfig, LlamaModel
 
-from rewardstack.scorers.prefix import PrefixRunner, common_prefix_len, padding_groups, split_prefix
+from rewardstack._scorers.prefix import PrefixRunner, common_prefix_len, padding_groups, split_prefix
 
 
 def test_common_prefix_len_leaves_one_token_each() -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from causal_fixtures import make_runtime, model_config
-from rewardstack.memory.costmodel import ProfileCapped, profile
-from rewardstack.memory.observers import MemoryObserver, ProfileRecord
-from rewardstack.scorers import dpo
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.standins import make_dpo_standin
-from rewardstack.workload import text
+from rewardstack._memory.costmodel import ProfileCapped, profile
+from rewardstack._memory.observers import MemoryObserver, ProfileRecord
+from rewardstack._scorers import dpo
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._standins import make_dpo_standin
+from rewardstack._workload import text
 from telemetry_fixtures import SLOW_SHAPES, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 
@@ -104,8 +104,8 @@ def _pixels(png: Path, color: str) -> int:
 
 def test_the_telemetry_records_profiling_and_the_report_draws_and_counts_it(hog_config, tmp_path: Path) -> None:  # noqa: ANN001
     from rewardstack.stack import RewardStack
-    from rewardstack.telemetry import Monitor, RunDir, read_timeline
-    from rewardstack.telemetry.report import PROFILING_COLOR, write_report
+    from rewardstack._telemetry import Monitor, RunDir, read_timeline
+    from rewardstack._telemetry.report import PROFILING_COLOR, write_report
 
     HogScorer.profile_in_step = 2  # the second step's hog call asks for a profile: 0.6 s against a 0.25 s cap
     stack = RewardStack(hog_config(memory={"profile_seconds": 0.25}), load_state=False)

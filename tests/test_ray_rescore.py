@@ -17,15 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from ray_fixtures import shared_cluster, standins_config, write_runs
-from rewardstack.distributed import output as out
-from rewardstack.distributed.runs import discover_runs
+from rewardstack._distributed import output as out
+from rewardstack._distributed.runs import discover_runs
 from rewardstack.errors import ConfigError
-from rewardstack.replay import readers
-from rewardstack.replay.replay import replay
+from rewardstack._replay import readers
+from rewardstack._replay.replay import replay
 from rewardstack.stack import RewardStack
 
 ray = pytest.importorskip("ray")
-from rewardstack.distributed.rescore import RescorePool, rescore  # noqa: E402
+from rewardstack._distributed.rescore import RescorePool, rescore  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -1,7 +1,7 @@
 """The scoring service on Ray Serve (2 replicas, a local 2-CPU Ray shared with test_ray_rescore.py:
 tests/ray_fixtures.py) against `rewardstack serve`, both on the tiny stand-in stack.
 
-The reference is the service app itself (`rewardstack.service.app.create_app`, in process through
+The reference is the service app itself (`rewardstack._service.app.create_app`, in process through
 Starlette's TestClient) with its own state folder. Every response of the Ray deployment must equal
 the service's for the same requests (`step_length`, a wall time, aside), per namespace and in
 order, and still after a replica is killed mid-run (the clients retry with the same sequence).
@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from ray_fixtures import cluster_stops_after, shared_cluster, standins_config
-from rewardstack.settings import ServiceSettings
-from rewardstack.workload import heavy_tailed_steps
+from rewardstack._settings import ServiceSettings
+from rewardstack._workload import heavy_tailed_steps
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -73,9 +73,9 @@ def cluster(request):  # noqa: ANN001, ANN201
 def urls(request, cluster, tiny_standins, tmp_path_factory):  # noqa: ANN001, ANN201
     from fastapi.testclient import TestClient
 
-    from rewardstack.distributed.serve import APP_NAME, build_app, stop_namespace_actors
-    from rewardstack.service.app import create_app
-    from rewardstack.service.namespaces import Access
+    from rewardstack._distributed.serve import APP_NAME, build_app, stop_namespace_actors
+    from rewardstack._service.app import create_app
+    from rewardstack._service.namespaces import Access
 
     root = tmp_path_factory.mktemp("serve")
     settings = ServiceSettings(max_completions=8, queue_size=8)

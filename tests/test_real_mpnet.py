@@ -1,7 +1,7 @@
 """The real all-mpnet-base-v2: relevance's second stage and the diversity reward vs the reference.
 
 On the real checkpoint (fetched by scripts/fetch-real-models.sh) and four of the ten steps of
-real-text completions (`rewardstack.realtexts`, `STEPS`: empty and one-character texts, exact and
+real-text completions (`rewardstack._realtexts`, `STEPS`: empty and one-character texts, exact and
 near duplicates, the longest ones with heavy repetition, four past the 512-token bound; the other
 six steps hold passages of the lengths in between, the same code paths): the scorers' embeddings, the
 relevance score |cos| and mask, and the diversity values with the history must equal a literal
@@ -21,10 +21,10 @@ import torch
 from encoder_fixtures import make_runtime
 from real_fixtures import real_models
 from real_reference import DiversityRewardModel, MpnetRelevenceModel
-from rewardstack import realtexts
+from rewardstack import _realtexts as realtexts
 from rewardstack.config import ModelConfig
-from rewardstack.scorers import embedding
-from rewardstack.scorers.base import ScoreRequest, Status
+from rewardstack._scorers import embedding
+from rewardstack._scorers.base import ScoreRequest, Status
 
 pytestmark = pytest.mark.real
 
@@ -65,7 +65,7 @@ def scorers() -> tuple[embedding.RelevanceMask, embedding.DiversityMask]:
 
 def test_the_checkpoint_is_the_published_one() -> None:
     """The folder holds the weights whose sha256 the hub publishes (fetch checks every file)."""
-    from rewardstack import realmodels
+    from rewardstack import _realmodels as realmodels
 
     found = real_models()
     assert realmodels.sha256_of(found.mpnet / "model.safetensors") == realmodels.MPNET_SHA256["model.safetensors"]

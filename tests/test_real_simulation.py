@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from real_fixtures import real_models
-from rewardstack.planning import simulate as S
-from rewardstack.memory.tracker import TensorBytesTracker
+from rewardstack._planning import simulate as S
+from rewardstack._memory.tracker import TensorBytesTracker
 
 pytestmark = pytest.mark.real
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from causal_fixtures import close, make_runtime, model_config
-from rewardstack.scorers import reciprocate
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.standins import make_reciprocate_standin
-from rewardstack.workload import text
+from rewardstack._scorers import reciprocate
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._standins import make_reciprocate_standin
+from rewardstack._workload import text
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardstack import config, models
+from rewardstack import config, _models as models
 
 PACKAGE = Path(models.__file__).parent
 NAMES = re.compile(r"\b(" + "|".join(models.ALL_MODELS) + r")\b")
@@ -48,7 +48,7 @@ def test_config_defaults_and_explain_read_the_registry() -> None:
         mc = cfg.models[m.name]
         assert mc.dtype == m.defaults.get("dtype", "float32") and mc.is_reward == m.is_reward
         assert (mc.path or None) == m.defaults.get("path") and mc.paths == list(m.defaults.get("paths", []))
-    from rewardstack import explain
+    from rewardstack import _explain as explain
 
     text = explain.explain()
     assert all(f"[models.{m.name}]: defaults" in text for m in models.MODELS)
@@ -57,15 +57,15 @@ def test_config_defaults_and_explain_read_the_registry() -> None:
 def test_scorer_lookup_and_simulation_read_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
 
-    from rewardstack.planning import simulate
-    from rewardstack.scorers import build_scorer
+    from rewardstack._planning import simulate
+    from rewardstack._scorers import build_scorer
 
     runs = {r for m in models.MODELS if m.simulated is not None for r in m.runs()}
     assert set(simulate.SCORERS) == runs
     calls = []
     monkeypatch.setitem(models.BY_NAME, "nsfw_filter", dataclasses.replace(
-        models.NSFW, builder="rewardstack.models:spec"))  # any importable function: the lookup must use it
+        models.NSFW, builder="rewardstack._models:spec"))  # any importable function: the lookup must use it
     cfg = config.default_config().models["nsfw_filter"]
-    assert build_scorer.__module__ == "rewardstack.scorers"
+    assert build_scorer.__module__ == "rewardstack._scorers"
     with pytest.raises(TypeError):  # spec() takes one argument: the lookup called the registry's builder
         calls.append(build_scorer(cfg, None))  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """Remote-code checkpoints and the decoders' two paths (cache objects or full sequences).
 
-The BTLM-like stand-in (`rewardstack.standin_btlm`) is a checkpoint folder with its own
+The BTLM-like stand-in (`rewardstack._standin_btlm`) is a checkpoint folder with its own
 configuration/modeling files and `auto_map`, written like 2023 remote code (tuple caches, ALiBi,
 SwiGLU, muP output scale); it loads only through `trust_remote_code`. DPO on it must match the
 literal per-position reference. Native stand-ins forced onto the full-sequence fallback must give
@@ -20,14 +20,14 @@ import torch
 from causal_fixtures import close, make_runtime, model_config, reference_dpo
 from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
-from rewardstack.hub import load_source
-from rewardstack.scorers import dahoas, dpo, judge, kvcache, reciprocate
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.scorers.prefix import PrefixRunner
-from rewardstack.standins import (
+from rewardstack._hub import load_source
+from rewardstack._scorers import dahoas, dpo, judge, kvcache, reciprocate
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._scorers.prefix import PrefixRunner
+from rewardstack._standins import (
     make_btlm_checkpoint, make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin,
 )
-from rewardstack.workload import text
+from rewardstack._workload import text
 
 BOUND = 384  # the stand-in's token bound: the reference runs full [L, V] logits at it
 
@@ -193,7 +193,7 @@ def test_make_standins_can_build_the_remote_code_dpo(tmp_path: Path, monkeypatch
     """`make-standins --dpo btlm`: the DPO folder is the remote-code checkpoint and the config opts in."""
     import tomllib
 
-    from rewardstack.standins import build as standins
+    from rewardstack._standins import build as standins
     from rewardstack.config import RULE_MASKS, load_config
 
     expected = tomllib.loads(standins.offline_config_text())["models"]
@@ -204,7 +204,7 @@ def test_make_standins_can_build_the_remote_code_dpo(tmp_path: Path, monkeypatch
             return {k: expected[name][k] for k in ("path", "paths") if k in expected[name]}
         return build
 
-    monkeypatch.setattr("rewardstack.standins.build.standin_builder", lambda name: None if name in RULE_MASKS else fake_builder(name))
+    monkeypatch.setattr("rewardstack._standins.build.standin_builder", lambda name: None if name in RULE_MASKS else fake_builder(name))
     path = standins.make_standins(tmp_path, dpo="btlm")
     cfg = load_config(path).models["dpo_reward_model"]
     assert cfg.trust_remote_code and (tmp_path / "dpo_reward_model" / "modeling_btlm.py").exists()

@@ -11,8 +11,8 @@ from typing import Any, Callable
 import pytest
 
 from rewardstack.cli import main
-from rewardstack.replay import readers
-from rewardstack.replay.readers import detect, read_run
+from rewardstack._replay import readers
+from rewardstack._replay.readers import detect, read_run
 
 from replay_fixtures import EQUIVALENT_V10, PASSES, event, loguru_line, parquet_v10, parquet_v11, write_rotated_log
 

@@ -9,9 +9,9 @@ import pytest
 
 from conftest import use_builder
 from rewardstack import config as config_mod
-from rewardstack.replay.readers import read_run
-from rewardstack.replay.replay import replay
-from rewardstack.runner import score_file
+from rewardstack._replay.readers import read_run
+from rewardstack._replay.replay import replay
+from rewardstack._runner import score_file
 from rewardstack.stack import RewardStack
 
 # No step gives a base prompt: `score` uses each step's prompt. Each followup/answer's words
@@ -49,7 +49,7 @@ def test_replaying_own_events_agrees_fully(tmp_path: Path, relevance_reads_its_b
 
 
 def test_replaying_own_events_keeps_a_cut_completion_cut(tmp_path: Path, fake_registry) -> None:  # noqa: ANN001
-    from rewardstack.replay.replay import format_report, top_inputs
+    from rewardstack._replay.replay import format_report, top_inputs
 
     # Past the default max_chars (65,536), and the head read ends in a space: kept as read, not stripped.
     long = "w" * 65_535 + " tail" * 1_000

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rewardstack.cli import main
-from rewardstack.replay import readers
-from rewardstack.replay.readers import LogFormatError, detect, read_run
-from rewardstack.replay.replay import replay
+from rewardstack._replay import readers
+from rewardstack._replay.readers import LogFormatError, detect, read_run
+from rewardstack._replay.replay import replay
 from rewardstack.stack import RewardStack
 
 from replay_fixtures import EQUIVALENT_STEPS, EXPECTED_BASES, PASSES, parquet_v10, parquet_v11, write_rotated_log
@@ -54,7 +54,7 @@ def test_replay_of_completions_log_equals_scoring_the_equivalent_steps(tmp_path:
     want = [json.loads(x) for x in (tmp_path / "ev").read_text().splitlines()]
     strip = lambda e: {k: v for k, v in json.loads(json.dumps(e, allow_nan=True)).items()  # noqa: E731
                        if k not in ("step_length", "step_hash", "uids", "block", "gating_loss", "completion_times")}
-    from rewardstack.fileio import jsonable as _jsonable
+    from rewardstack._fileio import jsonable as _jsonable
 
     assert [strip(_jsonable(e)) for e in got] == [strip(e) for e in want]
     # The blacklist holds the logged bests of the forward pass, and forgets them at the next augment.

@@ -11,18 +11,18 @@ import pytest
 
 from conftest import use_builder
 from rewardstack import config as config_mod
-from rewardstack.replay.readers import RunStep
-from rewardstack.replay.reference import reference_need_of
-from rewardstack.replay.replay import format_report, replay
+from rewardstack._replay.readers import RunStep
+from rewardstack._replay.reference import reference_need_of
+from rewardstack._replay.replay import format_report, replay
 from rewardstack.stack import RewardStack, Step
-from rewardstack.workload import text
+from rewardstack._workload import text
 
 
 @pytest.fixture(scope="module")
 def embedding_stack_config(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Relevance and diversity on their stand-ins (MiniLM), OpenAssistant alone weighted (a fake in
     the test), NSFW off."""
-    from rewardstack.standins import make_diversity_standin, make_relevance_standin
+    from rewardstack._standins import make_diversity_standin, make_relevance_standin
 
     root = tmp_path_factory.mktemp("embedding_standins")
     rel = make_relevance_standin(root / "relevance_filter")
@@ -38,7 +38,7 @@ def embedding_stack_config(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_relevance_and_diversity_reference_need_is_computed(embedding_stack_config: dict, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from rewardstack.planning.simulate import reference_need, simulate_peak
+    from rewardstack._planning.simulate import reference_need, simulate_peak
 
     use_builder(monkeypatch, "rlhf_reward_model", "fakes:build")  # the weights must sum to 1: a reward model, cheap
     rng = random.Random(3)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from rewardstack.cli import main
-from rewardstack.normalize import RunningNormalizer
-from rewardstack.replay.readers import read_run
-from rewardstack.replay.replay import parse_steps, replay
+from rewardstack._normalize import RunningNormalizer
+from rewardstack._replay.readers import read_run
+from rewardstack._replay.replay import parse_steps, replay
 from rewardstack.stack import RewardStack
-from rewardstack.state import StateStore
-from rewardstack.workload import text
+from rewardstack._state import StateStore
+from rewardstack._workload import text
 
 from conftest import use_builder
 from replay_fixtures import PASSES, event, loguru_line, write_rotated_log

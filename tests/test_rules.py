@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.scorers.rules import Blacklist, TaskValidator, task_validator_value
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._scorers.rules import Blacklist, TaskValidator, task_validator_value
 
 
 @pytest.mark.parametrize(

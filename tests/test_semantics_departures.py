@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from causal_fixtures import close, make_runtime, model_config
-from rewardstack.scorers import dahoas, reciprocate
-from rewardstack.scorers.base import ScoreRequest, Status
-from rewardstack.standins import make_dahoas_standin, make_reciprocate_standin
+from rewardstack._scorers import dahoas, reciprocate
+from rewardstack._scorers.base import ScoreRequest, Status
+from rewardstack._standins import make_dahoas_standin, make_reciprocate_standin
 
 FAST = {"calibration_length": 64}  # no budget here: the calibration's length bounds nothing
 
@@ -60,7 +60,7 @@ def test_reciprocate_length_never_exceeds_the_model_positions(tmp_path: Path) ->
 @pytest.mark.parametrize("task", ["followup0", "answer3", "augment"])
 def test_judge_maps_numbered_tasks(task: str) -> None:
     """The reference compared the name with `followup`/`answer` exactly (numbered steps scored 0)."""
-    from rewardstack.scorers import judge
+    from rewardstack._scorers import judge
 
     assert judge.template_for(task) is not None
     assert judge.template_for("followups") is None and judge.template_for("summary") is None

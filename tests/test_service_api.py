@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from rewardstack.fileio import event_line  # noqa: E402
+from rewardstack._fileio import event_line  # noqa: E402
 from rewardstack.client import Client  # noqa: E402
 from rewardstack.config import load_config  # noqa: E402
 from rewardstack.stack import RewardStack  # noqa: E402

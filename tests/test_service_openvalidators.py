@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from rewardstack.fileio import event_line
+from rewardstack._fileio import event_line
 from rewardstack.config import load_config
 from rewardstack.integrations.openvalidators import OpenValidatorsStack
 from rewardstack.stack import RewardStack

@@ -24,7 +24,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 import httpx  # noqa: E402
 
-from rewardstack.service.connections import RepeatFilter, server_config  # noqa: E402
+from rewardstack._service.connections import RepeatFilter, server_config  # noqa: E402
 
 from service_fixtures import Server, free_port, write_config  # noqa: E402
 
@@ -36,8 +36,8 @@ def live(fake_config) -> Iterator[tuple[str, int]]:  # noqa: ANN001
     """The app on the fake scorers under uvicorn, in a thread, with short timeouts and a cap of 8."""
     import uvicorn
 
-    from rewardstack.service.app import create_app
-    from rewardstack.service.namespaces import Access
+    from rewardstack._service.app import create_app
+    from rewardstack._service.namespaces import Access
 
     s = fake_config.service
     s.port, s.header_timeout_s, s.body_timeout_s, s.max_connections = free_port(), HEADER_S, BODY_S, 8

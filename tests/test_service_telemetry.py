@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rewardstack.service.worker import Job, Worker
+from rewardstack._service.worker import Job, Worker
 from rewardstack.stack import RewardStack, Step
-from rewardstack.telemetry.session import Telemetry
+from rewardstack._telemetry.session import Telemetry
 from telemetry_fixtures import HogScorer, hog_config, step  # noqa: F401 - fixture
 
 MIB = 1024**2

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from rewardstack.fileio import event_line
-from rewardstack.service.errors import ServiceError
-from rewardstack.service.worker import Job, Worker
+from rewardstack._fileio import event_line
+from rewardstack._service.errors import ServiceError
+from rewardstack._service.worker import Job, Worker
 from rewardstack.stack import RewardStack, Step
 
 
@@ -144,7 +144,7 @@ def test_close_answers_queued_steps_503(worker: Worker) -> None:
 
 
 def test_run_dir_records_every_committed_step(fake_config, tmp_path) -> None:  # noqa: ANN001
-    from rewardstack.telemetry.session import Telemetry
+    from rewardstack._telemetry.session import Telemetry
 
     w = Worker(fake_config, queue_size=64, batch_requests=64, run_dir=str(tmp_path / "run"))
     w.stack = RewardStack(fake_config, load_state=False)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from rewardstack.planning import simulate as S
-from rewardstack.memory.tracker import TensorBytesTracker
+from rewardstack._planning import simulate as S
+from rewardstack._memory.tracker import TensorBytesTracker
 
 GIB = 1024**3
 REPORT_ALLOC = 4.40 * GIB  # "Tried to allocate 4.40 GiB"
@@ -122,7 +122,7 @@ def _real(model: str, arch: S.Arch) -> tuple[torch.nn.Module, ...]:
     torch.manual_seed(0)
     if arch.remote_code:
         m = arch.remote_class("AutoModelForCausalLM")(arch.config()).float().eval().requires_grad_(False)
-        from rewardstack.scorers import attention
+        from rewardstack._scorers import attention
 
         attention.install(arch.name, m.base_model)  # as the DPO scorer loads it (the probe agrees)
     else:
@@ -166,7 +166,7 @@ def _real_peak(model: str, arch: S.Arch, batch: int, length: int, prefix: int, c
 def test_simulated_peak_matches_tracked_real_run(model: str, batch: int, length: int, prefix: int, prompt: int, chunk: int) -> None:
     arch = S.Arch("tiny-" + model, TINY[model])
     if model == "btlm":  # DPO on the BTLM-like remote-code model: full sequences, eager ALiBi attention
-        model, arch = "dpo_reward_model", S.Arch("tiny-btlm", TINY["btlm"], remote_code="rewardstack.standin_btlm")
+        model, arch = "dpo_reward_model", S.Arch("tiny-btlm", TINY["btlm"], remote_code="rewardstack._standin_btlm")
     sim = S.simulate_peak(model, batch, length, "float32", prefix=prefix, prompt=prompt, chunk=chunk or 512, arch=arch)
     real = _real_peak(model, arch, batch, length, prefix, chunk)
     assert abs(sim.peak_bytes - real) <= 0.05 * real, (model, sim.peak_bytes, real)
@@ -175,7 +175,7 @@ def test_simulated_peak_matches_tracked_real_run(model: str, batch: int, length:
 def test_the_dpo_simulation_runs_the_scorers_own_penalty_bookkeeping(monkeypatch: pytest.MonkeyPatch) -> None:
     """No hand copy: the simulation calls `dpo.chunked_logprobs` in shape-only mode, so a change to
     the scorer's bookkeeping (here: one more [rows, vocabulary] float32 buffer) moves the simulated peak."""
-    from rewardstack.scorers import dpo
+    from rewardstack._scorers import dpo
 
     arch = S.Arch("tiny-dpo-shapes", TINY["dpo_reward_model"])
     monkeypatch.setattr(S, "_CACHE", {})
@@ -208,7 +208,7 @@ def test_the_dpo_simulation_runs_the_scorers_own_penalty_bookkeeping(monkeypatch
 def test_the_penalty_constant_is_the_scorers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulation builds its penalty from `dpo_numerics.PENALTY` (the repetition constant is
     written once, where `chunked_logprobs` lives; `dpo.PENALTY` re-exports it)."""
-    from rewardstack.scorers import dpo, dpo_numerics
+    from rewardstack._scorers import dpo, dpo_numerics
 
     arch = S.Arch("tiny-dpo-penalty", TINY["dpo_reward_model"])
     monkeypatch.setattr(S, "_CACHE", {})

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from rewardstack.cli import main
-from rewardstack.memory import FaultInjector, MemoryManager
-from rewardstack.memory.guard import InjectedOOM
-from rewardstack.replay.comparison import compare, memory_slope
-from rewardstack.replay.workload import LONG_CHARS, soak_steps
-from rewardstack.replay.verdict import judge
-from rewardstack.runner import step_hash
+from rewardstack._memory import FaultInjector, MemoryManager
+from rewardstack._memory.guard import InjectedOOM
+from rewardstack._replay.comparison import compare, memory_slope
+from rewardstack._replay.workload import LONG_CHARS, soak_steps
+from rewardstack._replay.verdict import judge
+from rewardstack._runner import step_hash
 from rewardstack.stack import Step
-from rewardstack.state import StateStore
+from rewardstack._state import StateStore
 
 
 def test_injected_oom_strikes_inside_the_pass_and_its_tensors_are_freed() -> None:
@@ -263,7 +263,7 @@ def test_rss_is_judged_over_the_clean_runs_curve(tmp_path: Path) -> None:
     """Killed processes are young, and a young process's resident set rises steeply and then flattens
     (arenas warming up): pooled raw, five such processes read as a leak with nothing kept. Over the
     clean process's curve at the same age they are flat, and 20 KiB kept per step shows as 20 KiB."""
-    from rewardstack.scorers.embedding import HISTORY_MAX
+    from rewardstack._scorers.embedding import HISTORY_MAX
 
     def curve(age: int) -> int:  # the shape the 10,000-step clean run measured: 420 -> ~490 MiB
         return int(420 * 2**20 + 70 * 2**20 * (1 - math.exp(-age / 800)))
@@ -302,7 +302,7 @@ def test_the_faulted_run_starts_once_the_clean_run_has_calibrated(tiny_standins:
     logits chunks, so different budget caps, and a long completion cut at a different token (a
     soak under load failed on one DPO value, -3.1e23 against -1.1e25). So the faulted run starts
     only after the clean run's process says its stack is built. Red with the wait removed."""
-    from rewardstack.replay import soak, supervisor
+    from rewardstack._replay import soak, supervisor
 
     seen: dict[str, object] = {}
 

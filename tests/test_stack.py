@@ -9,9 +9,9 @@ import torch
 
 from rewardstack import RewardStack
 from rewardstack.config import ALL_MODELS, from_dict
-from rewardstack.models import DIVERSITY as _DIVERSITY
+from rewardstack._models import DIVERSITY as _DIVERSITY
 from rewardstack.errors import InputError
-from rewardstack.normalize import RunningNormalizer
+from rewardstack._normalize import RunningNormalizer
 from rewardstack.stack import Step
 
 from conftest import use_builder
@@ -41,9 +41,9 @@ def test_the_event_as_written_is_the_wire_schemas_event(fake_config) -> None:  #
 
     from pydantic import ValidationError
 
-    from rewardstack.fileio import event_line
-    from rewardstack.service.protocol import ANSWER_SCHEMA
-    from rewardstack.wire import EventWire
+    from rewardstack._fileio import event_line
+    from rewardstack._service.protocol import ANSWER_SCHEMA
+    from rewardstack._wire import EventWire
 
     stack = RewardStack(fake_config)
     ev = json.loads(event_line(stack.score_step(_step(["NAN", "fine text", None])).event))  # NaN -> null
@@ -214,7 +214,7 @@ def test_empty_best_is_blacklisted_like_the_reference(fake_config) -> None:  # n
 def test_scorer_returning_the_wrong_length_is_an_error_not_a_crash(fake_config, monkeypatch) -> None:  # noqa: ANN001
     import fakes
 
-    from rewardstack.scorers.base import ScoreResult
+    from rewardstack._scorers.base import ScoreResult
 
     monkeypatch.setattr(fakes.FakeMask, "score", lambda self, request: ScoreResult([1.0], ["ok"]))
     res = RewardStack(fake_config).score_step(_step(["one text", "two text", None]))

@@ -21,10 +21,10 @@ import pytest
 from conftest import standin_config
 from rewardstack import RewardStack
 from rewardstack.config import ALL_MODELS
-from rewardstack.memory import FaultInjector
-from rewardstack.memory.budget import weights_bytes
-from rewardstack.scorers.base import Status
-from rewardstack.workload import text
+from rewardstack._memory import FaultInjector
+from rewardstack._memory.budget import weights_bytes
+from rewardstack._scorers.base import Status
+from rewardstack._workload import text
 
 MODEL_SCORERS = [n for n in ALL_MODELS if n not in ("blacklist_filter", "task_validator_filter")]
 

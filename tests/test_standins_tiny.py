@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from rewardstack.standins.tiny import TINY_HIDDEN
+from rewardstack._standins.tiny import TINY_HIDDEN
 
 
 def _configs(root: Path) -> dict[str, dict]:

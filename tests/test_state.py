@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rewardstack.errors import StateError
-from rewardstack.state import StateLock, StateStore
+from rewardstack._state import StateLock, StateStore
 
 
 def test_roundtrip(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
 WRITER = textwrap.dedent(
     """
     import sys, torch
-    from rewardstack.state import StateStore
+    from rewardstack._state import StateStore
     store = StateStore(sys.argv[1])
     i = 0
     while True:
@@ -86,7 +86,7 @@ def test_kill_mid_save_leaves_loadable_state(tmp_path: Path) -> None:
 def test_the_rescore_output_lock_is_a_state_lock(tmp_path) -> None:  # noqa: ANN001
     """Rescore's one-writer-per-output-folder lock is `StateLock` on another file: a second is refused."""
     pytest.importorskip("pyarrow")
-    from rewardstack.distributed.rescore import output_lock
+    from rewardstack._distributed.rescore import output_lock
     from rewardstack.errors import ClusterError
 
     first = output_lock(tmp_path)

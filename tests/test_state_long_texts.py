@@ -18,7 +18,7 @@ from pathlib import Path
 from rewardstack.config import from_dict
 from rewardstack.errors import SequenceError
 from rewardstack.stack import RECENT_BYTES, RECENT_RESULTS, RewardState
-from rewardstack.state import FORMAT_VERSION, StateStore
+from rewardstack._state import FORMAT_VERSION, StateStore
 
 EMOJI = "\U0001F600"  # 4 bytes in UTF-8, 12 in an ASCII-escaped JSON string
 MAX_COMPLETIONS, MAX_CHARS = 256, 65_536  # [input] max_completions and max_chars: the largest step admitted

@@ -11,7 +11,7 @@ import itertools
 import re
 from pathlib import Path
 
-from rewardstack.scorers.base import Status
+from rewardstack._scorers.base import Status
 
 SEMANTICS = Path(__file__).resolve().parents[1] / "docs" / "SEMANTICS.md"
 

@@ -6,8 +6,8 @@ import logging
 import random
 
 from rewardstack.stack import RewardStack
-from rewardstack.telemetry import Alarms, MemorySnapshot, Monitor
-from rewardstack.telemetry.alarms import slope
+from rewardstack._telemetry import Alarms, MemorySnapshot, Monitor
+from rewardstack._telemetry.alarms import slope
 from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 MIB = 1024**2

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rewardstack.stack import RewardStack
-from rewardstack.telemetry.monitor import Monitor
-from rewardstack.telemetry.rundir import RunDir, read_timeline
+from rewardstack._telemetry.monitor import Monitor
+from rewardstack._telemetry.rundir import RunDir, read_timeline
 
 from telemetry_fixtures import EXTRA_BYTES, HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
@@ -40,7 +40,7 @@ def test_step_records_carry_the_cards_account_and_the_report_draws_it(hog_config
     assert abs(cards[0]["activation_peak"] - base - EXTRA_BYTES) <= 0.05 * EXTRA_BYTES  # the hog's step
     assert cards[0]["reserved"] == cards[0]["allocated"] and cards[0]["fragmentation"] == 0
 
-    from rewardstack.telemetry.report import write_report
+    from rewardstack._telemetry.report import write_report
 
     page, _ = write_report(tmp_path / "run")
     assert (page.parent / "card_over_steps.png").stat().st_size > 10_000

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewardstack.telemetry import PeakWindow, RunDir, take_snapshot
-from rewardstack.telemetry.incidents import History
+from rewardstack._telemetry import PeakWindow, RunDir, take_snapshot
+from rewardstack._telemetry.incidents import History
 
 pytestmark = [
     pytest.mark.gpu,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from rewardstack.memory import FaultInjector
+from rewardstack._memory import FaultInjector
 from rewardstack.stack import RewardStack
-from rewardstack.telemetry import Monitor, RunDir, read_incidents, read_timeline
+from rewardstack._telemetry import Monitor, RunDir, read_incidents, read_timeline
 from telemetry_fixtures import BYTES_PER_TOKEN, HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 

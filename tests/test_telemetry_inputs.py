@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 
 from conftest import standin_config
-from rewardstack.memory import FaultInjector
+from rewardstack._memory import FaultInjector
 from rewardstack.stack import RewardStack
-from rewardstack.telemetry import Monitor, RunDir, read_incidents, read_timeline
-from rewardstack.telemetry.report import summarize, RunData
+from rewardstack._telemetry import Monitor, RunDir, read_incidents, read_timeline
+from rewardstack._telemetry.report import summarize, RunData
 
 DPO = "dpo_reward_model"
 LONG = ("The long completion goes on and on about rewards. " * 5000)[:200_000]

@@ -8,10 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstack.memory import FaultInjector
+from rewardstack._memory import FaultInjector
 from rewardstack.stack import RewardStack
-from rewardstack.telemetry import Telemetry, read_timeline, render
-from rewardstack.telemetry.metrics import metrics_for, serve
+from rewardstack._telemetry import Telemetry, read_timeline, render
+from rewardstack._telemetry.metrics import metrics_for, serve
 from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 

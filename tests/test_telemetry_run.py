@@ -11,8 +11,8 @@ import pytest
 
 from rewardstack.cli import main
 from rewardstack.stack import RewardStack
-from rewardstack.telemetry import Monitor, RunDir, read_timeline
-from rewardstack.telemetry.report import PLOTS, write_report
+from rewardstack._telemetry import Monitor, RunDir, read_timeline
+from rewardstack._telemetry.report import PLOTS, write_report
 from telemetry_fixtures import BYTES_PER_TOKEN, EXTRA_BYTES, HOG, HogScorer, hog_config, step, tokens  # noqa: F401 - fixture
 
 # Every field of every record type, as docs/TELEMETRY.md lists them ("?" marks fields that may be absent).
@@ -160,8 +160,8 @@ def test_on_step_callbacks_receive_the_step_memory_record(hog_config) -> None:  
 
 
 def test_snapshot_subtraction() -> None:
-    from rewardstack.memory import TensorBytesTracker
-    from rewardstack.telemetry import take_snapshot
+    from rewardstack._memory import TensorBytesTracker
+    from rewardstack._telemetry import take_snapshot
 
     import torch
 

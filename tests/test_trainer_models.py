@@ -17,8 +17,8 @@ import pytest
 
 from rewardstack.config import from_dict, load_config
 from rewardstack.errors import ConfigError
-from rewardstack.scorers.hfreward import pad_width
-from rewardstack.service.batching import StatelessJob, score_batch
+from rewardstack._scorers.hfreward import pad_width
+from rewardstack._service.batching import StatelessJob, score_batch
 from trainer_fixtures import make_tiny_llama_rm, reference_scores, rewards_config, texts
 
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rewardstack.config import load_config
-from rewardstack.fileio import event_line
+from rewardstack._fileio import event_line
 from rewardstack.integrations.openvalidators import OpenValidatorsStack
 from rewardstack.stack import RewardStack
 from rewardstack_client import WeightsMismatch
@@ -201,8 +201,8 @@ def test_the_steps_record_lands_in_its_own_wandb_row_and_unscored_completions_ar
         body = sent[row["rewardstack/sequence"] - 1]
         assert row["prompt"] == body["prompt"]  # the record joined its own step's row
         assert row["rewardstack/statuses/oom"] == 1 and row["rewardstack/unscored"] == [1]
-        assert row["rewardstack/memory/peak_bytes"] == 1234
-        assert row["rewardstack/memory/models/rlhf_reward_model"] == 999
+        assert row["rewardstack/_memory/peak_bytes"] == 1234
+        assert row["rewardstack/_memory/models/rlhf_reward_model"] == 999
     assert sum("not scored (oom)" in r.getMessage() for r in caplog.records) == 6
 
 

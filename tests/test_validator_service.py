@@ -140,7 +140,7 @@ def test_a_validator_with_two_concurrent_forward_passes_gets_the_clis_rewards(
     result = json.loads((tmp_path / "out.json").read_text())
     check_against_cli(result, config, tmp_path, steady.url, "steady")
     # The service's memory record reached the validator's wandb rows.
-    assert all("rewardstack/memory/allocated_bytes" in row for row in result["rows"])
+    assert all("rewardstack/_memory/allocated_bytes" in row for row in result["rows"])
     assert "WARNING" not in err, err[-2000:]  # no retry, no mismatch, nothing unscored
 
 

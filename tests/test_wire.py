@@ -1,4 +1,4 @@
-"""The wire schema (`rewardstack.wire`) and the `Step` the stack scores cannot drift apart: every
+"""The wire schema (`rewardstack._wire`) and the `Step` the stack scores cannot drift apart: every
 field `Step` has is on the wire, in the service's OpenAPI schema and in `Step.to_dict`, and
 nothing is on the wire that `Step` does not hold (but `failed`, `namespace` and `sequence`)."""
 
@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from rewardstack.errors import InputError
-from rewardstack.service.protocol import SCORE_SCHEMA, ScoreBody
-from rewardstack.wire import Refuse, Step, StepWire
+from rewardstack._service.protocol import SCORE_SCHEMA, ScoreBody
+from rewardstack._wire import Refuse, Step, StepWire
 
 STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
 WIRE_ONLY = {"failed"}  # folded into `completions` (a failed response is None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rewardstack.errors import ConfigError, InputError, ModelLoadError, RewardStackError, StateError
-from rewardstack.lazy import lazy_names
+from rewardstack._lazy import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import ModelConfig, StackConfig, default_config, load_config

@@ -18,23 +18,23 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from rewardstack.argtypes import positive_int
+from rewardstack._argtypes import positive_int
 from rewardstack.errors import InputError
-from rewardstack.fileio import read_steps
-from rewardstack import paths
+from rewardstack._fileio import read_steps
+from rewardstack import _paths as paths
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    """Score a JSONL file of validator steps into a JSONL file of events, exactly once (rewardstack.runner)."""
-    from rewardstack.cli_errors import check_folder, check_input_file, check_output_file
-    from rewardstack.runner import run_score
+    """Score a JSONL file of validator steps into a JSONL file of events, exactly once (rewardstack._runner)."""
+    from rewardstack._cli_errors import check_folder, check_input_file, check_output_file
+    from rewardstack._runner import run_score
 
     args.run_dir = paths.run_dir_for(args.run_dir, args.config, "score")  # a bare --run-dir: a new one in the home
     check_input_file(args.input)  # ordinary mistakes found before any model loads
     check_output_file(args.output)
     check_folder(args.run_dir, "--run-dir")
     def telemetry(stack):  # noqa: ANN001, ANN202
-        from rewardstack.telemetry import open_telemetry
+        from rewardstack._telemetry import open_telemetry
 
         return open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
 
@@ -44,9 +44,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Plots and a one-page summary of a run directory (rewardstack.telemetry.report)."""
-    from rewardstack.cli_errors import check_run_folder
-    from rewardstack.telemetry.report import cmd_report as run
+    """Plots and a one-page summary of a run directory (rewardstack._telemetry.report)."""
+    from rewardstack._cli_errors import check_run_folder
+    from rewardstack._telemetry.report import cmd_report as run
 
     check_run_folder(args.run_dir)
     return run(args)
@@ -54,12 +54,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
-    if args.tiny:  # the standard stand-ins, shrunk (rewardstack.standins.tiny)
-        from rewardstack.standins import make_tiny_standins
+    if args.tiny:  # the standard stand-ins, shrunk (rewardstack._standins.tiny)
+        from rewardstack._standins import make_tiny_standins
 
         path = make_tiny_standins(args.dir, force=args.force, dpo=args.dpo)
     else:
-        from rewardstack.standins import make_standins
+        from rewardstack._standins import make_standins
 
         path = make_standins(args.dir, force=args.force, dpo=args.dpo)
     print(f"stand-in stack written; config: {path}")
@@ -97,7 +97,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     the same best (a saved state would carry the normalizers and diversity history over)."""
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack, Step
-    from rewardstack.standins import make_standins
+    from rewardstack._standins import make_standins
 
     home = Path(args.dir) if args.dir else paths.standins()
     print(f"stand-in models in {home} (built on first use)", file=sys.stderr)
@@ -118,7 +118,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Print every config key (--explain) and/or validate a config file with its lock file."""
-    from rewardstack import explain
+    from rewardstack import _explain as explain
 
     if not args.explain and not args.config:
         print("rewardstack config: give --explain, --config C, or both", file=sys.stderr)
@@ -133,7 +133,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     """Resolve every hub id of a config to a commit, fetch the files, write the lock file."""
     from rewardstack.config import load_config
-    from rewardstack.hub import download
+    from rewardstack._hub import download
 
     path, entries = download(load_config(args.config), include_off=args.all, fetch=not args.no_fetch)
     for e in entries:
@@ -145,7 +145,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 def _bytes(text: str) -> int:
     from rewardstack.errors import ConfigError
-    from rewardstack.settings import parse_bytes
+    from rewardstack._settings import parse_bytes
 
     try:
         return parse_bytes(text, key="--device-memory")
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--no-fetch", action="store_true", help="resolve and lock only; do not download files")
     dl.set_defaults(func=cmd_download)
 
-    from rewardstack.service.command import add_parser as add_serve_parser  # imports no FastAPI
+    from rewardstack._service.command import add_parser as add_serve_parser  # imports no FastAPI
 
     add_serve_parser(sub)
 
@@ -233,15 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="output folder (default RUN_DIR/report)")
     r.set_defaults(func=cmd_report)
 
-    from rewardstack.distributed.commands import add_parsers as add_ray_parsers  # imports no Ray
+    from rewardstack._distributed.commands import add_parsers as add_ray_parsers  # imports no Ray
 
     add_ray_parsers(sub)
 
-    from rewardstack.replay.commands import add_parsers as add_replay_parsers  # replay, soak
+    from rewardstack._replay.commands import add_parsers as add_replay_parsers  # replay, soak
 
     add_replay_parsers(sub)
 
-    from rewardstack.planning.command import add_parser as add_plan_parser  # imports no torch
+    from rewardstack._planning.command import add_parser as add_plan_parser  # imports no torch
 
     add_plan_parser(sub)
     return p
@@ -260,16 +260,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
         logging.getLogger("rewardstack").setLevel(own)
         if v < 0:
-            from rewardstack.quiet import quiet_libraries
+            from rewardstack._quiet import quiet_libraries
 
             quiet_libraries()  # -q: other libraries' warnings too
-    from rewardstack.quiet import silence_moot_warnings
+    from rewardstack._quiet import silence_moot_warnings
     from transformers.utils import logging as hf_logging
 
-    silence_moot_warnings()  # warnings whose cause rewardstack already handles (rewardstack.quiet)
+    silence_moot_warnings()  # warnings whose cause rewardstack already handles (rewardstack._quiet)
 
     hf_logging.disable_progress_bar()  # per-model "Loading weights" bars drown the output
-    from rewardstack.cli_errors import run_command  # one line for an ordinary mistake; -v adds the traceback
+    from rewardstack._cli_errors import run_command  # one line for an ordinary mistake; -v adds the traceback
 
     return run_command(args.func, args, verbose=args.verbose)
 

@@ -22,7 +22,7 @@ trust_remote_code, weight, and the `HfRewardOptions`); it runs as `rewards.<name
 the ten event names), scored by the trainer routes only. A config with `[rewards.*]` tables and no
 `[models]` table runs those models alone: the openvalidators models are then all off.
 Relative local paths are resolved against the config file's folder. A config that states no
-`state_dir` keeps its state in its own folder of rewardstack's home (`rewardstack.paths`:
+`state_dir` keeps its state in its own folder of rewardstack's home (`rewardstack._paths`:
 `$REWARDSTACK_HOME/<stem>-<hash>/state`), not in whatever folder the command runs from.
 """
 
@@ -37,16 +37,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from rewardstack import paths
+from rewardstack import _paths as paths
 from rewardstack.errors import ConfigError
-from rewardstack.lockfile import is_hub_id, lock_path, read_lock
-from rewardstack.modeloptions import ModelOptions, NoOptions
-from rewardstack.models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, USER_PREFIX, is_user_model,
+from rewardstack._lockfile import is_hub_id, lock_path, read_lock
+from rewardstack._modeloptions import ModelOptions, NoOptions
+from rewardstack._models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, USER_PREFIX, is_user_model,
                                 option_keys, options_class, parse_options, spec)
-from rewardstack.settings import TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
+from rewardstack._settings import TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
 
 # The model names and their defaults (the openvalidators 1.2.0 default stack) are declared once, in
-# the model registry (`rewardstack.models`); these names are kept here for the modules that read them.
+# the model registry (`rewardstack._models`); these names are kept here for the modules that read them.
 DEFAULTS: dict[str, dict[str, Any]] = {m.name: dict(m.defaults) for m in MODELS}
 
 
@@ -75,9 +75,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Let the checkpoint run its own modeling code: only from a commit locked by `rewardstack download`, or from a local folder."""
     options: ModelOptions = field(default_factory=NoOptions)
-    """The scorer's options (written flat in the model's table): the dataclass its model declares in `rewardstack.modeloptions`, every key left out at its default."""
+    """The scorer's options (written flat in the model's table): the dataclass its model declares in `rewardstack._modeloptions`, every key left out at its default."""
     locked: dict[str, str] = field(default_factory=dict)
-    """Hub id -> commit, from the lock file beside the config (`rewardstack.lockfile`); not a config key."""
+    """Hub id -> commit, from the lock file beside the config (`rewardstack._lockfile`); not a config key."""
 
     def __post_init__(self) -> None:
         declared = options_class(self.name)
@@ -109,7 +109,7 @@ class StackConfig:
     """Torch device the models run on: `cpu`, `cuda`, `cuda:0`, ..."""
     state_dir: str = field(default_factory=lambda: str(paths.state_dir(None)),
                            metadata={"shown_default": "$REWARDSTACK_HOME/<config stem>-<hash>/state"})
-    """Folder for state that outlives the process (normalizer statistics, diversity history); relative to the config file. Unset: $REWARDSTACK_HOME/<config stem>-<hash>/state (rewardstack.paths)."""
+    """Folder for state that outlives the process (normalizer statistics, diversity history); relative to the config file. Unset: $REWARDSTACK_HOME/<config stem>-<hash>/state (rewardstack._paths)."""
     memory_budget: int | None = None
     """Activation budget in bytes. On CUDA, None means total memory x utilization minus weights minus headroom; on CPU, None means unlimited."""
     gpu_utilization: float = 0.9
@@ -120,7 +120,7 @@ class StackConfig:
     """Share of the budget the batch planner fills with predicted peaks."""
     models: dict[str, ModelConfig] = field(default_factory=dict)
     memory: MemorySettings = field(default_factory=MemorySettings)
-    """The `[memory]` table (see `rewardstack.settings`)."""
+    """The `[memory]` table (see `rewardstack._settings`)."""
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     """The `[telemetry]` table."""
     service: ServiceSettings = field(default_factory=ServiceSettings)

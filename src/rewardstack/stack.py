@@ -29,22 +29,22 @@ import torch
 
 from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
 from rewardstack.errors import SequenceError, StateError
-from rewardstack.memory import MemoryManager, configure_allocator, maybe_empty_cache
-from rewardstack.memory.manager import check_device
-from rewardstack.memory.snapshot import take_snapshot
-from rewardstack import models
-from rewardstack.normalize import RunningNormalizer
-from rewardstack.oplog import OperatorLog, log_models
-from rewardstack.readview import ReadView
-from rewardstack.scorers import build_scorer
-from rewardstack.scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
-from rewardstack.scorers.embedding import DiversityHistory, Embedding
-from rewardstack.scorers.rules import BlacklistState
-from rewardstack.scorers.loading import ModelCache
-from rewardstack.state import StateStore
-from rewardstack.stepobservers import StepObserver, StepReport, step_record
-from rewardstack.stepresult import StepResult
-from rewardstack.wire import RECENT_BYTES, RECENT_RESULTS, Step, check_completions
+from rewardstack._memory import MemoryManager, configure_allocator, maybe_empty_cache
+from rewardstack._memory.manager import check_device
+from rewardstack._memory.snapshot import take_snapshot
+from rewardstack import _models as models
+from rewardstack._normalize import RunningNormalizer
+from rewardstack._oplog import OperatorLog, log_models
+from rewardstack._readview import ReadView
+from rewardstack._scorers import build_scorer
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.embedding import DiversityHistory, Embedding
+from rewardstack._scorers.rules import BlacklistState
+from rewardstack._scorers.loading import ModelCache
+from rewardstack._state import StateStore
+from rewardstack._stepobservers import StepObserver, StepReport, step_record
+from rewardstack._stepresult import StepResult
+from rewardstack._wire import RECENT_BYTES, RECENT_RESULTS, Step, check_completions
 
 log = logging.getLogger("rewardstack.stack")
 
@@ -282,7 +282,7 @@ class RewardStack:
 
     def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True,
                  recalibrate: bool = False) -> None:
-        from rewardstack.quiet import silence_moot_warnings
+        from rewardstack._quiet import silence_moot_warnings
 
         silence_moot_warnings()  # e.g. transformers' "longer than the maximum": the scorers cut inputs themselves
         self.config = config
@@ -295,7 +295,7 @@ class RewardStack:
         self.models = ModelCache(self.device)  # loads on the host: placement moves what stays resident
         self.runtime = Runtime(device=self.device, memory=self.memory, models=self.models)
         self.scorers: dict[str, Scorer] = {}
-        from rewardstack.quiet import no_progress_bars
+        from rewardstack._quiet import no_progress_bars
 
         with self.memory.deferred_calibration(), no_progress_bars():  # place, then load onto the card, then profile
             for cfg in config.active_models():
@@ -319,7 +319,7 @@ class RewardStack:
         self.on_step: list[Callable[[dict[str, Any]], None]] = []
         """Called after each scored step with the step's memory record (docs/TELEMETRY.md)."""
         self.step_observers: list[StepObserver] = [OperatorLog()]
-        """Subscribers of every step (`rewardstack.stepobservers`): the operator's log line, telemetry."""
+        """Subscribers of every step (`rewardstack._stepobservers`): the operator's log line, telemetry."""
         if load_state:
             self.load_state()
 

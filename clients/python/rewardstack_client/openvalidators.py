@@ -221,9 +221,9 @@ def wandb_record(event: Dict[str, Any]) -> Dict[str, Any]:
         if isinstance(value, dict):
             for model, v in value.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    out[f"rewardstack/memory/{key}/{model}"] = v
+                    out[f"rewardstack/_memory/{key}/{model}"] = v
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[f"rewardstack/memory/{key}"] = value
+            out[f"rewardstack/_memory/{key}"] = value
     return out
 
 

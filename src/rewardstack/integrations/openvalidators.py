@@ -14,7 +14,7 @@ from rewardstack_client.openvalidators import (MASKS, REWARD_MODELS, Blacklist, 
                                                StepCallback)
 from rewardstack_client.openvalidators import OpenValidatorsStack as _RemoteStack
 
-from rewardstack.fileio import event_line
+from rewardstack._fileio import event_line
 
 
 class OpenValidatorsStack(_RemoteStack):

@@ -1,0 +1,365 @@
+"""The scoring service on Ray Serve: stateless replicas, one state actor per namespace.
+
+Same request and response as `rewardstack serve` (`POST /v1/score`: a step plus optional
+`namespace` and `sequence`; out the event line `score` writes plus the `sequence` it was applied
+as; errors `{"error": {"message", "type", "field"}}`), with the same limits and sequence rules, but
+the two halves of the stack run in different processes:
+
+- **Replicas** (a Serve deployment, `num_gpus` each) load the stack once and run only its stateless
+  part (`RewardStack.forward_many`, batched over concurrent requests with `serve.batch`). They
+  hold no validator state, so Serve may route any request to any replica and a replica that dies
+  loses nothing.
+- **Namespace state actors**: each namespace's `RewardState` (normalizers, blacklist, diversity
+  history, committed sequence number and the last 64 results) lives in one named, detached Ray
+  actor. It runs on one event-loop thread and applies steps strictly in sequence order: a step whose
+  predecessors are still in a replica's forward pass waits for them (replicas finish out of order),
+  a repeat gets the stored result, a gap is 409. It commits each step to
+  `<state_dir>/namespaces/<name>/` (the service's layout, through `StateStore`, under the
+  service's one-writer `StateLock`) before answering. Ray restarts a dead state actor from
+  that file. On a multi-node cluster the state folder must be shared storage (checked).
+
+A request whose replica dies mid-flight can fail at the HTTP proxy; a client retrying with the same
+sequence number gets either the stored result (the state actor committed it) or a fresh scoring
+(it did not): never a step applied twice. Without a sequence number there is no such protection,
+as in `rewardstack serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import ray
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from ray import serve
+
+from rewardstack.config import StackConfig
+from rewardstack._distributed.cluster import RAY_NAMESPACE
+from rewardstack._settings import ServiceSettings
+from rewardstack.stack import ForwardResult, RewardState, Step
+from rewardstack._wire import RECENT_RESULTS
+
+log = logging.getLogger("rewardstack.distributed")
+
+APP_NAME = "rewardstack"
+ACTOR_PREFIX = "rewardstack-namespace-"
+
+
+def actor_name(namespace: str) -> str:
+    """The Ray name of a namespace's state actor."""
+    return ACTOR_PREFIX + namespace
+
+
+# -- the namespace state actor --------------------------------------------------------------------
+def _refusal(e: Any) -> tuple:
+    """A `ServiceError` as the actor's tagged answer (exceptions do not cross Ray unchanged)."""
+    return ("error", e.status, e.type, e.message, e.field)
+
+
+class NamespaceState:
+    """One namespace's state; an async Ray actor, so every call runs on its one event-loop thread.
+
+    Between two `await`s nothing else runs, and `commit` does not await between checking the
+    sequence number and writing the state: steps are applied one at a time, in sequence order.
+    Answers are tagged tuples, not exceptions, so they cross Ray unchanged:
+    `("ok", body, sequence, scored)`, `("go",)` or `("error", status, type, message, field)`.
+    """
+
+    def __init__(self, config: StackConfig, name: str, state_dir: str) -> None:
+        from rewardstack._service.namespaces import Namespace
+        from rewardstack._state import StateLock, StateStore
+
+        folder = Path(state_dir) / "namespaces" / name
+        folder.mkdir(parents=True, exist_ok=True)  # reserved by the replica first (protocol: namespace limit)
+        lock = StateLock(folder).acquire()  # one writer: not also a `rewardstack serve`
+        store = StateStore(folder)
+        state = RewardState(config)
+        state.load_state_dict(store.load())
+        self.ns = Namespace(name, state, store, lock)
+        self.turn = asyncio.Condition()
+        if state.sequence:
+            log.info("namespace %s resumed at sequence %d", name, state.sequence)
+
+    async def sequence(self) -> int:
+        """The last committed sequence number."""
+        return self.ns.state.sequence
+
+    def _gap(self, got: int) -> tuple:
+        from rewardstack._service.protocol import sequence_gap
+
+        return _refusal(sequence_gap(self.ns.name, got, self.ns.state.sequence + 1))
+
+    def _repeat(self, sequence: int, step: Step) -> tuple | None:
+        """The stored answer of a committed step (409 if it was another step, or is too old), None
+        if not committed: the service's rule (`protocol.repeat_answer`)."""
+        from rewardstack._service.protocol import repeat_answer
+
+        if sequence > self.ns.state.sequence:
+            return None
+        kept = repeat_answer(self.ns.state, self.ns.name, sequence, step, self.ns.state.config.input.max_chars)
+        if isinstance(kept, str):
+            return ("ok", kept, sequence, False)
+        return _refusal(kept)
+
+    async def precheck(self, sequence: int | None, step: Step) -> tuple:
+        """Before the forward pass: a repeat's stored answer, a hopeless gap's 409, else `("go",)`."""
+        if sequence is None:
+            return ("go",)
+        repeat = self._repeat(sequence, step)
+        if repeat is not None:
+            return repeat
+        if sequence - (self.ns.state.sequence + 1) > RECENT_RESULTS:
+            return self._gap(sequence)  # far ahead: not a predecessor in flight
+        return ("go",)
+
+    async def commit(self, sequence: int | None, fwd: ForwardResult, wait_s: float) -> tuple:
+        """Apply one step's forward result as `sequence` (or as the next one) and commit it to disk."""
+        async with self.turn:
+            if sequence is not None:
+                loop = asyncio.get_running_loop()
+                until = loop.time() + wait_s
+                while sequence > self.ns.state.sequence + 1:  # predecessors still in a forward pass
+                    left = until - loop.time()
+                    if left <= 0:
+                        return self._gap(sequence)
+                    try:
+                        await asyncio.wait_for(self.turn.wait(), left)
+                    except TimeoutError:
+                        return self._gap(sequence)
+                repeat = self._repeat(sequence, fwd.step)
+                if repeat is not None:
+                    return repeat
+            # From here to the end: no await, so nothing else touches the state.
+            from rewardstack._service.protocol import apply_step
+
+            state = self.ns.state
+            try:
+                _, body = apply_step(state, fwd)  # the service's rule: applied, its answer kept for retries
+                self.ns.commit()
+            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
+                log.exception("namespace %s: applying or committing a step failed", self.ns.name)
+                self.ns.reload()
+                return ("error", 500, "state_error", "the step could not be applied and committed; not scored", None)
+            self.turn.notify_all()
+            return ("ok", body, state.sequence, True)
+
+
+def namespace_actor(config: StackConfig, name: str, state_dir: str) -> Any:
+    """The state actor of `name`, created on first use (detached: it outlives the replica asking)."""
+    return ray.remote(NamespaceState).options(
+        name=actor_name(name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
+        num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000,
+    ).remote(config, name, state_dir)
+
+
+def stop_namespace_actors(state_dir: str | Path) -> int:
+    """Kill the state actors of every namespace in `state_dir` (each has committed all it answered)."""
+    root = Path(state_dir) / "namespaces"
+    n = 0
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            actor = ray.get_actor(actor_name(folder.name), namespace=RAY_NAMESPACE)
+        except ValueError:  # no actor for it (never used since the start, or already stopped)
+            continue
+        ray.kill(actor, no_restart=True)
+        n += 1
+    return n
+
+
+# -- the replicas ---------------------------------------------------------------------------------
+class _Forward:
+    """One step waiting for a replica's forward pass, with the time after which it is not started."""
+
+    def __init__(self, step: Step, deadline: float) -> None:
+        self.step = step
+        self.deadline = deadline
+
+
+@serve.ingress()
+class ScoringReplica:
+    """A Serve replica: the stack's stateless part, the service's HTTP surface, no validator state."""
+
+    def __init__(self, config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str],
+                 state_dir: str, reorder_wait_s: float) -> None:
+        from rewardstack._service.namespaces import Access
+        from rewardstack._service.worker import WARMUP_STEP
+        from transformers.utils import logging as hf_logging
+
+        from rewardstack.stack import RewardStack
+
+        hf_logging.disable_progress_bar()
+        self.config = config
+        self.settings = settings
+        self.access = Access(dict(token_hashes))
+        self.state_dir = state_dir
+        self.reorder_wait_s = reorder_wait_s
+        self.stack = RewardStack(config, load_state=False)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewardstack-forward")
+        self.stack.forward(WARMUP_STEP)  # the startup forward pass, as the service does before ready
+        self.in_flight = 0
+        self.actors: dict[str, Any] = {}
+        self.started = time.time()
+
+    def check_health(self) -> None:
+        """Serve's health check: the replica is healthy once its stack answered a forward pass."""
+
+    def _actor(self, name: str) -> Any:
+        actor = self.actors.get(name)
+        if actor is None:
+            actor = self.actors[name] = namespace_actor(self.config, name, self.state_dir)
+        return actor
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def _forward(self, items: list[_Forward]) -> list[ForwardResult | None]:
+        """Forward passes of concurrent requests together (model by model); None: deadline passed."""
+        now = time.monotonic()
+        live = [i for i, it in enumerate(items) if it.deadline >= now]
+        out: list[ForwardResult | None] = [None] * len(items)
+        if live:
+            loop = asyncio.get_running_loop()
+            results = await loop.run_in_executor(self.pool, self.stack.forward_many, [items[i].step for i in live])
+            for i, r in zip(live, results):
+                out[i] = r
+        return out
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return build_http_app(self)
+
+
+def build_http_app(replica: ScoringReplica) -> Any:
+    """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
+    from rewardstack._service.errors import ServiceError
+    from rewardstack._service.guard import authorizer, install_error_handlers, loopback_guard, require_json
+    from rewardstack._service.namespaces import NamespaceLimitError, reserve
+    from rewardstack._service.protocol import (SCORE_SCHEMA, BodyLimit, client_deadline, committed_sequence,
+                                              error_responses, namespace_for, namespace_limit, parse_score,
+                                              score_responses)
+
+    settings = replica.settings
+    access = replica.access
+    # The service's guards (service/guard.py, protocol.BodyLimit): loopback without a token answers
+    # only this machine's Host and Origin, a step must be sent as JSON, a slow body is cut off.
+    local = loopback_guard(settings.host, access)
+    app = FastAPI(title="rewardstack on Ray Serve", version="0.1.0",
+                  dependencies=[Depends(local)] if local is not None else [],
+                  description="The scoring service with stateless replicas and one state actor per namespace. "
+                              "See docs/RAY.md.")
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+
+    install_error_handlers(app)  # the service's error chokepoint and access checks (service/guard.py)
+    authorize = authorizer(access)
+
+    root = Path(replica.state_dir) / "namespaces"
+
+    def check_namespace_count(name: str) -> None:
+        # Count and create under one file lock on the shared folder: replicas cannot overshoot.
+        try:
+            reserve(root, name, settings.max_namespaces)
+        except NamespaceLimitError as e:
+            raise namespace_limit(e.limit) from None
+
+    def answer(reply: tuple) -> Response:
+        if reply[0] == "error":
+            _, status, type_, message, field = reply
+            raise ServiceError(status, type_, message, field=field)
+        _, body, _, scored = reply
+        return Response(body, media_type="application/json",
+                        headers={"X-Rewardstack-Scored": "true" if scored else "false"})
+
+    async def call_state(method: Any, *args: Any) -> tuple:
+        from ray.exceptions import RayActorError
+
+        try:
+            return await method.remote(*args)
+        except RayActorError:
+            # The state actor died (Ray restarts it from its last commit): the client retries with
+            # the same sequence number and gets the stored result or a fresh, single application.
+            raise ServiceError(503, "state_restarting", "the namespace's state actor restarted; retry with the same "
+                               "sequence number", headers={"Retry-After": "1"}) from None
+
+    @app.post("/v1/score", summary="Score one step",
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
+              responses=score_responses())
+    async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
+        arrived = time.monotonic()
+        call = parse_score(await request.body(), scope, settings, replica.config.input)  # the service's rules
+        namespace, sequence, step = call.namespace, call.sequence, call.step
+        check_namespace_count(namespace)
+        if replica.in_flight >= settings.queue_size:
+            raise ServiceError(429, "queue_full", f"the replica has {replica.in_flight} steps in flight; the step "
+                               "was not scored", headers={"Retry-After": "1"})
+        replica.in_flight += 1
+        try:
+            actor = replica._actor(namespace)
+            pre = await call_state(actor.precheck, sequence, step)
+            if pre[0] != "go":
+                return answer(pre)
+            deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
+            fwd = await replica._forward(_Forward(step, deadline))
+            if fwd is None:
+                raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
+                                   "the step was not scored (service.deadline_s)")
+            # Started: it commits whatever happens to the client (shielded from its disconnect).
+            reply = await asyncio.shield(call_state(actor.commit, sequence, fwd, replica.reorder_wait_s))
+            return answer(reply)
+        finally:
+            replica.in_flight -= 1
+
+    @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number",
+             responses=error_responses(401, 403, 422))
+    async def namespace_info(name: str, scope: str | None = Depends(authorize)) -> dict:
+        name = namespace_for(name, scope)
+        try:
+            actor = ray.get_actor(actor_name(name), namespace=RAY_NAMESPACE)
+            sequence = await call_state(actor.sequence)
+        except ValueError:  # no actor: read the committed file
+            sequence = await asyncio.to_thread(committed_sequence, root / name)
+        return {"namespace": name, "sequence": sequence, "next": sequence + 1}
+
+    @app.get("/healthz", summary="Liveness of this replica")
+    async def healthz() -> dict:
+        return {"status": "ok", "in_flight": replica.in_flight, "up_s": round(time.time() - replica.started, 1),
+                "replica": {"pid": os.getpid(), "host": os.uname().nodename}}
+
+    @app.get("/readyz", summary="Readiness: this replica loaded its models and ran a forward pass")
+    async def readyz() -> dict:
+        return {"status": "ready"}  # Serve routes to a replica only after its constructor returned
+
+    @app.get("/v1/stack", summary="Models, device and limits of this replica", responses=error_responses(401))
+    async def stack_info(scope: str | None = Depends(authorize)) -> dict:
+        return {
+            "device": str(replica.stack.device),
+            "models": [m.name for m in replica.config.active_models()],
+            "limits": {k: getattr(settings, k) for k in ("max_body_bytes", "max_completions", "max_chars",
+                                                          "deadline_s", "queue_size")},
+            "state_dir": replica.state_dir,
+        }
+
+    return app
+
+
+def build_app(config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str], *, state_dir: str,
+              replicas: int = 1, gpus_per_replica: float = 0.0, cpus_per_replica: float = 1.0,
+              reorder_wait_s: float | None = None) -> Any:
+    """The Serve application: `replicas` stateless replicas over namespace state actors in `state_dir`.
+
+    `reorder_wait_s` is how long a step waits at its state actor for predecessors still in a
+    forward pass before it is a 409 gap (default: the service's deadline).
+    """
+    from rewardstack._distributed.scoring import worker_config
+
+    config = worker_config(config, gpus_per_replica)
+    deployment = serve.deployment(
+        ScoringReplica, name="ScoringReplica", num_replicas=replicas,
+        ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
+        # The replica admits up to queue_size steps itself and answers 429 past that, like the service.
+        max_ongoing_requests=settings.queue_size + 1, health_check_period_s=5, graceful_shutdown_timeout_s=20,
+    )
+    wait = settings.deadline_s if reorder_wait_s is None else reorder_wait_s
+    return deployment.bind(config, settings, dict(token_hashes), str(Path(state_dir).resolve()), wait)

@@ -1,0 +1,72 @@
+"""`rewardstack config`: every key a config file takes, and a check of one config file.
+
+`explain()` lists the top-level keys, the `[memory]`, `[telemetry]` and `[service]` tables, the keys
+every `[models.*]` table takes, and each model's own options with its defaults: key, type,
+default and one line of help, all read from the dataclasses that validate them (so the listing and
+the validation cannot disagree). `check(path)` validates a config and its lock file and says, per
+model, what will be loaded from where.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from rewardstack.config import ModelConfig, StackConfig, load_config
+from rewardstack._models import MODELS, explain_options
+from rewardstack._settings import TABLES, explain_table
+
+_NOT_KEYS = {"name", "locked", "options", "models", "source", *TABLES}
+
+
+def _rows(rows: list[tuple[str, str, str, str]], strip: str = "") -> list[str]:
+    out = []
+    for key, kind, default, help_ in rows:
+        key = key.removeprefix(strip)
+        if key.rsplit(".", 1)[-1] in _NOT_KEYS:
+            continue
+        out.append(f"  {key:<28} {kind:<12} {default:<24}")
+        out.extend(textwrap.wrap(help_, width=96, initial_indent="      ", subsequent_indent="      "))
+    return out
+
+
+def explain() -> str:
+    """Every key of the config file: key, type, default, help."""
+    lines = ["Top-level keys:"]
+    lines += _rows(explain_table(StackConfig, ""), strip=".")
+    for name, cls in TABLES.items():
+        lines += ["", f"[{name}]:"]
+        lines += _rows(explain_table(cls, name), strip=f"{name}.")
+    lines += ["", "[models.<name>]: keys every model takes (<name> is an event name below):"]
+    lines += _rows(explain_table(ModelConfig, ""), strip=".")
+    for m in MODELS:  # the model registry, in the spec's order
+        name = m.name
+        defaults = ", ".join(f"{k} = {json.dumps(v)}" for k, v in m.defaults.items())
+        lines += ["", f"[models.{name}]: defaults {defaults}"]
+        opts = _rows(explain_options(name), strip=f"models.{name}.")
+        lines += opts if opts else ["  (no options of its own)"]
+    return "\n".join(lines) + "\n"
+
+
+def check(path: str | Path) -> str:
+    """Validate a config file (and the lock file beside it); one line per active model."""
+    from rewardstack.config import hub_ids
+    from rewardstack._lockfile import lock_path
+
+    cfg = load_config(path)
+    lock = lock_path(path)
+    lines = [f"{path}: valid; lock file {lock.name}: {'present' if lock.exists() else 'none'}"]
+    for mc in cfg.active_models():
+        where = [mc.path] if mc.path else list(mc.paths)
+        pins = [f"{h}@{mc.locked[h][:12]}" for h in hub_ids(mc) if h in mc.locked]
+        unpinned = [h for h in hub_ids(mc) if h not in mc.locked]
+        text = f"  {mc.name}: {', '.join(where) or '(rules)'}"
+        if pins:
+            text += f"; locked {', '.join(pins)}"
+        if unpinned:
+            text += f"; not locked: {', '.join(unpinned)}"
+        if mc.trust_remote_code:
+            text += "; runs its own code" + ("" if not unpinned else " (refused until `rewardstack download`)")
+        lines.append(text)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,353 @@
+"""Model placement: which models stay resident on the device, which run on CPU, which are swapped in.
+
+When the weights of the whole stack fit the weight budget, every model is resident. When they do
+not, `plan()` decides per model, and logs each decision with its reason:
+
+- `cpu`: small models that are allowed to (filters) run on the host, because swapping them in and
+  out every step costs more transfer than their CPU forward pass; and models larger than the whole
+  weight budget, which could never be on the device.
+- `resident`: by priority (then size, smallest first), as many as fit while leaving a swap slot
+  big enough for the largest model that is swapped.
+- `swap`: the rest, moved onto the device on demand by `ensure(name)`, evicting the least recently
+  used swapped-in models until they fit. Every swap is counted and logged.
+
+Modules shared by several models (one embedding model for relevance and diversity) are counted and
+moved once, and never evicted while another model on the device still uses them. `summary()` says
+so per model: its whole size (`bytes`), the bytes counted for it once across the stack
+(`counted_bytes`, summing to the stack's weights) and the models it shares modules with.
+
+On CUDA with `pinned=True` (CUDA-only, isolated in `swapcopy.py`), swapped models move from pinned
+host copies on a separate stream, swap out without a copy back, and `prefetch(name)` starts the
+next model's copy while the current one computes (`ensure` waits for it).
+
+On a machine whose device is the host (CPU), placement is simulated: residency and swaps are
+accounted exactly the same way but modules are not moved (`move=False`), so the logic is testable
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Literal
+
+import torch
+
+from rewardstack._memory.budget import weights_bytes
+from rewardstack._memory.observers import PlacementMove
+
+log = logging.getLogger("rewardstack.memory")
+
+Where = Literal["resident", "cpu", "swap"]
+SWAP_LOG_SIZE = 256  # swap events kept in memory (a ring buffer); `swaps`/`evictions` count all
+
+
+@dataclass
+class Decision:
+    """Where one model lives and why."""
+
+    where: Where
+    reason: str
+    bytes: int = 0
+
+
+@dataclass
+class _Model:
+    name: str
+    modules: list[torch.nn.Module]
+    priority: float
+    cpu_ok: bool
+    size: int
+
+
+@dataclass
+class SwapEvent:
+    """One model moved onto the device, and the models evicted for it."""
+
+    name: str
+    evicted: list[str] = field(default_factory=list)
+
+
+class Placement:
+    """Decides and enforces where each registered model's weights live.
+
+    `budget_bytes` is the device memory the weights may take (None: unlimited, all resident).
+    `small_bytes`: models allowed on CPU (`cpu_ok`) at most this big go to CPU when the stack does
+    not fit (default: 1/16 of the budget).
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        budget_bytes: int | None,
+        *,
+        host: torch.device | str = "cpu",
+        move: bool | None = None,
+        small_bytes: int | None = None,
+        pinned: bool = False,
+    ) -> None:
+        self.device = torch.device(device)
+        self.host = torch.device(host)
+        self.budget_bytes = budget_bytes
+        # Moving only makes sense between two different memories; on a CPU-only box we simulate.
+        self.move = (self.device != self.host) if move is None else move
+        self.small_bytes = small_bytes
+        self._models: dict[str, _Model] = {}
+        self._sizes: dict[int, int] = {}  # id(module) -> bytes
+        self._mods: dict[int, torch.nn.Module] = {}
+        self.decisions: dict[str, Decision] = {}
+        self._on_device: set[int] = set()  # ids of modules on the (real or simulated) device
+        self._lru: OrderedDict[str, None] = OrderedDict()  # swapped-in models, least recent first
+        self.swaps = 0  # totals: the log below keeps only the last SWAP_LOG_SIZE events
+        self.evictions = 0
+        self.swap_log: deque[SwapEvent] = deque(maxlen=SWAP_LOG_SIZE)
+        # CUDA-only, isolated (memory/swapcopy.py): swapped models move from pinned host copies on
+        # a side stream, and swap out without a copy back. Everywhere else: `.to()` as before.
+        self._swapper = None
+        if pinned and self.move and self.device.type == "cuda":  # pragma: no cover - CUDA-only
+            from rewardstack._memory.swapcopy import PinnedSwapper
+
+            self._swapper = PinnedSwapper(self.device)
+        self.listeners: list[Callable[[PlacementMove], None]] = []
+        """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
+
+    # -- registration -----------------------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        modules: list[torch.nn.Module],
+        *,
+        priority: float = 1.0,
+        cpu_ok: bool = False,
+        size: int | None = None,
+    ) -> None:
+        """Add a model (its torch modules); higher `priority` stays resident first."""
+        for m in modules:
+            self._mods[id(m)] = m
+            self._sizes.setdefault(id(m), weights_bytes([m]))
+            # Start from where the weights really are (models load onto the device), so that
+            # `_apply` moves an offloaded model off the device instead of assuming it is not there.
+            if any(_same_device(p.device, self.device) for p in m.parameters()):
+                self._on_device.add(id(m))
+        total = size if size is not None else sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
+        self._models[name] = _Model(name, list(modules), priority, cpu_ok, int(total))
+        self.decisions.pop(name, None)
+
+    def names(self) -> list[str]:
+        """Registered model names."""
+        return list(self._models)
+
+    def total_bytes(self) -> int:
+        """Weights of every registered model, shared modules counted once."""
+        return sum(self._sizes.values())
+
+    def _bytes_of(self, ids: set[int]) -> int:
+        return sum(self._sizes[i] for i in ids)
+
+    def _ids(self, name: str) -> set[int]:
+        return {id(m) for m in self._models[name].modules}
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self) -> dict[str, Decision]:
+        """Decide where every registered model lives; log each decision and its reason."""
+        budget = self.budget_bytes
+        total = self.total_bytes()
+        models = list(self._models.values())
+        dec: dict[str, Decision] = {}
+        if budget is None or total <= budget:
+            why = "no weight budget" if budget is None else f"whole stack {_mib(total)} fits {_mib(budget)}"
+            dec = {m.name: Decision("resident", why, m.size) for m in models}
+        else:
+            small = self.small_bytes if self.small_bytes is not None else budget // 16
+            rest: list[_Model] = []
+            for m in models:
+                if m.cpu_ok and m.size <= small:
+                    dec[m.name] = Decision(
+                        "cpu", f"small ({_mib(m.size)} <= {_mib(small)}): a CPU pass is cheaper than swapping it every step", m.size)
+                elif m.size > budget:
+                    dec[m.name] = Decision("cpu", f"{_mib(m.size)} exceeds the whole weight budget {_mib(budget)}", m.size)
+                else:
+                    rest.append(m)
+            resident: set[int] = set()
+            chosen: list[_Model] = []
+            order = sorted(rest, key=lambda m: (-m.priority, m.size, m.name))
+            for m in order:
+                trial = resident | self._ids(m.name)
+                others = [o for o in rest if o is not m and o not in chosen]
+                # Keep room for the largest model that will have to be swapped in.
+                slot = max((self._bytes_of(self._ids(o.name) - trial) for o in others), default=0)
+                if self._bytes_of(trial) + slot <= budget:
+                    resident = trial
+                    chosen.append(m)
+            for m in rest:
+                if m in chosen:
+                    dec[m.name] = Decision("resident", f"priority {m.priority:g}: fits with a swap slot left ({_mib(self._bytes_of(resident))} resident of {_mib(budget)})", m.size)
+                else:
+                    dec[m.name] = Decision("swap", f"{_mib(total)} of weights exceed {_mib(budget)}: swapped in on demand (LRU)", m.size)
+        self.decisions = dec
+        for name, d in dec.items():
+            log.info("placement: %s -> %s (%s): %s", name, d.where, _mib(d.bytes), d.reason)
+        self._apply()
+        return dict(dec)
+
+    def _apply(self) -> None:
+        """Put resident models on the device and the others on the host."""
+        keep: set[int] = set()
+        for name, d in self.decisions.items():
+            if d.where == "resident":
+                keep |= self._ids(name)
+        for i in list(self._mods):
+            self._set(i, i in keep)
+        self._lru.clear()
+
+    def _set(self, mid: int, on_device: bool, *, swap: bool = False, wait: bool = True) -> None:
+        if (mid in self._on_device) == on_device:
+            return
+        if self.move and swap and self._swapper is not None:  # pragma: no cover - CUDA-only
+            if on_device:
+                self._swapper.to_device(self._mods[mid], wait=wait)
+            else:
+                self._swapper.to_host(self._mods[mid])
+        elif self.move:
+            self._mods[mid].to(self.device if on_device else self.host)  # CUDA-only in practice
+        if on_device:
+            self._on_device.add(mid)
+        else:
+            self._on_device.discard(mid)
+
+    # -- running ----------------------------------------------------------------------------
+    def device_bytes(self) -> int:
+        """Weight bytes on the device now."""
+        return self._bytes_of(self._on_device)
+
+    def where(self, name: str) -> torch.device:
+        """The device a model's forward runs on now (after `ensure`)."""
+        return self.device if self._ids(name) <= self._on_device else self.host
+
+    def ensure(self, name: str) -> Decision:
+        """Make `name` runnable: swap it onto the device (evicting LRU swapped-in models) if needed."""
+        if name not in self._models:
+            return Decision("resident", "not registered with placement")
+        if not self.decisions:
+            self.plan()
+        d = self.decisions.get(name) or self.plan()[name]
+        if d.where != "swap":
+            return d
+        need = self._ids(name)
+        if need <= self._on_device:
+            if self._swapper is not None:  # pragma: no cover - CUDA-only: a prefetch may be in flight
+                for mid in need:
+                    self._swapper.ready(self._mods[mid])
+            self._lru[name] = None
+            self._lru.move_to_end(name)  # most recently used
+            return d
+        t0, p0 = time.time(), time.perf_counter()
+        budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
+        event = SwapEvent(name)
+        while self._bytes_of(self._on_device | need) > budget and self._lru:
+            victim = next(iter(self._lru))
+            self._lru.pop(victim)
+            # A module shared with another model still on the device stays.
+            still = set().union(*(self._ids(n) for n in self._lru), *(
+                self._ids(n) for n, dd in self.decisions.items() if dd.where == "resident"), need)
+            for mid in self._ids(victim) - still:
+                self._set(mid, False, swap=True)
+            event.evicted.append(victim)
+            self.evictions += 1
+        for mid in need:
+            self._set(mid, True, swap=True)
+        self._lru[name] = None
+        self.swaps += 1
+        self.swap_log.append(event)
+        log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
+                 f", evicted {event.evicted}" if event.evicted else "", self.swaps)
+        if self.listeners:
+            seconds = time.perf_counter() - p0
+            moves = [PlacementMove(name, "in", self.decisions[name].bytes, seconds, t0)]
+            moves += [PlacementMove(v, "out", self.decisions[v].bytes, None, t0) for v in event.evicted]
+            for listener in list(self.listeners):
+                for move in moves:
+                    listener(move)
+        return d
+
+    def prefetch(self, name: str) -> bool:  # pragma: no cover - CUDA-only
+        """Start moving swapped model `name` onto the device on the side stream, if it fits beside
+        what is there without evicting anything; `ensure(name)` later waits for the copy.
+
+        Returns whether a copy started. Only with `pinned=True` on CUDA (otherwise False: no
+        overlap is possible, `ensure` moves the model when it is needed).
+        """
+        if self._swapper is None or name not in self._models:
+            return False
+        d = self.decisions.get(name)
+        need = self._ids(name)
+        budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
+        if d is None or d.where != "swap" or need <= self._on_device or self._bytes_of(self._on_device | need) > budget:
+            return False
+        for mid in need:
+            self._set(mid, True, swap=True, wait=False)
+        self._lru[name] = None
+        self.swaps += 1
+        self.swap_log.append(SwapEvent(name))
+        log.info("placement: prefetching %s (%s) on the copy stream", name, _mib(self._models[name].size))
+        return True
+
+    @contextmanager
+    def lent_to_host(self, name: str) -> Iterator[int]:
+        """Move `name`'s modules off the device for the body (a CPU fallback), then back.
+
+        Yields the bytes moved (0 for a model already on the host). On a CPU-only machine
+        (`move=False`) nothing moves and the host run is simulated, as for every placement.
+        """
+        moved = {i for i in self._ids(name) if i in self._on_device}
+        for i in moved:
+            self._set(i, False)
+        try:
+            yield self._bytes_of(moved)
+        finally:
+            for i in moved:
+                self._set(i, True)
+
+    def counted(self) -> dict[str, tuple[int, list[str]]]:
+        """Per model: the bytes counted for it with every module counted once, and the models it
+        shares modules with. A shared module is counted for the first model (in registration
+        order) that uses it and is wholly where the module is now (on the device, or not), so the
+        models on the device sum to `device_bytes()` and all of them to `total_bytes()`."""
+        users: dict[int, list[str]] = {}
+        for name in self._models:
+            for i in self._ids(name):
+                users.setdefault(i, []).append(name)
+        bytes_for = dict.fromkeys(self._models, 0)
+        for i, names in users.items():
+            here = i in self._on_device
+            holder = next((n for n in names if (self._ids(n) <= self._on_device) == here), names[0])
+            bytes_for[holder] += self._sizes[i]
+        return {n: (bytes_for[n], sorted({o for i in self._ids(n) for o in users[i]} - {n})) for n in self._models}
+
+    def summary(self) -> dict:
+        """Decisions, swap counts and bytes, JSON-able (for logs and telemetry)."""
+        counted = self.counted()
+        return {
+            "budget_bytes": self.budget_bytes,
+            "total_bytes": self.total_bytes(),
+            "device_bytes": self.device_bytes(),
+            "swaps": self.swaps,
+            "evictions": self.evictions,
+            "models": {n: {"where": d.where, "reason": d.reason, "bytes": d.bytes,
+                           "counted_bytes": counted[n][0] if n in counted else d.bytes,
+                           "shared_with": counted[n][1] if n in counted else []}
+                       for n, d in self.decisions.items()},
+            "swapped_in": list(self._lru),
+        }
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """`cuda` and `cuda:0` are the same device when the index is left out."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1024**2:.1f} MiB"

@@ -1,0 +1,91 @@
+"""Pathological inputs, mixed into generated steps: what breaks naive scorers, each one named.
+
+Every kind must come out of the stack scored or with an explicit per-completion status, and none may
+stop the scoring loop:
+
+- `empty`, `whitespace`: an empty answer and one of white space only (stripped to empty);
+- `prompt_itself`: the completion is the step's prompt (the blacklist's base-prompt rule);
+- `huge`: 100,000 characters;
+- `repeated_token`: one token repeated thousands of times (DPO's repetition penalty, NSFW windows);
+- `control_chars`: NUL, bell, escape sequences and other C0/C1 control characters;
+- `rtl`: right-to-left text with RLM/RLO/PDF marks;
+- `astral`: emoji and other astral-plane characters (surrogate pairs in UTF-16, 4 bytes in UTF-8);
+- `unpaired_surrogate`: a lone `\\ud800` in the JSON text: not valid Unicode, so the whole line is
+  an input error (reported with its line number, the rest of the file is scored);
+- `growing_prompt`: within a forward pass each step's prompt is the previous step's prompt plus a
+  completion of it, as the validator builds follow-ups and answers, so prompts grow step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from rewardstack.stack import Step
+from rewardstack._workload import text
+
+KINDS = ("empty", "whitespace", "prompt_itself", "huge", "repeated_token", "control_chars", "rtl", "astral")
+"""Kinds that become one completion each (the surrogate and growing-prompt kinds act on lines and prompts)."""
+HUGE_CHARS = 100_000
+
+
+def completion(kind: str, rng: random.Random, prompt: str) -> str:
+    """One pathological completion of `kind`."""
+    if kind == "empty":
+        return ""
+    if kind == "whitespace":
+        return " \t\n \u00a0\u2003 \r\n"
+    if kind == "prompt_itself":
+        return prompt
+    if kind == "huge":
+        return text(rng, HUGE_CHARS)
+    if kind == "repeated_token":
+        return " ".join(["the"] * rng.randint(3000, 6000))
+    if kind == "control_chars":
+        return "start\x00middle\x01\x02\x07bell\x08\x0b\x0c\x1b[31mred\x1b[0m\x7f\x85\x9f end"
+    if kind == "rtl":
+        return "\u200fمرحبا بالعالم\u200e and \u202eреверс\u202c \u05e9\u05dc\u05d5\u05dd \u2067isolate\u2069"
+    if kind == "astral":
+        return "🙂🚀 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈𐌰 🧪👩‍👩‍👧‍👦 🏳️‍🌈 \U0001F9EA" * 3
+    raise ValueError(f"unknown pathological kind {kind!r}")
+
+
+def mix_into(steps: list[Step], seed: int = 0, *, every: int = 3) -> list[Step]:
+    """Replace completions of every `every`-th step with pathological ones (all kinds, cycling)."""
+    rng = random.Random(seed)
+    k = 0
+    for s, step in enumerate(steps):
+        if s % every:
+            continue
+        slots = list(range(len(step.completions)))
+        rng.shuffle(slots)
+        for i in slots[: min(len(slots), 3)]:
+            kind = KINDS[k % len(KINDS)]
+            k += 1
+            step.completions[i] = completion(kind, rng, step.prompt)
+    return steps
+
+
+def grow_prompts(steps: list[Step]) -> list[Step]:
+    """Within each forward pass, each step's prompt becomes the previous prompt plus one of its completions."""
+    prev: Step | None = None
+    for step in steps:
+        if step.name == "augment" or prev is None:
+            prev = step
+            continue
+        grown = next((c for c in prev.completions if c), "")
+        step.prompt = f"{prev.prompt}\n\n{grown[:2000]}\n\n{step.prompt}"
+        prev = step
+    return steps
+
+
+def surrogate_line(step: Step) -> str:
+    """The step as a JSONL line whose first completion holds an unpaired surrogate (an input error)."""
+    d: dict[str, Any] = step.to_dict()
+    d["completions"] = list(d["completions"])
+    d["completions"][0] = "broken \ud800 surrogate"
+    return json.dumps(d, ensure_ascii=True)  # JSON's \ud800 escape: valid JSON, not valid Unicode
+
+
+__all__ = ["HUGE_CHARS", "KINDS", "completion", "grow_prompts", "mix_into", "surrogate_line"]

@@ -1,0 +1,450 @@
+"""`rewardstack replay`: score a recorded run from empty state and say what drove each model's peak.
+
+    rewardstack replay LOG... --config C [--budget B] [--run-dir D] [--steps A:B] [--top K]
+    rewardstack replay LOG... --config C --init-state
+
+The run's steps (`readers.read_run`) are scored in order by a stack built from C with an empty
+state in a temporary folder (the operator's state is never touched), each model's forward passes
+measured per step (tracker peak on CPU, allocator peak on CUDA). The report ends with:
+
+- per model, the top inputs behind its peak: the steps where its measured peak was highest, each
+  named by its longest input (step position, completion index, length, first characters); ties
+  (a bounded model peaks the same on every input past its bound) go to the longer input;
+- for each, what the unbounded reference would have asked for (`replay.reference`: the full-size
+  simulation of the reference's call at the input's untruncated token count, in the reference's
+  dtype) beside what rewardstack used; when it cannot be told the figure is said to be
+  unavailable and why, never extrapolated;
+- with `--budget` (bytes or sizes such as 40GiB): whether the run fits that card (CPU: the simulated
+  device of that size; CUDA: a hard cap through `torch.cuda.set_per_process_memory_fraction`), with
+  the OOMs it hit;
+- where the log has the validator's per-model values, agreement: per model, how many raw values
+  are within 1e-4 (relative, floor 1), the largest difference and the worst inputs.
+
+A completion the recorded run cut (its event says `cut`) is `cut` again (`replay.recorded_cut`).
+
+`--init-state` instead rebuilds the state from the log (`rewardstack._replay.initstate`).
+
+Exit codes (the command's, as `rewardstack._cli_errors` numbers them for every command): 0 every
+record read and the run fits; 2 some records were skipped (each named), the others replayed; 3 the
+run does not fit `--budget` (whatever was skipped); 1 an error, one line saying why: among them a
+run of which no step could be read, and a `--steps` that selects none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from rewardstack.config import load_config
+from rewardstack.errors import RewardStackError
+from rewardstack._fileio import merge_json_section
+from rewardstack._memory.observers import MemoryObserver
+from rewardstack._memory.peaks import PeakWindow
+from rewardstack._replay.readers import RunStep, read_run
+from rewardstack._replay.recorded_cut import KeepCut
+from rewardstack._replay.reference import reference_figure, reference_need_of
+from rewardstack._models import owner_of, spec
+from rewardstack._paths import run_dir_for
+
+log = logging.getLogger("rewardstack.replay")
+
+AGREEMENT_TOL = 1e-4
+HEAD_CHARS = 60
+# `rewardstack._cli_errors`' codes (that module sits above this layer, so they are repeated here).
+EXIT_OK = 0
+EXIT_SKIPPED = 2
+EXIT_DOES_NOT_FIT = 3
+
+
+def parse_steps(text: str | None, n: int) -> range:
+    """Positions selected by `A:B` (0-based, B excluded, either side may be empty) or `A` alone."""
+    if not text:
+        return range(n)
+    try:
+        if ":" in text:
+            a, _, b = text.partition(":")
+            return range(n)[slice(int(a) if a.strip() else None, int(b) if b.strip() else None)]
+        i = int(text)
+        return range(n)[i : i + 1]
+    except ValueError:
+        raise RewardStackError(f"--steps must be A:B, A: or :B with 0-based step positions, got {text!r}") from None
+
+
+# -- measuring each model's peak per step ---------------------------------------------------------
+
+class PeakProbe(MemoryObserver):
+    """Subscribes to the stack's memory manager: the peak of every model run, kept per (step, model)."""
+
+    def __init__(self, stack: Any) -> None:
+        self.stack = stack
+        self.memory = stack.memory
+        self.step = -1
+        self.peaks: dict[int, dict[str, int]] = {}
+        self.memory.subscribe(self)
+
+    @contextmanager
+    def run(self, name: str, lengths: Sequence[int]) -> Iterator[None]:
+        owner = owner_of(name)
+        tracker = self.memory.tracker
+        peak = 0
+        if tracker is not None:
+            with tracker.window(f"replay:{name}") as w:
+                yield
+            peak = w.peak_increase
+        elif self.memory.device.type == "cuda":  # nestable: the telemetry's per-batch windows keep this one
+            with PeakWindow(self.memory.device, None) as pw:
+                yield
+            peak = pw.peak_increase or 0
+        else:
+            yield
+        by_model = self.peaks.setdefault(self.step, {})
+        by_model[owner] = max(by_model.get(owner, 0), int(peak))
+
+    def close(self) -> None:
+        """Stop observing the manager."""
+        self.memory.unsubscribe(self)
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+@dataclass
+class TopInput:
+    """One input behind a model's peak."""
+
+    model: str
+    step: int
+    """0-based position of the step in the replayed run."""
+    index: int
+    """Completion index within the step."""
+    chars: int
+    head: str
+    where: str
+    used_bytes: int
+    """The model's measured peak in that step (rewardstack's, under its plan)."""
+    tokens: int | None = None
+    """The input's untruncated token count with the model's tokenizer (None: no tokenizer)."""
+    reference_bytes: int | None = None
+    reference_largest_bytes: int | None = None
+    reference_note: str = ""
+    recorded_cut: bool = False
+    """The recorded run read this input only up to its `max_chars` (`chars`): the rest is not in the log."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Agreement:
+    """How closely replayed raw values agree with the validator's logged ones, for one model."""
+
+    model: str
+    compared: int = 0
+    within: int = 0
+    max_diff: float = 0.0
+    worst: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class ReplayReport:
+    """Everything `replay` found."""
+
+    steps: int = 0
+    completions: dict[str, int] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)
+    top: dict[str, list[TopInput]] = field(default_factory=dict)
+    agreement: dict[str, Agreement] = field(default_factory=dict)
+    budget_bytes: int | None = None
+    ooms: list[dict[str, Any]] = field(default_factory=list)
+    oom_completions: dict[str, int] = field(default_factory=dict)
+    read_errors: list[str] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[Any] = field(default_factory=list)
+    """Inputs the budget cut or whose status it changed (`replay.budget_verdict.Changed`)."""
+
+    @property
+    def fits(self) -> bool:
+        """No completion lost to an OOM and none cut or changed by the budget (recovered OOMs still fit)."""
+        return not self.oom_completions and not self.changed
+
+    def verdict(self) -> str:
+        """One line on whether the run fits the budget."""
+        if self.budget_bytes is None:
+            return "no --budget given: the run was replayed without a memory limit"
+        size = _fmt_bytes(self.budget_bytes)
+        recovered = sum(1 for o in self.ooms if o["action"] in ("split", "cpu_fallback"))
+        if self.changed:
+            lost = f"; completions lost to OOM: {sum(self.oom_completions.values())}" if self.oom_completions else ""
+            return (f"does not fit {size} unchanged: {len(self.changed)} input(s) cut or changed status compared "
+                    f"with the run without the budget ({len(self.ooms)} OOM(s){lost}): "
+                    + "; ".join(c.describe() for c in self.changed[:5])
+                    + (f"; and {len(self.changed) - 5} more" if len(self.changed) > 5 else ""))
+        if not self.ooms:
+            return f"fits {size}: no OOM, no input cut or changed"
+        if self.fits:
+            return f"fits {size}: {recovered} OOM(s) hit and recovered (split or host fallback), no completion lost"
+        lost = ", ".join(f"{m} {n}" for m, n in sorted(self.oom_completions.items()))
+        return f"does not fit {size}: {len(self.ooms)} OOM(s); completions reported 'oom': {lost}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary.json form (events excluded)."""
+        return {
+            "steps": self.steps,
+            "completions": self.completions,
+            "peak_bytes": self.peaks,
+            "top_inputs": {m: [t.to_dict() for t in ts] for m, ts in self.top.items()},
+            "budget_bytes": self.budget_bytes,
+            "fits": self.fits,
+            "verdict": self.verdict(),
+            "ooms": self.ooms,
+            "oom_completions": self.oom_completions,
+            "changed_by_budget": [c.to_dict() for c in self.changed],
+            "agreement": {m: a.to_dict() for m, a in self.agreement.items()},
+            "read_errors": self.read_errors,
+        }
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _head(text: str) -> str:
+    h = text[:HEAD_CHARS]
+    return h + ("..." if len(text) > HEAD_CHARS else "")
+
+
+# -- replay ---------------------------------------------------------------------------------------
+
+def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]], k: int,
+               reference: bool = True) -> dict[str, list[TopInput]]:
+    """Per model, the k inputs behind its highest measured peaks (one per step; ties: the longer input)."""
+    out: dict[str, list[TopInput]] = {}
+    models = sorted({m for by in peaks.values() for m in by})
+    for model in models:
+        ranked = []
+        for pos, by in peaks.items():
+            if model not in by or pos < 0:
+                continue
+            comps = steps[pos].step.completions
+            live = [i for i, c in enumerate(comps) if c is not None]
+            if not live:
+                continue
+            i = max(live, key=lambda j: (len(comps[j] or ""), -j))
+            ranked.append((by[model], len(comps[i] or ""), -pos, pos, i))
+        ranked.sort(reverse=True)
+        tops = []
+        for peak, chars, _, pos, i in ranked[:k]:
+            text = steps[pos].step.completions[i] or ""
+            t = TopInput(model, pos, i, chars, _head(text), steps[pos].where, peak,
+                         recorded_cut=i in steps[pos].cut.get(model, ()))
+            if reference and (spec(model).reference_unbounded or not tops):
+                # Every top input of the OpenAssistant model (the one whose unbounded reference
+                # crashed validators); the first of each other model.
+                t.tokens, t.reference_bytes, t.reference_largest_bytes, t.reference_note = reference_need_of(
+                    stack.scorers.get(model), model, steps[pos].step, i)
+            tops.append(t)
+        out[model] = tops
+    return out
+
+
+def agreement(steps: list[RunStep], raws: list[dict[str, list[float]]], worst: int = 3) -> dict[str, Agreement]:
+    """Per model logged by the validator: replayed raw values against the logged ones."""
+    out: dict[str, Agreement] = {}
+    for pos, (rs, raw) in enumerate(zip(steps, raws)):
+        for model, logged in rs.logged.items():
+            if model not in raw:
+                continue
+            a = out.setdefault(model, Agreement(model))
+            for i, (x, y) in enumerate(zip(raw[model], logged)):
+                if not (math.isfinite(x) and math.isfinite(y)):
+                    continue
+                d = abs(x - y)
+                a.compared += 1
+                a.within += d <= AGREEMENT_TOL * max(1.0, abs(y))
+                a.max_diff = max(a.max_diff, d)
+                a.worst.append({"step": pos, "index": i, "logged": y, "replayed": x, "diff": d})
+                a.worst.sort(key=lambda w: -w["diff"])
+                del a.worst[worst:]
+    return out
+
+
+def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = True,
+           on_event: Callable[[dict[str, Any]], None] | None = None) -> ReplayReport:
+    """Score `steps` in order on `stack` (whose state should be empty) and build the report."""
+    from collections import Counter
+
+    report = ReplayReport(steps=len(steps), budget_bytes=stack.memory.budget_bytes)
+    probe = PeakProbe(stack)
+    keep_cut = KeepCut().install(stack)
+    oom_start = stack.memory.ooms_total  # a total: oom_log is a bounded ring buffer
+    statuses: Counter[str] = Counter()
+    lost: Counter[str] = Counter()
+    raws: list[dict[str, list[float]]] = []
+    model_statuses: list[dict[str, list[str]]] = []  # per step, for the budget's verdict
+    try:
+        for pos, rs in enumerate(steps):
+            probe.step = pos
+            keep_cut.current = rs
+            result = stack.score_step(rs.step, save=False)
+            raws.append(result.raw)
+            model_statuses.append(result.model_statuses)
+            statuses.update(result.statuses)
+            for model, sts in result.model_statuses.items():
+                lost[model] += sum(s == "oom" for s in sts)
+            if on_event is not None:
+                on_event(result.event)
+    finally:
+        probe.close()
+        keep_cut.remove(stack)
+    report.completions = dict(statuses)
+    report.oom_completions = {m: n for m, n in lost.items() if n}
+    new_ooms = stack.memory.ooms_total - oom_start
+    report.ooms = [r.to_dict() for r in list(stack.memory.oom_log)[-new_ooms:]] if new_ooms else []
+    for by in probe.peaks.values():
+        for m, p in by.items():
+            report.peaks[m] = max(report.peaks.get(m, 0), p)
+    report.top = top_inputs(stack, steps, probe.peaks, top, reference)
+    report.agreement = agreement(steps, raws)
+    if report.budget_bytes is not None:  # what the budget cut or changed, against the run without it
+        from rewardstack._replay.budget_verdict import changed_by_budget
+
+        report.changed = changed_by_budget(stack, steps, model_statuses, raws, AGREEMENT_TOL)
+    return report
+
+
+def format_report(report: ReplayReport) -> str:
+    """The report as text for a person."""
+    rows = [f"replayed {report.steps} steps; completions by status: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(report.completions.items()))]
+    for e in report.read_errors[:10]:
+        rows.append(f"  skipped: {e}")
+    if len(report.read_errors) > 10:
+        rows.append(f"  ... and {len(report.read_errors) - 10} more skipped records")
+    rows.append("")
+    rows.append("top inputs behind each model's peak (step = 0-based position in the run):")
+    for model, tops in report.top.items():
+        rows.append(f"  {model}: peak {_fmt_bytes(report.peaks.get(model))}")
+        for t in tops:
+            rows.append(f"    step {t.step}, completion {t.index}: {t.chars} chars {t.head!r}  ({t.where})")
+            if t.recorded_cut:
+                rows.append(f"      cut at {t.chars} characters by the recorded run ([input] max_chars): "
+                            "the rest was never read, and is not in the log")
+            if t.reference_bytes is not None:
+                rows.append(
+                    f"      the unbounded reference would have needed {_fmt_bytes(t.reference_bytes)} "
+                    f"(largest single allocation {_fmt_bytes(t.reference_largest_bytes)}, {t.reference_note}); "
+                    f"rewardstack used {_fmt_bytes(t.used_bytes)}"
+                )
+            elif t.reference_note:
+                rows.append(f"      reference need {t.reference_note}; rewardstack used {_fmt_bytes(t.used_bytes)}")
+    rows.append("")
+    rows.append(report.verdict())
+    if report.budget_bytes is not None:
+        over = [t for ts in report.top.values() for t in ts
+                if t.reference_bytes is not None and t.reference_bytes > report.budget_bytes]
+        for t in over[:5]:
+            rows.append(f"  the unbounded reference would have run out of memory at step {t.step}, completion {t.index} "
+                        f"({t.model}: {_fmt_bytes(t.reference_bytes)} > {_fmt_bytes(report.budget_bytes)})")
+        for o in report.ooms[:10]:
+            rows.append(f"  OOM {o['model']}: batch {o['batch']} x {o['length']} -> {o['action']}"
+                        + (" (injected)" if o.get("injected") else ""))
+    if report.agreement:
+        rows.append("")
+        rows.append(f"agreement with the validator's logged raw values (within {AGREEMENT_TOL:g} relative):")
+        for m, a in report.agreement.items():
+            rows.append(f"  {m}: {a.within}/{a.compared} within, largest difference {a.max_diff:.3g}")
+            for w in a.worst[:3]:
+                if w["diff"] > 0:
+                    rows.append(f"    step {w['step']}, completion {w['index']}: logged {w['logged']:.6g}, "
+                                f"replayed {w['replayed']:.6g}")
+    else:
+        rows.append("")
+        rows.append("agreement: the log holds no per-model values")
+    return "\n".join(rows)
+
+
+def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only path
+    dev = torch.device(device)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """The `replay` command."""
+    from rewardstack._fileio import event_line
+    from rewardstack._settings import parse_bytes
+    from rewardstack.stack import RewardStack
+
+    run = read_run(args.logs)
+    if not run.steps:  # an empty replay is no answer: say why, before any model loads
+        raise RewardStackError(run.why_empty())
+    selected = parse_steps(args.steps, len(run.steps))
+    if not selected:
+        raise RewardStackError(f"--steps {args.steps} selects none of the {len(run.steps)} steps read (0-based positions)")
+    steps = [run.steps[i] for i in selected]
+    cfg = load_config(args.config)
+    kinds = ", ".join(sorted({k for _, k in run.files}))
+    print(f"read {len(run.steps)} steps from {len(run.files)} file(s) ({kinds}); "
+          f"{len(run.errors)} record(s) skipped; replaying {len(steps)}", file=sys.stderr)
+    skipped = EXIT_SKIPPED if run.errors else EXIT_OK
+    if args.init_state:
+        from rewardstack._replay.initstate import cmd_init_state
+
+        return cmd_init_state(args, cfg, run, steps) or skipped
+    budget = parse_bytes(args.budget, key="--budget") if args.budget else None
+    with ExitStack() as ctx:
+        # From empty state, in a folder of its own: the operator's state is never read or written.
+        cfg.state_dir = ctx.enter_context(tempfile.TemporaryDirectory(prefix="rewardstack-replay-"))
+        if budget is not None:
+            cfg.memory_budget = budget
+            if torch.device(cfg.device).type == "cuda":  # pragma: no cover - CUDA-only path
+                _cap_cuda(budget, cfg.device)
+        stack = RewardStack(cfg, load_state=False)
+        given = run_dir_for(args.run_dir, args.config, "replay")  # a bare --run-dir: a new one in the home
+        run_dir = Path(given) if given is not None else None
+        telemetry = None
+        own_events = None
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                from rewardstack._telemetry import open_telemetry
+            except ImportError:
+                open_telemetry = None  # type: ignore[assignment]
+            if open_telemetry is not None:
+                telemetry = open_telemetry(stack, run_dir=run_dir)
+            else:
+                own_events = ctx.enter_context((run_dir / "events.jsonl").open("w", encoding="utf-8"))
+        report = replay(stack, steps, top=args.top, reference=not args.no_reference,
+                        on_event=(lambda e: own_events.write(event_line(e))) if own_events is not None else None)
+        if telemetry is not None:
+            telemetry.close()
+        report.read_errors = list(run.errors)
+        if run_dir is not None:
+            merge_json_section(run_dir / "summary.json", "replay", {
+                **report.to_dict(), "logs": [str(p) for p, _ in run.files],
+                "selected": [selected.start, selected.stop], "time": time.time()})
+    print(format_report(report))
+    return skipped if report.fits else EXIT_DOES_NOT_FIT
+
+
+__all__ = ["ReplayReport", "TopInput", "Agreement", "agreement", "cmd_replay", "format_report", "parse_steps", "replay",
+           "reference_figure", "top_inputs"]

@@ -1,0 +1,338 @@
+"""`rewardstack soak --service`: the scoring service under kills, driven through its public HTTP API.
+
+1. `rewardstack serve` starts as a subprocess on 127.0.0.1 (a free port), its namespaces in
+   `D/service/state`.
+2. `--clients` client threads each own a namespace (`soak-0`, `soak-1`, ...) and send its
+   `--steps` numbered steps in order (`sequence` 1, 2, ...). A timeout, a dropped connection, 429,
+   503 or 504 is retried with the **same** sequence number until it is answered; after an answer,
+   some steps are resent once on purpose (a client that never saw the answer) and must come back
+   from the store (`X-Rewardstack-Scored: false`) with the same body.
+3. A supervisor SIGKILLs the server `--kills` times at random moments (after a random number of
+   answers, plus a random fraction of a request's time, so mid-request too) and restarts it on the
+   same state folder; the clients keep retrying through the outage.
+4. The same steps are scored by the library (one `RewardStack`, one `RewardState` per namespace,
+   the stateless and stateful halves the service uses), and compared: every sequence answered,
+   each answer's values within 1e-6 of the library's, every retry answered with the stored body,
+   and each namespace's final state (sequence, normalizer statistics) equal to the library's:
+   nothing lost, nothing applied twice.
+
+Bounded: the whole soak stops by itself after a deadline (`--timeout` x steps, at least ten
+minutes), and a client gives up a request after 50 tries; both fail the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rewardstack import _paths as paths
+from rewardstack._replay.comparison import same
+from rewardstack._replay.supervisor import MALLOC_ENV
+
+RETRY_STATUSES = frozenset({429, 503, 504})
+RESEND_EVERY = 5
+"""Every fifth answered step is sent again once (the retry of a client that lost the answer)."""
+MAX_TRIES = 50
+READY_TIMEOUT_S = 300.0
+_VALUE_KEYS = ("rewards", "statuses", "model_statuses", "best")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """`rewardstack serve` as a subprocess on loopback; killed and restarted on the same state."""
+
+    def __init__(self, config: str, state_dir: Path, log_dir: Path) -> None:
+        self.config, self.state_dir, self.log_dir = config, state_dir, log_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start the server (a fresh process) and wait until /readyz answers 200."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"server-{self.starts}.log", "w")
+        cmd = [sys.executable, "-m", "rewardstack.cli", "serve", "--config", self.config, "--host", "127.0.0.1",
+               "--port", str(self.port), "--state-dir", str(self.state_dir)]
+        env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+        env.pop("REWARDSTACK_TOKEN", None)  # loopback, no token: the soak's clients send none
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.starts += 1
+        deadline = time.time() + READY_TIMEOUT_S
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode} while starting "
+                                   f"(see {self.log_dir}/server-{self.starts - 1}.log)")
+            status, _, _ = request(self.port, "GET", "/readyz", None, timeout=2.0)
+            if status == 200:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the server was not ready within {READY_TIMEOUT_S:.0f} s")
+
+    def kill(self) -> None:
+        """SIGKILL the server: no drain, no last commit."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        """SIGTERM and wait for the drain (returns the exit code)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def request(port: int, method: str, path: str, body: dict[str, Any] | None, *, timeout: float) -> tuple[int | None, dict[str, str], bytes]:
+    """One HTTP request on loopback: (status or None for a transport error, headers, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8") if body is not None else None
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    except (OSError, http.client.HTTPException):
+        return None, {}, b""
+    finally:
+        conn.close()
+
+
+class Client(threading.Thread):
+    """One namespace's steps in order, each retried with its sequence number until answered."""
+
+    def __init__(self, port: int, namespace: str, steps: list[dict[str, Any]], *, timeout: float, deadline: float,
+                 seed: int, progress: Counter[str], lock: threading.Lock) -> None:
+        super().__init__(daemon=True, name=f"soak-client-{namespace}")
+        self.port, self.namespace, self.steps = port, namespace, steps
+        self.timeout, self.deadline = timeout, deadline
+        self.rng = random.Random(seed)
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.bodies: dict[int, bytes] = {}
+        self.stats: Counter[str] = Counter()
+        self.bad: list[str] = []
+        self.progress, self.lock = progress, lock
+
+    def send(self, sequence: int) -> tuple[int | None, dict[str, str], bytes]:
+        """Send step `sequence` until it gets an answer that is not a retryable error."""
+        body = {**self.steps[sequence - 1], "namespace": self.namespace, "sequence": sequence}
+        for attempt in range(MAX_TRIES):
+            if time.time() > self.deadline:
+                break
+            self.stats["sent"] += 1
+            if attempt:
+                self.stats["retried"] += 1
+            status, headers, data = request(self.port, "POST", "/v1/score", body, timeout=self.timeout)
+            if status is not None and status not in RETRY_STATUSES:
+                return status, headers, data
+            self.stats["transport_errors" if status is None else f"http_{status}"] += 1
+            time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 5)) * (0.5 + self.rng.random()))
+        return None, {}, b""
+
+    def run(self) -> None:
+        for seq in range(1, len(self.steps) + 1):
+            status, headers, data = self.send(seq)
+            if status != 200:
+                self.bad.append(f"{self.namespace} sequence {seq}: {status} {data[:200]!r}")
+                return  # a later step would be a gap: stop this namespace here
+            answer = json.loads(data)
+            if answer.get("sequence") != seq:
+                self.bad.append(f"{self.namespace} sequence {seq}: answered as {answer.get('sequence')}")
+            self.answers[seq], self.bodies[seq] = answer, data
+            if headers.get("x-rewardstack-scored") == "false":
+                self.stats["answered_from_store"] += 1  # a retry whose first try had been applied
+            else:
+                self.stats["scored"] += 1
+            if seq % RESEND_EVERY == 0:  # the client that lost the answer: the stored body, nothing scored
+                self.stats["resent"] += 1
+                status, headers, again = self.send(seq)
+                if status != 200 or headers.get("x-rewardstack-scored") != "false" or again != data:
+                    self.bad.append(f"{self.namespace} sequence {seq}: a resend got {status}, scored "
+                                    f"{headers.get('x-rewardstack-scored')}, same body {again == data}")
+                else:
+                    self.stats["resend_from_store"] += 1
+            with self.lock:
+                self.progress["answered"] += 1
+
+
+def library_run(config: str, per_namespace: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The same steps through the library: one stack (stateless half), one RewardState per namespace."""
+    import tempfile
+
+    from rewardstack._fileio import event_line
+    from rewardstack.config import load_config
+    from rewardstack.stack import RewardStack, RewardState, Step
+
+    cfg = load_config(config)
+    with tempfile.TemporaryDirectory(prefix="rewardstack-soak-library-") as tmp:
+        cfg.state_dir = tmp
+        stack = RewardStack(cfg, load_state=False)
+        events: dict[str, list[dict[str, Any]]] = {}
+        states: dict[str, Any] = {}
+        for ns, steps in per_namespace.items():
+            state = RewardState(cfg)
+            events[ns] = [json.loads(event_line(state.apply(stack.forward(Step.from_dict(s))).event)) for s in steps]
+            states[ns] = state
+    return events, states
+
+
+def _differences(ns: str, seq: int, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    from rewardstack.config import MASKS, REWARD_MODELS
+
+    out = []
+    for key in list(REWARD_MODELS) + list(MASKS) + [m + "_normalized" for m in list(REWARD_MODELS) + list(MASKS)] + ["rewards"]:
+        a, b = got.get(key), want.get(key)
+        if a is None and b is None:
+            continue
+        if a is None or b is None or len(a) != len(b) or not all(same(x, y) for x, y in zip(a, b)):
+            out.append(f"{ns} sequence {seq}: {key} differs")
+    for key in ("statuses", "model_statuses", "best"):
+        if got.get(key) != want.get(key):
+            out.append(f"{ns} sequence {seq}: {key} differs")
+    return out
+
+
+def cmd_service_soak(args: argparse.Namespace) -> int:
+    """`rewardstack soak --service`."""
+    from rewardstack.config import REWARD_MODELS, load_config
+    from rewardstack._fileio import merge_json_section
+    from rewardstack._replay.workload import soak_steps
+    from rewardstack.stack import RewardState
+    from rewardstack._state import StateStore
+
+    cfg = load_config(args.config)
+    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "service-soak")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    per_ns = {f"soak-{k}": [s.to_dict() for s in soak_steps(args.steps, args.completions, seed=args.seed + k,
+                                                             long_every=0)]
+              for k in range(args.clients)}
+    n_total = args.clients * args.steps
+    print(f"service soak: {args.clients} clients x {args.steps} steps x {args.completions} completions, "
+          f"{args.kills} server kills, in {run_dir}", file=sys.stderr)
+    server = Server(args.config, run_dir / "service" / "state", run_dir / "service")
+    server.start()
+    deadline = time.time() + max(600.0, args.timeout * args.steps)
+    progress: Counter[str] = Counter()
+    lock = threading.Lock()
+    clients = [Client(server.port, ns, steps, timeout=args.timeout, deadline=deadline, seed=args.seed + 100 + k,
+                      progress=progress, lock=lock) for k, (ns, steps) in enumerate(per_ns.items())]
+    rng = random.Random(args.seed + 7)
+    room = range(1, max(2, n_total - args.clients))
+    targets = sorted(rng.sample(room, min(args.kills, len(room))))
+    kill_points: list[dict[str, Any]] = []
+    for c in clients:
+        c.start()
+    last_n, last_t, per_answer = 0, time.time(), 0.0
+    while any(c.is_alive() for c in clients) and time.time() < deadline:
+        time.sleep(0.02)
+        n = progress["answered"]
+        if n > last_n:
+            now = time.time()
+            dt = (now - last_t) / (n - last_n)
+            per_answer = dt if per_answer == 0 else 0.8 * per_answer + 0.2 * dt
+            last_n, last_t = n, now
+        if targets and n >= targets[0]:
+            delay = rng.uniform(0.0, 0.9 * per_answer * args.clients) if per_answer else rng.uniform(0.0, 0.3)
+            time.sleep(delay)  # a random moment of the requests in flight
+            server.kill()
+            kill_points.append({"after_answers": progress["answered"], "delay_s": round(delay, 3)})
+            targets.pop(0)
+            server.start()
+            last_t = time.time()
+    for c in clients:
+        c.join(timeout=max(0.0, deadline - time.time()) + 1)
+    stopped_rc = server.stop()
+    scoring_seconds = time.time() - started
+
+    # The library's answers and states, and the service's final state per namespace.
+    lib_events, lib_states = library_run(args.config, per_ns)
+    active = [m for m in REWARD_MODELS if cfg.models[m].active]
+    failures: list[str] = []
+    stats: Counter[str] = Counter()
+    per_namespace: dict[str, Any] = {}
+    for c in clients:
+        stats.update(c.stats)
+        failures += c.bad[:5]
+        if c.is_alive():
+            failures.append(f"{c.namespace}: the client was still running at the deadline")
+        diffs = []
+        for seq, answer in c.answers.items():
+            diffs += _differences(c.namespace, seq, answer, lib_events[c.namespace][seq - 1])
+        lost = [seq for seq in range(1, args.steps + 1) if seq not in c.answers]
+        st = RewardState(cfg)
+        st.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
+        want = lib_states[c.namespace]
+        norm_ok = all(st.normalizers[m].count == want.normalizers[m].count
+                      and same(st.normalizers[m].mean, want.normalizers[m].mean)
+                      and same(st.normalizers[m].var, want.normalizers[m].var) for m in active)
+        extra = {m: st.normalizers[m].count - want.normalizers[m].count for m in active}
+        per_namespace[c.namespace] = {"answered": len(c.answers), "lost": len(lost), "differing": len(diffs),
+                                      "sequence": st.sequence, "normalizers_equal": norm_ok, "count_excess": extra}
+        failures += diffs[:5]
+        if lost:
+            failures.append(f"{c.namespace}: {len(lost)} steps never answered (first {lost[0]})")
+        if st.sequence != args.steps:
+            failures.append(f"{c.namespace}: the state's sequence is {st.sequence} for {args.steps} steps")
+        if not norm_ok:
+            failures.append(f"{c.namespace}: normalizer statistics differ from the library's (count excess {extra})")
+    applied_twice = sum(max(0, ns["sequence"] - args.steps) for ns in per_namespace.values()) + sum(
+        1 for ns in per_namespace.values() if any(v > 0 for v in ns["count_excess"].values()))
+    lost_total = sum(ns["lost"] for ns in per_namespace.values())
+    if len(kill_points) < args.kills:
+        failures.append(f"only {len(kill_points)} of {args.kills} kills landed (the clients finished first)")
+    if stopped_rc != 0:
+        failures.append(f"the server's drain at the end exited {stopped_rc}")
+    verdict = {
+        "passed": not failures, "failures": failures, "clients": args.clients, "steps_per_client": args.steps,
+        "completions_per_step": args.completions, "requests": dict(stats), "lost": lost_total,
+        "applied_twice": applied_twice, "kills": len(kill_points), "server_starts": server.starts,
+        "kill_points": kill_points, "namespaces": per_namespace, "seconds": round(time.time() - started, 1),
+        "serving_seconds": round(scoring_seconds, 1),
+    }
+    merge_json_section(run_dir / "summary.json", "service_soak", verdict)
+    print(format_service_verdict(verdict))
+    return 0 if verdict["passed"] else 1
+
+
+def format_service_verdict(v: dict[str, Any]) -> str:
+    """The service soak's verdict for a person."""
+    r = v["requests"]
+    rows = [
+        f"service soak verdict: {'PASS' if v['passed'] else 'FAIL'}",
+        f"  {v['clients']} clients x {v['steps_per_client']} steps x {v['completions_per_step']} completions",
+        f"  requests sent {r.get('sent', 0)}, retried {r.get('retried', 0)} (transport errors {r.get('transport_errors', 0)}, "
+        + ", ".join(f"{k} {n}" for k, n in sorted(r.items()) if k.startswith("http_")) + ")",
+        f"  scored {r.get('scored', 0)}, retries answered from the store {r.get('answered_from_store', 0)}, "
+        f"deliberate resends {r.get('resent', 0)} (from the store, same body: {r.get('resend_from_store', 0)})",
+        f"  lost {v['lost']}, applied twice {v['applied_twice']}",
+        f"  server kills {v['kills']}, starts {v['server_starts']}",
+        "  namespaces: " + "; ".join(f"{ns} seq {d['sequence']} answered {d['answered']} differing {d['differing']} "
+                                     f"normalizers equal {d['normalizers_equal']}" for ns, d in v["namespaces"].items()),
+        f"  {v['seconds']} s",
+    ]
+    rows += [f"  FAILED: {f}" for f in v["failures"]]
+    return "\n".join(rows)
+
+
+__all__ = ["cmd_service_soak", "format_service_verdict", "library_run", "Server"]

@@ -1,0 +1,220 @@
+"""The soak's scoring process and its supervisor: injected OOMs, SIGKILLs at random moments, restarts.
+
+`worker` (run as `python -m rewardstack._replay.supervisor worker ...`) is the exactly-once loop of
+`rewardstack._runner.score_file` with a `FaultInjector` that raises OOMs inside real forward passes;
+it commits each step's OOM records with its event (`soak_ooms`) and logs memory at rest after every
+step. `supervise` runs it to the end, SIGKILLing it at random moments (after a random number of
+committed steps plus a random fraction of a step, so mid-pass too) and restarting it with the same
+arguments; `spawn` alone starts one without kills (the clean run, side by side with the faulted one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rewardstack.stack import Step
+from rewardstack._memory.snapshot import host_memory
+
+MAX_CRASHES = 3
+POLL_S = 0.02
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+"""glibc settings for the soak's processes, whose resident set is judged. glibc raises its mmap
+threshold each time a large block is freed, after which activations come from the heap and their
+pages stay with the process: measured on the tiny stack, RSS then climbs 480 -> 860 MiB over 100
+steps with nothing leaked; with the threshold fixed at 64 KiB (activations mmapped, returned on
+free) it stays within 425..445 MiB. The setting changes where freed pages go, not what is kept."""
+
+
+def rest_bytes(stack: Any) -> int:
+    """Memory at rest: the simulated device's live bytes (CPU) or the allocator's (CUDA)."""
+    if stack.memory.tracker is not None:
+        return int(stack.memory.tracker.live_bytes)
+    import torch
+
+    if stack.device.type == "cuda":  # pragma: no cover - CUDA-only path
+        return int(torch.cuda.memory_allocated(stack.device))
+    return 0
+
+
+def history_rows(stack: Any) -> int:
+    """Rows in the diversity history (memory at rest is judged once it is full)."""
+    state = getattr(stack, "state", None)
+    hist = getattr(getattr(state, "diversity", None), "history", None)
+    return int(hist.shape[0]) if hist is not None else 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One scoring process of the soak: exactly-once `score` with injected OOMs; memory at rest logged."""
+    import torch
+
+    from rewardstack.config import load_config
+    from rewardstack._memory import FaultInjector
+    from rewardstack._runner import score_file
+    from rewardstack._settings import parse_bytes
+    from rewardstack.stack import RewardStack
+    from rewardstack._state import StateLock
+
+    torch.set_num_threads(args.threads)  # the faulted and clean runs share the machine's cores
+    cfg = load_config(args.config)
+    cfg.state_dir = args.state_dir
+    if args.budget:
+        cfg.memory_budget = parse_bytes(args.budget, key="--budget")
+    with StateLock(cfg.state_dir):
+        stack = RewardStack(cfg)
+        if args.ready:  # built and calibrated: the cache now holds what the other run reads
+            Path(args.ready).touch()
+        # Everything alive now (modules, weights, tokenizers) lives as long as the process: freeze
+        # it out of the cyclic collector, so the full `gc.collect()` the guard runs after every
+        # OOM (one pass in ten here) walks only what the steps made, not the whole loaded stack.
+        gc.freeze()
+        if args.faults > 0:
+            stack.memory.injector = FaultInjector(args.faults, seed=args.seed)
+        seen = [stack.memory.oom_log[-1] if stack.memory.oom_log else None]
+        rest = open(args.rest, "a", encoding="utf-8")
+
+        def on_result(step: Step, result: Any) -> None:
+            log = list(stack.memory.oom_log)
+            new = []
+            for rec in reversed(log):  # the records after the last one seen (the log may be bounded)
+                if rec is seen[0]:
+                    break
+                new.append(rec)
+            seen[0] = log[-1] if log else None
+            # Committed with the event: OOM counts are exact per committed step, kills or not.
+            result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in reversed(new)]
+            rest.write(json.dumps({"pid": os.getpid(), "steps": stack.steps_scored, "rest_bytes": rest_bytes(stack),
+                                   "rss_bytes": host_memory()[0], "history_rows": history_rows(stack)}) + "\n")
+            rest.flush()
+
+        report = score_file(stack, args.input, args.output, on_result=on_result, progress=False,
+                            err=open(os.devnull, "w"))
+        rest.close()
+    print(f"worker {os.getpid()}: scored {report.scored}, resumed after {report.resumed}, redone {report.redone}",
+          file=sys.stderr)
+    return 0
+
+
+class LineCounter:
+    """Complete lines in a growing file, read incrementally (the supervisor polls it every few ms)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.lines = path, 0, 0
+
+    def __call__(self) -> int:
+        try:
+            with self.path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # truncated (a torn line dropped on restart): count again
+                    self.offset = self.lines = 0
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return 0
+        end = chunk.rfind(b"\n") + 1  # a partial last line is counted when it is complete
+        self.lines += chunk.count(b"\n", 0, end)
+        self.offset += end
+        return self.lines
+
+
+def spawn(cfg: str, steps: Path, folder: Path, *, faults: float, seed: int, budget: str | None, tag: str,
+          threads: int = 1, ready: Path | None = None) -> subprocess.Popen:
+    """Start one scoring process on `folder` (events, state, memory log, its own log file); it
+    touches `ready`, if given, once its stack is built and calibrated."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "rewardstack._replay.supervisor", "worker", "--config", cfg, "--input", str(steps),
+           "--output", str(folder / "events.jsonl"), "--state-dir", str(folder / "state"), "--rest", str(folder / "rest.jsonl"),
+           "--faults", str(faults), "--seed", str(seed), "--threads", str(threads)]
+    if budget:
+        cmd += ["--budget", budget]
+    if ready is not None:
+        cmd += ["--ready", str(ready)]
+    log = open(folder / f"worker-{tag}.log", "w")
+    env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads)}
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def supervise(args: argparse.Namespace, steps_path: Path, folder: Path, n_steps: int) -> dict[str, Any]:
+    """Run the scoring process to the end, killing it `args.kills` times at random moments."""
+    rng = random.Random(args.seed + 7)
+    lines = LineCounter(folder / "events.jsonl")
+    # Kill points leave at least one step after them, so a kill within one step's time lands.
+    room = range(1, max(2, n_steps - 1))
+    targets = sorted(rng.sample(room, min(args.kills, len(room)))) if n_steps > 1 else []
+    kills = restarts = crashes = 0
+    kill_points: list[dict[str, Any]] = []
+    step_seconds = 0.0
+    threads = getattr(args, "threads", 1)
+    while True:
+        proc = spawn(args.config, steps_path, folder, faults=args.faults, seed=args.seed + 1000 * restarts,
+                     budget=args.budget, tag=str(restarts), threads=threads)
+        if targets:
+            target = targets[0]
+            last_n, last_t = lines(), None  # the first commit of a process includes its start-up
+            while proc.poll() is None and lines() < target:
+                time.sleep(POLL_S)
+                n = lines()
+                if n > last_n:
+                    now = time.time()
+                    if last_t is not None:
+                        # Average time per committed step (for a random moment inside the next one).
+                        dt = (now - last_t) / (n - last_n)
+                        step_seconds = dt if step_seconds == 0 else 0.8 * step_seconds + 0.2 * dt
+                    last_n, last_t = n, now
+            if proc.poll() is None:
+                delay = rng.uniform(0.0, 0.9 * step_seconds) if step_seconds else rng.uniform(0.0, 0.3)
+                time.sleep(delay)
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+                    kills += 1
+                    restarts += 1
+                    kill_points.append({"after_committed": lines(), "delay_s": round(delay, 3)})
+                    targets.pop(0)
+                    continue
+            targets.pop(0)  # it ended before the moment came: counted below
+        rc = proc.wait()
+        if rc == 0:
+            break
+        crashes += 1
+        restarts += 1
+        if crashes > MAX_CRASHES:
+            break
+    return {"kills": kills, "restarts": restarts, "crashes": crashes, "kill_points": kill_points}
+
+
+def _worker_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m rewardstack._replay.supervisor worker")
+    p.add_argument("--config", required=True)
+    p.add_argument("--input", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--rest", required=True)
+    p.add_argument("--faults", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--budget")
+    p.add_argument("--ready", help="a file touched once the stack is built and calibrated")
+    args = p.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return worker(args)
+
+
+if __name__ == "__main__":  # the scoring process the supervisor starts
+    if len(sys.argv) < 2 or sys.argv[1] != "worker":
+        sys.exit("usage: python -m rewardstack._replay.supervisor worker ... (started by `rewardstack soak`)")
+    sys.exit(_worker_main(sys.argv[2:]))

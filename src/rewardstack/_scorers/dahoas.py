@@ -1,0 +1,185 @@
+"""Dahoas reward (`dahoas_reward_model`): GPT-J body + bias-free linear value head, two passes.
+
+Semantics (spec, "Dahoas"): score(text) tokenizes `<|startoftext|>` + text + `<|endoftext|>`,
+padded to 550 tokens with pad = eos; the value head runs on every position and the score is the
+value at the last position before the first pad (eos) token, or at the last position if there is
+none. Reward = score(prompt + completion) - score(completion).
+
+How: causal attention means positions before the first eos never see it or the padding, so each
+text is cut just before its first eos and only that is run; each of the two groups of texts runs
+its common token prefix once (`prefix.py`). The head is applied to the one chosen row per text.
+
+Weights (the reference's defect: it never loaded them, and unpickled): a folder with a transformers
+GPT-J body (`config.json` + safetensors, loaded by `from_pretrained`) and the head as `v_head.weight`
+in a safetensors file; or the published layout, a `hf_ckpt.pt` state dict with `transformer.*` and
+`v_head.weight`, read with `torch.load(weights_only=True)` into a body built from `base_config`.
+Deviations: an eos at the very first token makes the reference read index -1 of the padded row; we
+read the input's first token instead (impossible with the real tokenizer: texts start with
+`<|startoftext|>`). Texts longer than the model's positions (2048) are cut (status truncated); the
+reference did not truncate (its padding is to 550 with truncation off).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rewardstack.config import ModelConfig
+from rewardstack.errors import ModelLoadError
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
+from rewardstack._scorers.causal import CausalScorer
+from rewardstack._scorers.charbound import head_for_tokens
+from rewardstack._scorers.kvcache import choose_path
+from rewardstack._scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
+from rewardstack._memory.planner import PADDING_SLACK
+from rewardstack._scorers.prefix import PrefixRunner, model_device, padding_groups, split_prefix
+from rewardstack._models import DAHOAS
+
+
+def wrap(text: str) -> str:
+    """The reference's input text for one score."""
+    return "<|startoftext|>" + text + "<|endoftext|>"
+
+
+def read_position(ids: list[int], eos_id: int | None) -> int:
+    """Last position before the first eos (= pad) token, or the last position if none."""
+    if eos_id is not None and eos_id in ids:
+        return max(0, ids.index(eos_id) - 1)
+    return len(ids) - 1
+
+
+def _local_folder(path: str, revision: str | None) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        return p
+    try:  # a hub id: fetch the repository (no code runs; files only)
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, revision=revision))
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"cannot fetch {path!r}: {e}") from e
+
+
+def _head_from_safetensors(folder: Path) -> torch.Tensor | None:
+    from safetensors import safe_open
+
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            if "v_head.weight" in st.keys():
+                return st.get_tensor("v_head.weight")
+    return None
+
+
+def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Module, torch.nn.Linear]:
+    """(tokenizer, GPT-J body, value head) with the checkpoint's real weights, never unpickled."""
+    from transformers import AutoConfig, GPTJModel
+
+    folder = _local_folder(str(cfg.path), cfg.locked.get(str(cfg.path), cfg.revision))  # locked commit first
+    base = cfg.options.base_config
+    dtype = torch_dtype(cfg.dtype, runtime.device)
+    has_tok = (folder / "tokenizer_config.json").exists()
+    base_rev = cfg.locked.get(base)  # the lock file pins the base config's hub id too
+    tokenizer = runtime.models.tokenizer(str(folder)) if has_tok else runtime.models.tokenizer(base, revision=base_rev)
+    if (folder / "config.json").exists():
+        body = runtime.models.model(str(folder), GPTJModel, dtype=cfg.dtype)
+        head_w = _head_from_safetensors(folder)
+        if head_w is None:
+            raise ModelLoadError(f"{folder}: no safetensors file holds v_head.weight")
+    else:
+        ckpts = sorted(folder.glob("*.pt")) + sorted(folder.glob("*.bin"))
+        if not ckpts:
+            raise ModelLoadError(f"{folder}: neither config.json + safetensors nor a .pt/.bin state dict")
+        # Memory-mapped, tensors only; the body is built on the meta device and takes the file's
+        # tensors as its parameters: no second copy of 12 GB in host memory. Placement moves it.
+        state = load_checkpoint_file(ckpts[0])
+        head_w = state.pop("v_head.weight")
+        body_state = {k.removeprefix("transformer."): v for k, v in state.items() if k.startswith("transformer.")}
+        conf = AutoConfig.from_pretrained(base, revision=base_rev)
+        body = load_into_empty_model(lambda: GPTJModel(conf), body_state, dtype=dtype, what=str(ckpts[0]))
+    head = torch.nn.Linear(head_w.shape[1], 1, bias=False)
+    head.weight.data.copy_(head_w.reshape(1, -1))
+    head = head.to(device=model_device(body), dtype=next(body.parameters()).dtype).eval().requires_grad_(False)
+    return tokenizer, body, head
+
+
+class DahoasScorer(CausalScorer):
+    """GPT-J value model; reward is the score with the prompt minus the score without it."""
+
+    name = DAHOAS.name
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
+        super().__init__(cfg, runtime)
+        self.tokenizer, self.body, self.head = load_dahoas(cfg, runtime)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.fill_id = int(self.eos_id if self.eos_id is not None else 0)
+        self.max_len = int(cfg.max_length or getattr(self.body.config, "n_positions", 2048))
+        self.vocab = int(self.body.config.vocab_size)
+        self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=cfg.options.shared_prefix)
+        # Not profiled after a shared prefix: a step's two groups of texts share different prefixes,
+        # and `memory.run` is told neither.
+        self._calibrate(max_batch=4)
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.body, self.head]
+
+    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
+        return self._forward(runner, ids)
+
+    def _forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
+        """Values at the last token of each (already cut) input."""
+        h, _ = runner.run([x[runner.length :] for x in ids])
+        device = model_device(self.body)
+        last = torch.tensor([len(x) - 1 for x in ids], device=device)
+        return self.head(runner.rows(h, torch.arange(len(ids), device=device), last))[:, 0].float().tolist()
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        res = ScoreResult.failed_only(request)
+        live = request.live()
+        if not live:
+            return res
+        comps = [request.completions[i] for i in live]
+        cap = min(self.max_len, self.runtime.memory.length_cap(self.name, self.max_len))
+        # Only the first `cap` ids count: read a head that provably gives them (charbound.py).
+        def head(t: str) -> str:
+            return head_for_tokens(t, self.tokenizer, cap)
+
+        texts = [wrap(head(request.prompt + c)) for c in comps] + [wrap(head(c)) for c in comps]  # type: ignore[operator]
+        enc = self.tokenizer(texts).input_ids
+        ids: list[list[int]] = []
+        cut = [False] * len(texts)
+        for k, x in enumerate(enc):
+            x = x[: read_position(x, self.eos_id) + 1]  # positions after it cannot change its value
+            cut[k] = len(x) > cap
+            ids.append(x[:cap])
+        n = len(live)
+        runners = []
+        for group in (ids[:n], ids[n:]):  # with-prompt texts share more than without
+            prefix, _ = split_prefix(group, self.use_prefix)
+            runners.append(PrefixRunner(self.body, prefix, pad_id=self.fill_id))
+
+        def forward(batch: list[int]) -> list[float]:
+            out = [math.nan] * len(batch)
+            for part in (0, 1):
+                sel = [g for g, j in enumerate(batch) if (j >= n) == bool(part)]
+                if not sel:
+                    continue
+                for group in padding_groups([len(ids[batch[g]]) for g in sel]):
+                    members = [sel[g] for g in group]
+                    vals = self._forward(runners[part], [ids[batch[m]] for m in members])
+                    for m, v in zip(members, vals):
+                        out[m] = v
+            return out
+
+        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch, slack=PADDING_SLACK,
+                                           prepare=lambda: [r.state() for r in runners], completions=live + live)
+        # Each completion's two runs: with the prompt (first n), alone (next n); reward = the difference.
+        return self._fill(res, live, outcomes, lambda a, b: float(a) - float(b), parts=2,
+                          cut=[cut[k] or cut[n + k] for k in range(n)])
+
+
+def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    """The Dahoas scorer for `cfg` (a folder or hub id holding body + value head weights)."""
+    return DahoasScorer(cfg, runtime)

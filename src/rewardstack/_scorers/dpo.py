@@ -1,0 +1,202 @@
+"""DPO reward (`dpo_reward_model`): mean log-probability of the completion under a reference LM.
+
+Semantics (spec, "DPO"): -11 for a completion of 5 characters or fewer, for a prompt of max_len
+tokens or more, and for a NaN/inf result; ids = tokenize(prompt + completion) cut to max_len; rows
+P-1 .. len-2 scored; rows from P+1 on get the repetition penalty 1.2^c for every token seen c times
+in ids[P:i]; log-softmax; mean.
+
+How, without the reference's full [L, V] logits and per-position Python loop: the body runs once
+per batch (the step's common token prefix once, via `prefix.py`), then the scored rows' hidden
+states are projected to logits into one reused [chunk, V] float32 buffer, at most `logits_chunk`
+rows at a time (the fastest chunk up to that cap is measured at load). Within a chunk, the penalty
+touches only the columns of tokens the chunk's sequences have seen: per-row counts are the counts
+carried from earlier chunks (a dense [B, V] int32 table) plus a segmented cumulative sum of one-hot
+source tokens over just those columns; the penalized values are scattered back, the target logit
+is read, and the row's log-sum-exp is taken in place (exp and sum only when the logits are
+provably bounded). Memory is bounded by chunk x vocabulary, not by sequence x vocabulary.
+
+Numerics follow the reference in the dtype the model runs in (float16 on a GPU): the penalized
+logit and each row's log-probability are rounded to the logits' dtype and the per-sequence sum
+accumulates in float32 and is rounded to that dtype, so a long, repetitive completion overflows to
+-inf and scores -11 exactly where the reference's does. Only the log-sum-exp is taken in float32
+(the reference's float16 `log_softmax` also reduces in float32 internally; docs/SEMANTICS.md).
+
+The parts: `dpo_numerics.py` (the head, the penalty, the log-sum-exp: the number), `dpo_chunks.py`
+(the logits chunk and attention block a pass runs with, from the budget), `attention.py` (BTLM's
+attention in blocks of query rows, verified at load), `common.py` (the input bound); this module
+scores requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Sequence
+
+import torch
+
+from rewardstack.config import ModelConfig
+from rewardstack._models import DPO
+from rewardstack._scorers.attention import AttentionChoice
+from rewardstack._scorers.attention import install as install_attention
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.causal import CausalScorer
+from rewardstack._scorers.charbound import head_for_tokens
+from rewardstack._scorers.common import pad_rows, sane_max_length
+from rewardstack._scorers.dpo_chunks import ChunkPolicy, tune_chunk
+from rewardstack._scorers.dpo_numerics import (  # noqa: F401 - re-exported: the scorer's numerics
+    LOW,
+    PENALTY,
+    SAFE_EXP,
+    LogitHead,
+    PenaltyShapes,
+    PenaltyValues,
+    chunked_logprobs,
+    logits_scale,
+    lse_inplace,
+)
+from rewardstack._scorers.kvcache import choose_path
+from rewardstack._memory.planner import PADDING_SLACK
+from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
+
+log = logging.getLogger(__name__)
+
+# The numerics are re-exported: callers (the simulation, the GPU check, tests) name them `dpo.X`.
+__all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "PenaltyShapes", "PenaltyValues", "chunked_logprobs",
+           "logits_scale", "lse_inplace", "DpoScorer", "build"]
+
+
+class DpoScorer(CausalScorer):
+    """The DPO reference-model log-probability reward."""
+
+    name = DPO.name
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
+        from transformers import AutoModelForCausalLM
+
+        super().__init__(cfg, runtime)
+        self.tokenizer, self.model = self._pretrained(AutoModelForCausalLM)
+        self.body = self.model.base_model
+        self.lm_head = self.model.get_output_embeddings()
+        self.scale = logits_scale(self.model)
+        self.max_len = sane_max_length(self.tokenizer, self.model.config, cfg.max_length)
+        opts = cfg.options
+        # logits_chunk bounds the [rows, V] buffer (memory); within it the fastest row count is
+        # measured at load (on CPU a cache-sized chunk is ~4x faster than 512 rows).
+        max_chunk = opts.logits_chunk
+        self.vocab = int(self.lm_head.weight.shape[0])
+        self.logit_head = LogitHead(self.lm_head, self.scale)
+        tune = opts.tune_logits_chunk
+        # The shared prefix needs cache objects: a legacy-cache model runs full sequences.
+        self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=opts.shared_prefix)
+        # Models whose own attention builds [heads, L, L] scores (BTLM's ALiBi) run it in blocks of
+        # query rows when the load probe agrees (`attention.install`); `attention = "own"` opts out.
+        if opts.attention == "own":
+            self.attention = AttentionChoice("own", "attention = \"own\" in the config")
+            log.info("%s: %s", self.name, self.attention.describe())
+        else:
+            self.attention = install_attention(self.name, self.body, rows=opts.attention_block, vocab=self.vocab)
+        pad = self.tokenizer.pad_token_id
+        self.fill_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+        # `tune` runs with the calibration (on the device the model runs on), or the calibration
+        # cache gives the chunk it found before; a tight budget may lower both knobs per call.
+        self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=max_chunk, max_len=self.max_len,
+                                  calib_len=self.calib_len, attention=self.attention)
+        device_of = lambda: model_device(self.model)  # noqa: E731 - placement may have moved it
+        self._calibrate(
+            max_batch=16, prefixed=True, chunk=self.chunks.chunk, chunk_rows=True,
+            tune=(lambda: {"chunk": tune_chunk(self.logit_head, device_of(), max_chunk, self.chunks.timings)}) if tune else None,
+            apply=self.chunks.apply)
+
+    def attention_info(self) -> str:
+        return self.attention.describe()
+
+    def _fit_chunk(self, longest: int) -> int:
+        """The length cap the budget leaves after shrinking the chunk and block (`ChunkPolicy.fit`)."""
+        return self.chunks.fit(longest)
+
+    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
+        # The shared prefix is the prompt (not scored), as a step's prompt is its completions'
+        # shared prefix: every row after it is scored (after the first token without a prefix).
+        return self._forward(runner, ids, [max(1, runner.length)] * len(ids))
+
+    def _forward(self, runner: PrefixRunner, ids: Sequence[list[int]], plens: Sequence[int]) -> list[float]:
+        """Scores of sequences `ids` (full ids, prefix included) run against the runner's prefix."""
+        device = model_device(self.model)
+        c = runner.length
+        h, _ = runner.run([x[c:] for x in ids])
+        n = torch.tensor([len(x) for x in ids], device=device)
+        padded = pad_rows(ids, self.fill_id)[0]
+        hidden_at = lambda s, p: runner.rows(h, s, p)  # noqa: E731
+        out = chunked_logprobs(
+            hidden_at, self.logit_head, padded.to(device), torch.tensor(list(plens), device=device), n,
+            self.chunks.chunk,
+        )
+        return out.tolist()
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        res = ScoreResult.failed_only(request)
+        live = request.live()
+        todo = []
+        for i in live:
+            c = request.completions[i]
+            assert c is not None
+            if c.strip() == "" or len(c) <= 5:
+                res.scores[i] = LOW
+            else:
+                todo.append(i)
+        if not todo:
+            return res
+        p = len(self.tokenizer(request.prompt).input_ids)
+        if p >= self.max_len:
+            for i in todo:
+                res.scores[i] = LOW
+            return res
+        # Only the first max_len ids are kept: read a head that provably gives them (charbound.py).
+        enc = self.tokenizer([head_for_tokens(request.prompt + request.completions[i], self.tokenizer, self.max_len)  # type: ignore[operator]
+                              for i in todo]).input_ids
+        cap = self._fit_chunk(min(self.max_len, max(len(x) for x in enc)))
+        ids: list[list[int]] = []
+        keep: list[int] = []
+        for i, x in zip(todo, enc):
+            if len(x) > self.max_len:
+                res.statuses[i] = Status.TRUNCATED
+            if len(x) > cap:  # the budget cannot hold it whole: cut further (not the spec's number)
+                res.statuses[i] = Status.TRUNCATED
+            if cap <= p < len(x):
+                # The budget cannot hold one completion token after the prompt: not scored (a -11
+                # here would be our budget's number, not the spec's, and would enter the statistics).
+                res.statuses[i] = Status.OOM
+                continue
+            x = x[: min(self.max_len, cap)]
+            if len(x) <= p:  # no scored row: the reference's 0/0 = NaN gives -11
+                res.scores[i] = LOW
+                continue
+            ids.append(x)
+            keep.append(i)
+        if not keep:
+            return res
+        prefix, _ = split_prefix(ids, self.use_prefix)
+        runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id)
+        # The cost model's prefix: profiled as shared tokens that are also unscored prompt rows, so
+        # never more than the prompt (rows past it are scored even where completions share them).
+
+        lengths = [len(x) for x in ids]
+
+        def forward(batch: list[int]) -> list[float]:
+            return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [p] * len(sel)))
+
+        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
+                                          slack=PADDING_SLACK, prefix=min(runner.length, p), completions=keep)
+        return self._fill(res, keep, outcomes, _finite_or_low)
+
+
+def _finite_or_low(value: float) -> float:
+    """A sequence's score: the reference's NaN or inf result scores -11."""
+    v = float(value)
+    return v if math.isfinite(v) else LOW
+
+
+def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    """The DPO scorer for `cfg` (a causal LM checkpoint)."""
+    return DpoScorer(cfg, runtime)

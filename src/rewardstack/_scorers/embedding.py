@@ -1,0 +1,357 @@
+"""Embedding masks: relevance (`relevance_filter`) and diversity (`diversity_reward_model`).
+
+Relevance runs two encoders in order. Model 1 (bert-base-uncased) embeds a text as the mean of its
+L2-normalized, mean-pooled overflow windows; score = -RMS(completion - base prompt), bound -0.0246.
+Model 2 (all-mpnet-base-v2) embeds the truncated text, mean-pooled and L2-normalized; score =
+|cos(base prompt, completion)|, bound 0.3. A completion below model 1's bound is 0 and never sent
+to model 2. Diversity uses model 2's embeddings: a batch part (nearest other completion) times a
+history part (nearest stored past embedding), the history persisted through `state_dict`.
+
+Embedding is shared: an `Embedder` per (checkpoint, dtype, length) lives in `runtime.options`, and
+its bounded cache means the base prompt and each completion are embedded once per step, even by the
+two masks that use the same checkpoint. Each call embeds every missing text of the step together.
+Deviations from the reference: failed completions (None) are left out of the batch part and the
+history; a step with a single live completion gets batch part 1 (no other completion to be near;
+the reference raises); status TRUNCATED only where the budget cut below the spec's length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from rewardstack.config import ModelConfig
+from rewardstack._hub import load_source
+from rewardstack._scorers import encoding as enc
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.charbound import head_for_tokens
+from rewardstack._models import DIVERSITY, RELEVANCE
+
+log = logging.getLogger("rewardstack.embedding")
+
+HISTORY_SKIP = 500  # the oldest rows the history part ignores
+HISTORY_MAX = 15_500
+CACHE_ENTRIES = 1024  # ~3 MB of 768-d vectors: several steps of prompt + 50 completions
+
+Embedding = tuple["torch.Tensor | None", str]  # (vector on CPU, status)
+
+
+class EmbeddingCache:
+    """A bounded LRU of text embeddings, keyed by (embedder key, length used, text digest)."""
+
+    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._data: OrderedDict[tuple, Embedding] = OrderedDict()
+
+    def get(self, key: tuple) -> Embedding | None:
+        hit = self._data.get(key)
+        if hit is not None:
+            self._data.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple, value: Embedding) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def snapshot(self) -> "OrderedDict[tuple, Embedding]":
+        """A copy of the entries, in LRU order (benchmarks repeat a step from the same cache)."""
+        return OrderedDict(self._data)
+
+    def restore(self, entries: "OrderedDict[tuple, Embedding]") -> None:
+        """Put back the entries of a `snapshot`."""
+        self._data = OrderedDict(entries)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def pooled(out: Any, mask: torch.Tensor) -> torch.Tensor:
+    # Mean-pool then L2-normalize per row (a window for model 1, a whole text for model 2).
+    return F.normalize(enc.mean_pool(out[0], mask), p=2, dim=1)
+
+
+class Embedder:
+    """One encoder checkpoint: windowed (relevance model 1) or truncated (model 2, diversity)."""
+
+    def __init__(self, runtime: Runtime, path: str, dtype: str, *, windowed: bool, name: str,
+                 override: int | None = None, revision: str | None = None, max_batch_tokens: int | None = None) -> None:
+        from transformers import AutoModel
+
+        self.runtime, self.windowed, self.name = runtime, windowed, name
+        self.key = (path, dtype, revision, windowed)
+        self.tokenizer, self.model = runtime.models.pretrained(path, AutoModel, dtype=dtype, revision=revision)
+        self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, override)
+        self.max_tokens = max_batch_tokens or enc.default_pass_tokens(self.max_length, runtime.device)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.cache: EmbeddingCache = runtime.options.setdefault("embedding_cache", EmbeddingCache())
+        token = min(1000, self.model.config.vocab_size - 1)
+
+        def set_pass_tokens(n: int) -> None:
+            self.max_tokens = n
+
+        enc.calibrate(runtime, name, self.model, pooled, self.max_length, token, pass_tokens=self.max_tokens,
+                      set_pass_tokens=set_pass_tokens if max_batch_tokens is None else None)  # a size set in the config is kept
+
+    @classmethod
+    def shared(cls, runtime: Runtime, path: str, cfg: ModelConfig, *, windowed: bool, name: str) -> "Embedder":
+        """The embedder for this checkpoint, built once per runtime (relevance and diversity share)."""
+        pool = runtime.options.setdefault("embedders", {})
+        key = (path, cfg.dtype, cfg.revision, windowed, cfg.max_length)
+        if key not in pool:
+            source, how = load_source(cfg, path)  # a locked commit's snapshot, or the hub id as given
+            pool[key] = cls(runtime, source, cfg.dtype, windowed=windowed, name=name, override=cfg.max_length,
+                            revision=how.get("revision"), max_batch_tokens=cfg.options.max_batch_tokens)
+        return pool[key]
+
+    def embed(self, texts: list[str], completions: Sequence[int | None] | None = None) -> list[Embedding]:
+        """One (vector, status) per text; texts already embedded at this length come from the cache.
+        `completions`: the step's completion index of each text (None: the prompt), for the telemetry."""
+        length = min(self.max_length, self.runtime.memory.length_cap(self.name, self.max_length))
+        keys = [(self.key, length, _digest(t)) for t in texts]
+        found = {k: self.cache.get(k) for k in keys}
+        missing = [k for k, v in found.items() if v is None]
+        if missing:
+            text_of = dict(zip(keys, texts))
+            label_of = dict(zip(reversed(keys), reversed(list(completions)))) if completions is not None else None  # first wins
+            labels = [label_of[k] for k in missing] if label_of is not None else None
+            for k, value in zip(missing, self._compute([text_of[k] for k in missing], length, labels)):
+                found[k] = value
+                if value[1] in Status.SCORED:  # failures are retried next time, not cached
+                    self.cache.put(k, value)
+        return [found[k] for k in keys]  # type: ignore[misc]
+
+    def _compute(self, texts: list[str], length: int, completions: Sequence[int | None] | None = None) -> list[Embedding]:
+        try:
+            if self.windowed:
+                # Overflow windows of `length` (length - 2 content tokens each), no stride.
+                encd = self.tokenizer(texts, truncation=True, max_length=length, return_overflowing_tokens=True)
+                owner = list(encd["overflow_to_sample_mapping"])
+            else:  # the first `length` ids only: read a head that provably gives them (charbound.py)
+                encd = self.tokenizer([head_for_tokens(t, self.tokenizer, length) for t in texts], truncation=True,
+                                      max_length=length)
+                owner = list(range(len(texts)))
+        except Exception as e:  # noqa: BLE001 - a tokenizer failure fails the texts, not the step
+            log.error("%s: tokenizer failed: %s", self.name, e)
+            return [(None, Status.ERROR)] * len(texts)
+        rows = list(encd["input_ids"])
+        types = encd.get("token_type_ids")
+        outcomes = enc.run_rows(
+            self.runtime, self.name, self.model, rows, pooled, pad_id=self.pad_id,
+            types=list(types) if types is not None else None, max_tokens=self.max_tokens,
+            completions=[completions[t] for t in owner] if completions is not None else None,
+        )
+        # The budget cut below the spec's length: a full row may have lost tokens.
+        cut = length < self.max_length
+        parts: list[list[torch.Tensor]] = [[] for _ in texts]
+        statuses: list[list[str]] = [[] for _ in texts]
+        for t, row, o in zip(owner, rows, outcomes):
+            statuses[t].append(Status.TRUNCATED if o.status == Status.OK and cut and len(row) >= length else o.status)
+            if o.status == Status.OK:
+                parts[t].append(o.value)
+        result: list[Embedding] = []
+        for t in range(len(texts)):
+            st = Status.worst(statuses[t])  # of its windows
+            if st not in Status.SCORED:
+                result.append((None, st))
+            else:  # the mean of the window vectors, not re-normalized (one window: itself)
+                result.append((torch.stack(parts[t]).mean(0), st))
+        return result
+
+
+def relevance_similarity(prompt_vec: torch.Tensor, vec: torch.Tensor) -> float:
+    """Relevance model 2's score: |cosine(base prompt embedding, completion embedding)|."""
+    return abs(float(F.cosine_similarity(prompt_vec, vec, dim=0)))
+
+
+def _merge(*statuses: str) -> str:
+    return Status.worst(statuses)
+
+
+class RelevanceMask(Scorer):
+    """`relevance_filter`: both encoders must find the completion close to the base prompt."""
+
+    name = RELEVANCE.name
+    kind = "mask"
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
+        if len(cfg.paths) != 2:
+            raise ValueError(f"{self.name} takes exactly two embedding models")
+        self.bounds = tuple(cfg.options.bounds)
+        self.first = Embedder.shared(runtime, cfg.paths[0], cfg, windowed=True, name=f"{self.name}[0]")
+        self.second = Embedder.shared(runtime, cfg.paths[1], cfg, windowed=False, name=f"{self.name}[1]")
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.first.model, self.second.model]
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        result = ScoreResult.failed_only(request)
+        live = request.live()
+        if not live:
+            return result
+        texts: list[str] = [request.completions[i] for i in live]  # type: ignore[misc]
+        # The base prompt is embedded once per step, in the same passes as the completions.
+        (p1, ps1), *e1 = self.first.embed([request.prompt] + texts, [None, *live])
+        passing: list[int] = []
+        for j, (i, (v, st)) in enumerate(zip(live, e1)):
+            if p1 is None or v is None:
+                result.statuses[i] = ps1 if p1 is None else st
+                continue
+            s1 = -float(((v - p1) ** 2).mean().sqrt())
+            result.statuses[i] = _merge(ps1, st)
+            if s1 < self.bounds[0]:
+                result.scores[i] = 0.0  # stop: model 2 never sees it
+            else:
+                passing.append(j)
+        if not passing:
+            return result
+        (p2, ps2), *e2 = self.second.embed([request.prompt] + [texts[j] for j in passing], [None] + [live[j] for j in passing])
+        for j, (v, st) in zip(passing, e2):
+            i = live[j]
+            if p2 is None or v is None:
+                result.statuses[i] = ps2 if p2 is None else st
+                continue
+            s2 = relevance_similarity(p2, v)
+            result.scores[i] = 0.0 if s2 < self.bounds[1] else 1.0
+            result.statuses[i] = _merge(result.statuses[i], ps2, st)
+        return result
+
+
+def _second_smallest(dist: torch.Tensor) -> torch.Tensor:
+    return torch.topk(dist, 2, dim=1, largest=False).values[:, -1]
+
+
+class DiversityHistory:
+    """Diversity's state and its stateful half: the past embeddings, and the mask from new ones.
+
+    `DiversityMask.stateless_part` (the forward pass) gives one embedding per completion;
+    `score` turns them into the mask values against this history and appends them. The stack's
+    stateful part (`rewardstack.stack.RewardState`) holds one per namespace.
+    """
+
+    def __init__(self) -> None:
+        self.history: torch.Tensor | None = None  # CPU float32, oldest first
+
+    def score(self, request: ScoreRequest, embeddings: list[Embedding]) -> ScoreResult:
+        """The mask of `request` from its live completions' `embeddings`, then remember them."""
+        result = ScoreResult.failed_only(request)
+        live = request.live()
+        if not live:
+            return result
+        if len(embeddings) != len(live):
+            raise ValueError(f"{len(embeddings)} embeddings for {len(live)} live completions")
+        ok = [(i, v, st) for i, (v, st) in zip(live, embeddings) if v is not None]
+        for i, (v, st) in zip(live, embeddings):
+            if v is None:
+                result.statuses[i] = st
+        if not ok:
+            return result
+        e = torch.stack([v for _, v, _ in ok]).float()
+        values = self._batch_part(e)
+        hist = self._history_part(e)
+        if hist is not None:
+            values = values * hist
+        for (i, _, st), x in zip(ok, values.tolist()):
+            result.scores[i], result.statuses[i] = float(x), st
+        self._append(e)
+        return result
+
+    @staticmethod
+    def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.normalize(a, dim=1) @ F.normalize(b, dim=1).T
+
+    def _batch_part(self, e: torch.Tensor) -> torch.Tensor:
+        if e.shape[0] < 2:
+            return torch.ones(e.shape[0])  # no other completion to be close to
+        x = _second_smallest(1 - self._cos(e, e).abs())  # self included: the 2nd is the nearest other
+        return 1 / (1 + torch.exp(-40 * x + 4))
+
+    def _history_part(self, e: torch.Tensor) -> torch.Tensor | None:
+        h = self.history
+        if h is None or h.shape[0] < HISTORY_SKIP + 2 or h.shape[1] != e.shape[1]:
+            return None
+        x = _second_smallest(1 - self._cos(e, h[HISTORY_SKIP:]).abs())
+        return 1 / (1 + torch.exp(-1000 * x + 50))
+
+    def _append(self, e: torch.Tensor) -> None:
+        keep = [0] + [j for j in range(1, e.shape[0]) if not torch.equal(e[j], e[j - 1])]
+        new = e[keep]
+        if self.history is not None and self.history.shape[1] != new.shape[1]:
+            log.warning("diversity history has dimension %d, model %d: history dropped",
+                        self.history.shape[1], new.shape[1])
+            self.history = None
+        h = new if self.history is None else torch.cat([self.history, new])
+        self.history = h[-HISTORY_MAX:].clone()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.history is None:
+            return {}
+        return {"history": self.history.detach().cpu().contiguous()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        h = state.get("history") if state else None
+        if h is None:
+            self.history = None
+            return
+        t = torch.as_tensor(h, dtype=torch.float32).cpu()
+        self.history = t[-HISTORY_MAX:].clone() if t.ndim == 2 and t.shape[0] > 0 else None
+
+
+class DiversityMask(Scorer):
+    """`diversity_reward_model`: far from the other completions and from recent history.
+
+    Split in two for the stack: `stateless_part` is the forward pass (the embeddings),
+    `DiversityHistory.score` the stateful rest. Used alone, the scorer keeps one `DiversityHistory`.
+    """
+
+    name = DIVERSITY.name
+    kind = "mask"
+    stateful = True
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
+        assert cfg.path, f"{self.name}: no path"
+        self.embedder = Embedder.shared(runtime, cfg.path, cfg, windowed=False, name=self.name)
+        self.state = DiversityHistory()
+
+    @property
+    def history(self) -> torch.Tensor | None:
+        return self.state.history
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.embedder.model]
+
+    def stateless_part(self, request: ScoreRequest) -> list[Embedding]:
+        """One (vector, status) per live completion: everything diversity needs a model for."""
+        live = request.live()
+        if not live:
+            return []
+        return self.embedder.embed([request.completions[i] for i in live], live)  # type: ignore[misc]
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        return self.state.score(request, self.stateless_part(request))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.load_state_dict(state)
+
+
+def build_relevance(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    """The `relevance_filter` mask."""
+    return RelevanceMask(cfg, runtime)
+
+
+def build_diversity(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    """The `diversity_reward_model` mask."""
+    return DiversityMask(cfg, runtime)

@@ -1,0 +1,263 @@
+"""Shared machinery of the encoder scorers (OpenAssistant, NSFW, relevance, diversity).
+
+Length bounds that never trust an absurd tokenizer `model_max_length`, right-padded batches built
+from token-id rows, the load-time calibration of a model's cost model, and `run_rows`: every row of
+a step through the memory manager in as few forward passes as the budget (and a per-pass token cap
+that keeps peak memory flat for very long inputs) allows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from rewardstack._memory.calibrating import Profile
+from rewardstack._memory.guard import Outcome
+from rewardstack._scorers.base import Runtime
+from rewardstack._scorers.common import pad_rows
+
+SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 says 1e30) is not believed
+# Families whose position ids start at padding_idx + 1: two position rows are never usable.
+POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "bart"})
+
+
+def default_pass_tokens(bound: int, device: torch.device) -> int:
+    """Tokens one padded pass may hold before tuning (and on accelerators, where it is not tuned):
+    one window on CPU, 16 windows on an accelerator, where bigger passes keep it busy and the
+    memory budget bounds them. On CPU `tune_pass_tokens` then measures the best size at load."""
+    return bound if device.type == "cpu" else 16 * bound
+
+
+PASS_FACTORS = (1, 2, 4)
+"""Pass sizes (in windows of the model's bound) that CPU tuning tries."""
+MAX_PASS_ROWS = 64
+"""Most rows one pass takes (profiled shapes reach this for short inputs)."""
+WIDER_GAIN = 1.15
+"""How much faster a wider pass must be to be chosen over a narrower one."""
+WINDOW_PASS_SLOW = 0.06
+"""Seconds of one whole-window pass past which tuning stops at one window: a pass's fixed costs
+(module calls, DeBERTa's relative-position tables; a few ms on CPU) are then too small a share
+for a wider pass to win by `WIDER_GAIN`. Measured here: the MiniLM encoders ~100 ms a window
+(stop), the DeBERTa stand-in ~35 ms and the RoBERTa stand-in ~5 ms (tuned)."""
+
+
+def position_limit(config: Any) -> int | None:
+    """The longest input the model's position embeddings accept (None: relative positions only)."""
+    if getattr(config, "relative_attention", False) and not getattr(config, "position_biased_input", True):
+        return None  # DeBERTa-v3: no absolute positions, any length runs (at quadratic cost)
+    mpe = getattr(config, "max_position_embeddings", None)
+    if not isinstance(mpe, int) or mpe <= 0:
+        return None
+    return mpe - (2 if getattr(config, "model_type", "") in POSITION_OFFSET_TYPES else 0)
+
+
+def resolve_max_length(tokenizer: Any, config: Any, override: int | None = None, default: int | None = None) -> int:
+    """The input-length bound in tokens: override, else `default`, else a sane tokenizer value,
+    else the config's position limit (512 if nothing says). Never above the position limit."""
+    limit = position_limit(config)
+    if override:
+        bound = int(override)
+    elif default:
+        bound = int(default)
+    else:
+        tok_max = getattr(tokenizer, "model_max_length", None)
+        if isinstance(tok_max, (int, float)) and 0 < tok_max <= SANE_MAX_LENGTH:
+            bound = int(tok_max)
+        else:
+            bound = limit or 512
+    return max(4, min(bound, limit) if limit else bound)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are now (placement may move a model between calls)."""
+    return next(model.parameters()).device
+
+
+def accepts(model: torch.nn.Module, arg: str) -> bool:
+    """Whether `model.forward` takes keyword `arg` (MPNet takes no token_type_ids)."""
+    return arg in inspect.signature(model.forward).parameters
+
+
+def pad_batch(
+    model: torch.nn.Module,
+    rows: Sequence[Sequence[int]],
+    pad_id: int,
+    types: Sequence[Sequence[int]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device."""
+    ids, mask = pad_rows(rows, pad_id)
+    tt = pad_rows(types, 0, width=ids.shape[1])[0] if types is not None else None
+    device = model_device(model)
+    batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if tt is not None and accepts(model, "token_type_ids"):
+        batch["token_type_ids"] = tt.to(device)
+    return batch
+
+
+def calibrate(
+    runtime: Runtime,
+    name: str,
+    model: torch.nn.Module,
+    head: Callable[[Any, torch.Tensor], torch.Tensor],
+    max_length: int,
+    token_id: int,
+    *,
+    pass_tokens: int,
+    set_pass_tokens: Callable[[int], None] | None = None,
+) -> None:
+    """Fit the cost model of `name` from measured peaks of dummy passes (once per name).
+
+    `pass_tokens` is the scorer's cap on the tokens of one padded pass. With `set_pass_tokens`
+    (the cap was not set in the config) and on CPU, the cap is tuned first (`tune_pass_tokens`)
+    and handed back, from the calibration cache on a warm start. The profiled shapes reach the
+    cap with batches of short inputs: the planner admits no shape wider than the widest profiled,
+    so a grid of batches up to 4 held every pass of short inputs to 4 rows, and on a small model
+    the per-pass overhead then cost 2-3x the floor (docs/LOG.md, 2026-11-30).
+    """
+    if name in runtime.memory.cost_models:
+        return  # a checkpoint shared by two scorers is profiled once
+
+    def run(b: int, length: int) -> None:
+        batch = pad_batch(model, [[token_id] * length] * b, 0, [[0] * length] * b)
+        if length > 1:
+            # One padded position, as real batches have: the attention mask is then built (sdpa
+            # drops an all-ones mask), the path scoring takes; a lone input only costs less.
+            batch["attention_mask"][-1, -1] = 0
+        head(model(**batch), batch["attention_mask"])
+
+    def lone(length: int) -> None:  # a batch of one is never padded: no mask is built
+        batch = pad_batch(model, [[token_id] * length], 0, [[0] * length])
+        head(model(**batch), batch["attention_mask"])
+
+    tune = None
+    if set_pass_tokens is not None and runtime.device.type == "cpu":
+        def tune() -> dict[str, Any]:
+            return {"pass_tokens": tune_pass_tokens(run, max_length)}
+
+    def apply(settings: dict[str, Any]) -> None:
+        if set_pass_tokens is not None and "pass_tokens" in settings:
+            set_pass_tokens(int(settings["pass_tokens"]))
+
+    def shapes(settings: dict[str, Any]) -> list[tuple[int, int]]:
+        return pass_shapes(max_length, int(settings.get("pass_tokens", pass_tokens)))
+
+    runtime.memory.calibrate(Profile(name, run, max_length=max_length, shapes=shapes, tune=tune, apply=apply,
+                                     lone_run=lone))
+
+
+def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:
+    """The profile grid: every length alone up to the bound, a few small batches (the fit is
+    linear in the batch size), and at each length the widest batch the pass cap allows."""
+    lengths = sorted({max(8, max_length // 8), max(16, max_length // 4), max(32, max_length // 2), max_length})
+    shapes = {(1, n) for n in lengths} | {(2, lengths[1]), (4, lengths[0]), (2, lengths[2])}
+    for n in sorted({max(8, max_length // 32), *lengths}):
+        b = min(MAX_PASS_ROWS, pass_tokens // n)
+        if b > 1:
+            shapes.add((b, min(n, max_length)))
+    return sorted(shapes, key=lambda s: (s[1], s[0]))
+
+
+def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, *, rounds: int = 2) -> int:
+    """The CPU pass cap (tokens) with the best throughput, from `PASS_FACTORS` windows.
+
+    Each candidate runs the same tokens (short inputs of an eighth of the bound, and whole
+    windows) in passes of its size, `rounds` times interleaved, its fastest round counting. A
+    wider pass is chosen only when it is faster than the one chosen so far (from one window up) by
+    more than `WIDER_GAIN`: wider passes peak higher, and timing noise on a shared 2-core machine
+    reaches 10%. Small models gain from
+    wide passes (per-pass overhead), large ones do not (activations fall out of cache): on the
+    stand-ins the tiny classifiers ran 1.5x faster at 2-4 windows, the MiniLM encoders no faster.
+    """
+    caps = [f * max_length for f in PASS_FACTORS]
+    short = max(8, max_length // 8)
+    times = {cap: float("inf") for cap in caps}
+    with torch.inference_mode():
+        run(2, short)  # first-call costs out of the timing
+        t = time.perf_counter()
+        run(1, max_length)
+        if time.perf_counter() - t > WINDOW_PASS_SLOW:
+            return caps[0]  # the per-pass overhead is too small a share for a wider pass to win
+        for _ in range(rounds):
+            for cap in caps:
+                t = time.perf_counter()
+                for length in (short, max_length):
+                    rows = max(1, min(MAX_PASS_ROWS, cap // length))
+                    for _ in range(max(1, caps[-1] // (rows * length))):
+                        run(rows, length)
+                times[cap] = min(times[cap], time.perf_counter() - t)
+    best = caps[0]
+    for cap in caps[1:]:
+        if times[cap] * WIDER_GAIN < times[best]:
+            best = cap
+    return best
+
+
+def token_groups(order: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Cut length-sorted indices into groups whose padded rectangle stays within `max_tokens`."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * max(lengths[i], 1) > max_tokens:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def run_rows(
+    runtime: Runtime,
+    name: str,
+    model: torch.nn.Module,
+    rows: Sequence[Sequence[int]],
+    head: Callable[[Any, torch.Tensor], torch.Tensor],
+    *,
+    pad_id: int,
+    types: Sequence[Sequence[int]] | None = None,
+    max_tokens: int,
+    max_batch: int | None = None,
+    completions: Sequence[int | None] | None = None,
+) -> list[Outcome]:
+    """One Outcome per row: `head(model output, attention mask)` row j, on CPU, in input order.
+
+    `completions`: the step's completion index of each row (None: the prompt), for the telemetry.
+
+    The memory manager plans batches against the budget; inside a planned batch, passes are cut
+    so that no pass pads more than `max_tokens` tokens, which keeps the peak of a step with one
+    40,000-character input near that of a short one.
+    """
+    lengths = [len(r) for r in rows]
+
+    def forward(idx: list[int]) -> list[Any]:
+        order = sorted(idx, key=lambda i: lengths[i])
+        values: dict[int, Any] = {}
+        for group in token_groups(order, lengths, max_tokens):
+            batch = pad_batch(
+                model, [rows[i] for i in group], pad_id, [types[i] for i in group] if types is not None else None
+            )
+            out = head(model(**batch), batch["attention_mask"]).float().cpu()
+            del batch  # free the group's activations before the next group
+            for j, i in enumerate(group):
+                values[i] = out[j]
+        return [values[i] for i in idx]
+
+    return runtime.memory.run(name, lengths, forward, max_batch=max_batch, completions=completions)
+
+
+def first_completion(completions: Sequence[str | None], live: Sequence[int]) -> dict[str, int]:
+    """Each distinct live text -> the step's first completion index with it: a scorer that scores
+    identical texts once names that row by it in the telemetry."""
+    first: dict[str, int] = {}
+    for i in live:
+        first.setdefault(completions[i], i)  # type: ignore[arg-type]
+    return first
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of token vectors over the attention mask (the sentence-transformers pooling)."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)

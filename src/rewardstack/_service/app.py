@@ -1,0 +1,258 @@
+"""The HTTP scoring service: a FastAPI app on uvicorn in front of one scoring worker.
+
+    rewardstack serve --config C [--host 127.0.0.1] [--port 8000]
+
+Routes: `POST /v1/score` (one step in, its event out), `GET /v1/namespaces/{name}`,
+`GET /v1/stack`, `GET /healthz`, `GET /readyz`, `GET /metrics`, and FastAPI's `/openapi.json` and
+`/docs`. Every refusal is a `ServiceError`, turned into `{"error": {"message", "type", "field"}}` by
+the exception handlers of service/guard.py (the one place errors become responses). The request
+contract (schemas, limits, body parsing, deadlines, sequence rules) is service/protocol.py, shared
+with the Ray Serve replicas: bodies are strict JSON of bounded nesting, validated by
+`Step.from_dict` exactly as `rewardstack score` validates a line; no pickle and no code from a
+request, anywhere. See docs/SERVICE.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
+from rewardstack._service.connections import CutAtShutdown
+from rewardstack._service.errors import ServiceError
+from rewardstack._service.guard import authorizer, install_error_handlers, loopback_guard, require_json, status_for
+from rewardstack._service.namespaces import ALL_NAMESPACES, Access
+from rewardstack._service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, BodyLimit, client_deadline,
+                                          committed_sequence, error_responses, memory_header, namespace_for,
+                                          parse_score, score_responses)
+from rewardstack._service.batching import Lane
+from rewardstack._service.trainers import install_trainer_routes
+from rewardstack._service.worker import Job, Worker
+from rewardstack._settings import ServiceSettings
+
+log = logging.getLogger("rewardstack.service")
+
+# -- the app ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Metrics:
+    """The service's own instruments, on the telemetry registry when it is there."""
+
+    requests: Any
+    queue: Any
+    latency: Any
+
+    @classmethod
+    def create(cls) -> "Metrics":
+        from prometheus_client import Counter, Gauge, Histogram
+
+        reg = metrics_registry()
+        key = id(reg)
+        if key not in _METRICS:
+            _METRICS[key] = cls(
+                Counter("rewardstack_service_requests_total", "Score requests answered, by HTTP status.", ["code"], registry=reg),
+                Gauge("rewardstack_service_queue_length", "Steps waiting for the scoring worker.", registry=reg),
+                Histogram("rewardstack_service_request_seconds", "Time from a score request's arrival to its answer.",
+                          buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=reg),
+            )
+        return _METRICS[key]
+
+
+_METRICS: dict[int, Metrics] = {}
+
+
+def metrics_registry() -> Any:
+    """The telemetry registry (`rewardstack._telemetry.metrics.registry()`), else prometheus_client's."""
+    try:
+        from rewardstack._telemetry.metrics import registry
+    except ImportError:  # pragma: no cover - telemetry not installed in this build
+        from prometheus_client import REGISTRY
+
+        return REGISTRY
+    return registry()
+
+
+def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None) -> FastAPI:
+    """The FastAPI app; its lifespan starts the worker (models load in the worker's thread)."""
+    worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
+                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
+                              lane=Lane(settings))
+    metrics = Metrics.create()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        worker.begin_drain()
+        await asyncio.to_thread(worker.join)
+
+    local = loopback_guard(settings.host, access)  # loopback without a token: Host and Origin must be this machine
+    app = FastAPI(title="rewardstack", version="0.1.0", lifespan=lifespan,
+                  dependencies=[Depends(local)] if local is not None else [],
+                  description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
+    app.state.worker = worker
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
+
+    install_error_handlers(app)  # the one error chokepoint (service/guard.py)
+    authorize = authorizer(access)
+    install_trainer_routes(app, worker, config, settings, authorize)  # /get_reward, /classify: docs/TRAINERS.md
+
+    # -- routes ----------------------------------------------------------------------------
+    @app.post("/v1/score", summary="Score one step",
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}},
+              responses=score_responses())
+    async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
+        arrived = time.monotonic()
+        code = 500
+        try:
+            response = await _score(request, scope, arrived)
+            code = response.status_code
+            return response
+        except Exception as e:
+            code = status_for(e)  # the status the error handlers send (a step's InputError is a 422)
+            raise
+        finally:
+            metrics.requests.labels(code=str(code)).inc()
+            metrics.latency.observe(time.monotonic() - arrived)
+            metrics.queue.set(worker.queue_length())
+
+    async def _score(request: Request, scope: str | None, arrived: float) -> Response:
+        call = parse_score(await request.body(), scope, settings, config.input)  # 400/413/422 naming the field
+        # A new namespace past service.max_namespaces is refused by the worker, which creates
+        # namespaces one at a time (checking here would race with concurrent first requests).
+        deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
+        job = Job(call.namespace, call.step, call.sequence, deadline=deadline)
+        worker.submit(job)  # 429 when full, 503 when not ready or draining
+        outcome = await _wait(request, job, deadline)
+        headers = {"X-Rewardstack-Scored": "true" if outcome.scored else "false"}
+        if outcome.memory is not None:
+            headers[MEMORY_HEADER] = memory_header(outcome.memory)
+        return Response(outcome.body, media_type="application/json", headers=headers)
+
+    async def _wait(request: Request, job: Job, deadline: float) -> Any:
+        """The job's outcome; withdraws it if its deadline passes or its client goes away first."""
+        result = asyncio.wrap_future(job.future)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({result, gone}, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if result in done:
+                return result.result()
+            if job.try_cancel():  # not started: it will never be scored
+                if gone in done:
+                    raise ServiceError(499, "client_gone", "the client went away; the step was not scored")
+                raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
+                                   "the step was not scored (service.deadline_s)")
+            return await result  # started: it commits; answer with it
+        finally:
+            gone.cancel()
+
+    @app.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number",
+             responses=error_responses(401, 403, 422))
+    async def namespace_info(name: str, scope: str | None = Depends(authorize)) -> dict:
+        name = namespace_for(name, scope)
+        sequence = await asyncio.to_thread(sequence_of, worker, name)
+        return {"namespace": name, "sequence": sequence, "next": sequence + 1}
+
+    @app.get("/healthz", summary="Liveness: the worker's heartbeat, answered at once")
+    async def healthz() -> JSONResponse:
+        beat = dict(worker.heartbeat)
+        alive = worker.alive or worker.closed
+        body = {
+            "status": "ok" if alive and worker.error is None else "failed",
+            "running": beat.get("running"),
+            "running_for_s": round(time.time() - beat["since"], 3) if beat.get("running") else None,
+            "last_forward_at": beat.get("last_forward_at"),
+            "queue_length": worker.queue_length(),
+            "ready": worker.ready,
+            "error": worker.error,
+        }
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    @app.get("/readyz", summary="Readiness: models loaded and a startup forward pass done; 503 while starting or draining")
+    async def readyz() -> JSONResponse:
+        if worker.ready:
+            return JSONResponse({"status": "ready"})
+        reason = ("failed: " + worker.error) if worker.error else ("draining" if worker.draining or worker.closed else "starting")
+        return JSONResponse({"status": reason}, status_code=503, headers={"Retry-After": "5"})
+
+    @app.get("/v1/stack", summary="Models, placement, budget, cost models, queue", responses=error_responses(401, 503))
+    async def stack_info(scope: str | None = Depends(authorize)) -> dict:
+        return describe(worker, config, settings, scope)
+
+    @app.get("/metrics", summary="Prometheus metrics", responses=error_responses(401))
+    async def metrics_route(scope: str | None = Depends(authorize)) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        metrics.queue.set(worker.queue_length())
+        return Response(generate_latest(metrics_registry()), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read, so `receive` waits for that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def sequence_of(worker: Worker, name: str) -> int:
+    """A namespace's committed sequence: from memory when loaded, else from its state file."""
+    for ns in worker.namespaces.loaded():
+        if ns.name == name:
+            return ns.state.sequence
+    return committed_sequence(worker.namespaces.root / name)
+
+
+def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, scope: str | None = None) -> dict:
+    """What `/v1/stack` shows: models and their placement, the budget, cost models, the queue.
+
+    `scope` is the caller's (`authorizer`): a token bound to one namespace sees that namespace
+    only; the names of the others (often validators' hotkeys) are not its business.
+    """
+    stack = worker.stack
+    if stack is None or not (worker.ready or worker.draining):
+        raise ServiceError(503, "not_ready", "the models are still loading", headers={"Retry-After": "5"})
+    for _ in range(3):  # the worker may be adding a cost model while this reads them
+        try:
+            summary = stack.memory.summary()
+            break
+        except RuntimeError:
+            continue
+    else:  # pragma: no cover - three collisions in a row
+        summary = {}
+    placement = (summary.get("placement") or {})
+    models = []
+    for name in REWARD_MODELS + MASKS:
+        m = config.models[name]
+        if not m.active:
+            continue
+        models.append({"name": name, "kind": "reward" if name in REWARD_MODELS else "mask", "weight": m.weight,
+                       "path": m.path, "paths": m.paths or None, "dtype": m.dtype,
+                       "device": str(stack.memory.device_for(name)) if name in stack.scorers else None})
+    budget = stack.memory.budget
+    return {
+        "device": str(stack.device),
+        "models": models,
+        "placement": placement,
+        "budget": dataclasses.asdict(budget) if budget is not None else {"activation_bytes": stack.memory.budget_bytes},
+        "cost_models": summary.get("cost_models", {}),
+        "queue": {"length": worker.queue_length(), "size": worker.queue.maxsize, "batch_requests": worker.batch_requests},
+        "trainer": {"waiting": len(worker.lane), "batches": worker.lane.batches, "requests": worker.lane.requests},
+        "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
+                                               set(worker.namespaces.on_disk()))
+                       if scope in (None, ALL_NAMESPACES) or name == scope],
+        "limits": {k: getattr(settings, k) for k in ("max_body_bytes", "max_completions", "max_chars", "max_work_chars",
+                                                      "deadline_s")},
+        "steps_scored": worker.scored,
+    }

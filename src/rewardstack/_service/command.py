@@ -1,0 +1,123 @@
+"""`rewardstack serve`: its flags (over the [service] table) and the uvicorn run with a clean drain.
+
+Kept apart from `app.py` so that building the CLI parser does not import FastAPI; the service's
+dependencies come with the `rewardstack[service]` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+from rewardstack.errors import MissingExtraError
+from rewardstack._settings import ServiceSettings, field_docs, parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack.config import StackConfig
+
+_INT_FLAGS = ("port", "max_completions", "max_chars", "max_work_chars", "queue_size", "batch_requests", "max_namespaces")
+
+
+def add_parser(sub: Any) -> None:
+    """The `serve` subcommand (called from `rewardstack.cli.build_parser`)."""
+    docs = field_docs(ServiceSettings)
+    s = sub.add_parser("serve", help="run the HTTP scoring service (FastAPI on uvicorn; docs/SERVICE.md)")
+    s.add_argument("--config", required=True, help="stack config (TOML)")
+    s.add_argument("--host", help=docs.get("host", "") + " (default [service].host, 127.0.0.1)")
+    s.add_argument("--port", type=int, help=docs.get("port", "") + " (default [service].port, 8000)")
+    s.add_argument("--max-body-bytes", help=docs.get("max_body_bytes"))
+    s.add_argument("--max-completions", type=int, help=docs.get("max_completions"))
+    s.add_argument("--max-chars", type=int, help=docs.get("max_chars"))
+    s.add_argument("--max-work-chars", type=int, help=docs.get("max_work_chars"))
+    s.add_argument("--queue-size", type=int, help=docs.get("queue_size"))
+    s.add_argument("--deadline-s", type=float, help=docs.get("deadline_s"))
+    s.add_argument("--batch-requests", type=int, help=docs.get("batch_requests"))
+    s.add_argument("--max-namespaces", type=int, help=docs.get("max_namespaces"))
+    s.add_argument("--tokens-file", help=docs.get("tokens_file"))
+    s.add_argument("--run-dir", help="telemetry run directory: timeline, events, incidents, summary (default [telemetry].run_dir)")
+    s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir, else "
+                   "$REWARDSTACK_HOME/<config stem>-<hash>/state)")
+    s.set_defaults(func=cmd_serve)
+
+
+def effective_settings(config: StackConfig, args: argparse.Namespace) -> ServiceSettings:
+    """The [service] table with the command line's flags over it."""
+    s = dataclasses.replace(config.service)
+    for key in _INT_FLAGS + ("host", "deadline_s", "tokens_file"):
+        value = getattr(args, key, None)
+        if value is not None:
+            setattr(s, key, value)
+    if getattr(args, "max_body_bytes", None) is not None:
+        s.max_body_bytes = parse_bytes(args.max_body_bytes, key="--max-body-bytes")
+    return s
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load the config, check access, serve until SIGTERM; 0 after a clean drain."""
+    try:
+        import uvicorn
+
+        from rewardstack._service.app import create_app
+        from rewardstack._service.connections import limit_log_rate, server_config
+        from rewardstack._service.namespaces import Access, is_loopback
+    except ImportError as e:  # depends on the install: one line and the exit code of a missing extra
+        missing = MissingExtraError.of(e)
+        if missing is None:  # not an extra's module: a broken install or a bug, its traceback kept
+            raise
+        raise missing from e
+    from rewardstack.config import load_config
+
+    from rewardstack._memory.manager import check_device
+
+    config = load_config(args.config)
+    check_device(config.device)  # one line now, not the worker's load failure after the server started
+    if getattr(args, "state_dir", None):
+        config.state_dir = args.state_dir
+    settings = effective_settings(config, args)
+    for key in _INT_FLAGS:
+        if getattr(settings, key) < 1:
+            print(f"rewardstack: error: --{key.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    if settings.deadline_s <= 0:
+        print("rewardstack: error: --deadline-s must be positive", file=sys.stderr)
+        return 2
+    access = Access.load(settings.tokens_file)
+    if not is_loopback(settings.host) and not access.required:
+        print(f"rewardstack: error: binding {settings.host} (not loopback) requires a bearer token: set "
+              "REWARDSTACK_TOKEN or [service].tokens_file (never a command-line flag)", file=sys.stderr)
+        return 2
+    if getattr(args, "run_dir", None):
+        config.telemetry.run_dir = args.run_dir
+    app = create_app(config, settings, access)
+    worker = app.state.worker
+
+    stopped_by: list[str] = []  # the signal that asked for the shutdown, for its one line
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            stopped_by.append(signal.Signals(sig).name)
+            worker.begin_drain()  # queued steps get 503 now; the running batch finishes and commits
+            super().handle_exit(sig, frame)
+
+    level = "warning" if getattr(args, "verbose", 0) == 0 else "info"
+    # Header and body timeouts, a cap on open connections, a drain bounded by drain_timeout_s.
+    server = Server(server_config(app, settings, log_level=level))
+    limit_log_rate()  # after uvicorn set up its loggers: a flood of refusals or accept errors logs a few lines
+    worker.on_fatal = lambda: setattr(server, "should_exit", True)
+    # uvicorn re-raises the signal it caught once it has shut down; a no-op handler installed
+    # before it makes that re-raise harmless, so a drained shutdown returns and exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    print(f"rewardstack serve: http://{settings.host}:{settings.port} (namespaces in {config.state_dir}/namespaces)",
+          file=sys.stderr, flush=True)
+    server.run()
+    if worker.error:
+        print(f"rewardstack: error: the stack failed to load: {worker.error}", file=sys.stderr)
+        return 1
+    why = f" on {stopped_by[0]}" if stopped_by else ""
+    print(f"rewardstack serve: stopped{why}: drained, {worker.scored} steps scored, every namespace's state "
+          f"committed in {config.state_dir}/namespaces", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,195 @@
+"""What `rewardstack serve` does about clients that hold connections open: timeouts, a cap, quiet logs.
+
+uvicorn times out a connection only while it is idle between requests (its keep-alive timeout):
+a client that opens a connection and sends nothing, or sends its headers a byte at a time, holds
+a socket (a file descriptor) for as long as it likes, and enough of them take every descriptor
+the process has, after which the accept loop fails on every new connection and logs each failure.
+So, around uvicorn's own HTTP protocol (whichever it picked, h11 or httptools):
+
+- `guarded_protocol`: a connection must complete a request's headers within `header_timeout_s`
+  of connecting (or of its previous answer), else it is closed; past `max_connections` open
+  connections a new one is closed as it arrives, before it reads anything. The body has its own
+  timeout in the body-counting middleware (`protocol.BodyLimit`, 408).
+- `server_config`: the uvicorn configuration `serve` runs with (the protocol below, the bounded
+  drain on SIGTERM: `drain_timeout_s`).
+- `CutAtShutdown`: a request still open when the drain time is up is answered 503 in one log
+  line, not a traceback.
+- `connection_cap`: the cap, kept under the process's open-file limit (the models, the state
+  files and one lock per namespace need descriptors too).
+- `RepeatFilter` / `limit_log_rate`: a message repeated (same logger, same text before its
+  arguments) is logged at most once per window, the next one saying how
+  many were held back, so a flood of refused connections or accept errors writes a few lines,
+  not gigabytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import threading
+import time
+from typing import Any, Callable
+
+from rewardstack._settings import ServiceSettings
+
+log = logging.getLogger("rewardstack.service")
+
+FD_RESERVE = 64
+"""Descriptors kept for everything but client connections (model files, state, logs, pipes)."""
+
+
+def connection_cap(max_connections: int, *, reserve: int = FD_RESERVE) -> int:
+    """`max_connections`, lowered to leave `reserve` descriptors under the open-file limit (at least 8)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(8, min(max_connections, soft - reserve))
+
+
+def server_config(app: Any, settings: ServiceSettings, *, log_level: str = "warning") -> Any:
+    """The `uvicorn.Config` `rewardstack serve` runs `app` with: uvicorn's own HTTP protocol with
+    the header timeout and the connection cap, and a shutdown that waits `drain_timeout_s` at
+    most for open requests (the worker still finishes and commits the step it started)."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    cap = connection_cap(settings.max_connections, reserve=FD_RESERVE + settings.max_namespaces)  # a lock each
+    if cap < settings.max_connections:
+        log.warning("at most %d open connections (service.max_connections %d, lowered to stay under the "
+                    "open-file limit)", cap, settings.max_connections)
+    protocol = guarded_protocol(AutoHTTPProtocol, header_timeout_s=settings.header_timeout_s, max_connections=cap)
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, workers=1, lifespan="on",
+                          http=protocol, timeout_graceful_shutdown=settings.drain_timeout_s)  # type: ignore[arg-type]
+
+
+def guarded_protocol(base: type[asyncio.Protocol], *, header_timeout_s: float, max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class `base` with a header timeout and a cap on open connections.
+
+    Relies on what both of uvicorn's protocols have: `connections` (the server's open
+    connections), `cycle` (the current request, replaced when a request's headers are complete),
+    `loop`, `transport` and `on_response_complete`.
+    """
+
+    class GuardedProtocol(base):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+        _waiting_since_cycle: Any = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                log.warning("%d connections are open (service.max_connections, or the open-file limit): "
+                            "new connections are closed until some end", max_connections)
+                transport.abort()  # nothing read, nothing answered: the descriptor is freed now
+                return
+            self._await_headers()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_headers()  # the next request on this connection gets the same time
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_timer()
+            super().connection_lost(exc)
+
+        def _await_headers(self) -> None:
+            self._stop_timer()
+            # A request whose headers complete replaces `cycle`; if it is still this one when the
+            # timer fires, no request started in time.
+            self._waiting_since_cycle = self.cycle
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def _stop_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.cycle is self._waiting_since_cycle and not self.transport.is_closing():
+                log.info("a connection sent no complete request headers within %g s (service.header_timeout_s): "
+                         "closed", header_timeout_s)
+                self.transport.close()
+
+    GuardedProtocol.__name__ = f"Guarded{base.__name__}"
+    return GuardedProtocol
+
+
+class CutAtShutdown:
+    """Pure ASGI middleware: a request still open when the drain time is up is answered 503
+    `shutting_down` (if nothing was sent yet) with one log line, instead of the traceback uvicorn
+    logs for every request task it cancels at shutdown (one per slow client still connected)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except asyncio.CancelledError:
+            # uvicorn cancels the request tasks still running after timeout_graceful_shutdown: this
+            # request is over either way (a step it started still commits in the worker), and
+            # re-raising would only add a traceback.
+            log.info("%s %s was still open after service.drain_timeout_s: closed at shutdown",
+                     scope.get("method"), scope.get("path"))
+            if not started:
+                body = (b'{"error": {"message": "the service shut down before this request finished; retry with the '
+                        b'same sequence number", "type": "shutting_down", "field": null}}')
+                await send({"type": "http.response.start", "status": 503, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"), (b"retry-after", b"5")]})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class RepeatFilter(logging.Filter):
+    """Passes a message at most once per `window_s` for each (logger, message template: the text
+    before its arguments); the next one that passes says how many were held back meanwhile."""
+
+    def __init__(self, window_s: float = 10.0, *, max_keys: int = 1024,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._clock = clock  # a parameter so a test can step time instead of racing it
+        self.max_keys = max_keys
+        self._seen: dict[tuple[str, str], list[float]] = {}  # key -> [last passed at, held back]
+        self._lock = threading.Lock()  # the worker thread logs too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = self._clock()
+        with self._lock:
+            entry = self._seen.get(key)
+            if entry is not None and now - entry[0] < self.window_s:
+                entry[1] += 1
+                return False
+            held = int(entry[1]) if entry is not None else 0
+            if len(self._seen) >= self.max_keys:  # bounded: forget the keys whose window has passed
+                self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.window_s}
+            self._seen[key] = [now, 0]
+        if held and isinstance(record.msg, str):
+            record.msg = record.msg + f" [{held} more like this in the last {self.window_s:g} s were not logged]"
+        return True
+
+
+def limit_log_rate(window_s: float = 10.0) -> RepeatFilter:
+    """Put one `RepeatFilter` on every handler of the root and uvicorn loggers (asyncio's accept
+    errors and rewardstack's own lines reach the root's); call after uvicorn set up its logging."""
+    repeat = RepeatFilter(window_s)
+    for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, RepeatFilter) for f in handler.filters):
+                handler.addFilter(repeat)
+    return repeat
+
+
+__all__ = ["CutAtShutdown", "FD_RESERVE", "RepeatFilter", "connection_cap", "guarded_protocol", "limit_log_rate", "server_config"]

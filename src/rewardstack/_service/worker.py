@@ -1,0 +1,424 @@
+"""The scoring worker: one thread owns the device, the models and every namespace's state.
+
+Requests become `Job`s on a bounded queue. The worker thread takes what is queued (up to
+`batch_requests` jobs at once), checks each job's sequence number against its namespace, runs the
+stateless part of the stack for the admitted jobs (`RewardStack.forward_many`: model by model over
+all of them, so a model's weights are used once per batch, not once per request), then applies
+the stateful part job by job, in queue order, to each job's own namespace state, commits every
+touched namespace once (atomically, through `StateStore`), and only then answers. So:
+
+- whose score is whose: each job keeps its own `ForwardResult`; nothing is merged across jobs;
+- a namespace's steps are applied in the order they were queued, and a response is sent only after
+  the state that includes it is on disk;
+- a job whose deadline passed, or whose client went away, before the worker started it is not
+  scored (`Job.try_start` and `Job.try_cancel` race under a lock: exactly one wins); once started,
+  it is scored and committed whatever happens to its client.
+
+The heartbeat (what the worker runs now, when its last forward pass finished) is written by the
+worker and read without waiting by `/healthz`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rewardstack.config import StackConfig
+from rewardstack.errors import StateError
+from rewardstack._service.batching import Lane
+from rewardstack._service.errors import ServiceError
+from rewardstack._service.namespaces import Namespace, NamespaceLimitError, Namespaces
+from rewardstack._service.protocol import (apply_step, memory_summary, namespace_limit, repeat_answer, sequence_conflict,
+                                          sequence_gap, step_digest, step_work)
+from rewardstack.stack import ForwardResult, RewardStack, Step
+
+log = logging.getLogger("rewardstack.service")
+
+WARMUP_STEP = Step(name="augment", prompt="rewardstack startup check.",
+                   completions=["A short startup completion.", "Another startup completion?"])
+"""Scored (forward pass only, nothing committed) before the service reports ready."""
+
+
+@dataclass
+class Outcome:
+    """What the worker answers a job with: the response body (JSON text) and whether it was scored."""
+
+    body: str
+    sequence: int
+    scored: bool
+    memory: dict[str, Any] | None = None
+    """The summary of the step's memory record (protocol.memory_summary) when it was scored now."""
+
+
+@dataclass
+class Job:
+    """One request to score a step for a namespace."""
+
+    namespace: str
+    step: Step
+    sequence: int | None
+    deadline: float
+    """time.monotonic() after which the job is not started."""
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    enqueued: float = field(default_factory=time.monotonic)
+    phase: str = "queued"
+    """queued -> started (the worker took it) or cancelled (deadline, client gone, shutdown)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    applied_as: int | None = None
+
+    def try_start(self) -> bool:
+        """Worker side: claim the job; False if it was cancelled first."""
+        with self._lock:
+            if self.phase != "queued":
+                return False
+            self.phase = "started"
+            return True
+
+    def try_cancel(self) -> bool:
+        """Client side: withdraw the job; False if the worker has started it (it will commit)."""
+        with self._lock:
+            if self.phase != "queued":
+                return self.phase == "cancelled"
+            self.phase = "cancelled"
+            return True
+
+    def answer(self, outcome: Outcome | BaseException) -> None:
+        if self.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            self.future.set_exception(outcome)
+        else:
+            self.future.set_result(outcome)
+
+
+class Worker:
+    """The thread that loads the stack and scores every job; the app talks to it through `submit`."""
+
+    def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
+                 max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None,
+                 run_dir: str | None = None, turn_work: int | None = None, lane: Lane | None = None) -> None:
+        self.config = config
+        self.lane = lane if lane is not None else Lane(config.service)
+        """The trainer routes' stateless requests, scored in batches between validator turns (service/batching.py)."""
+        self.run_dir = run_dir if run_dir is not None else config.telemetry.run_dir
+        """Telemetry run directory (timeline, events, incidents, summary); None: none written."""
+        self.telemetry: Any = None
+        self.batch_requests = max(1, batch_requests)
+        self.queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
+        # Jobs taken off the queue and waiting for a turn, one line per namespace (worker thread only).
+        self._lines: dict[str, collections.deque[tuple[int, Job]]] = {}
+        self._waiting = 0  # jobs in the lines (read by the app's thread for the queue length)
+        self._arrivals = 0  # arrival order of the jobs in the lines
+        self._served: dict[str, int] = {}  # namespace -> when it last had a job taken (the rotation)
+        self._picks = 0
+        self.turn_work = turn_work if turn_work is not None else config.service.max_work_chars
+        """Most work (`protocol.step_work`) one turn takes, after its first job (`service.max_work_chars`)."""
+        self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
+        self.stack: RewardStack | None = None
+        self._factory = stack_factory or (lambda cfg: RewardStack(cfg, load_state=False))
+        self._lock = threading.Lock()  # guards `closed` against a racing submit
+        self.closed = False
+        self.draining = False
+        self.ready = False
+        self.error: str | None = None
+        self.heartbeat: dict[str, Any] = {"running": "starting", "since": time.time(), "last_forward_at": None}
+        self.scored = 0
+        self.step_seconds = 0.0  # running mean of a scored step's time (for Retry-After)
+        self.on_fatal: Callable[[], None] | None = None
+        """Called from the worker thread when the stack fails to load (the command stops the server)."""
+        self._thread = threading.Thread(target=self._main, name="rewardstack-worker", daemon=True)
+
+    # -- app side -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def queue_length(self) -> int:
+        """Steps waiting for the worker (in the queue, or taken off it and waiting for their turn)."""
+        return self.queue.qsize() + self._waiting
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: the queue's expected drain time, at least 1."""
+        per = self.step_seconds or 1.0
+        return max(1, math.ceil(self.queue_length() * per / self.batch_requests))
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise ServiceError 503 (not ready, shutting down) or 429 (queue full)."""
+        with self._lock:
+            if self.closed or self.draining:
+                raise ServiceError(503, "shutting_down", "the service is shutting down; the step was not scored",
+                                   headers={"Retry-After": "5"})
+            if not self.ready:
+                raise ServiceError(503, "not_ready", "the service is still loading its models; the step was not scored",
+                                   headers={"Retry-After": "5"})
+            try:
+                if self.queue_length() >= self.queue.maxsize:  # steps waiting for a turn count too
+                    raise queue.Full
+                self.queue.put_nowait(job)
+            except queue.Full:
+                raise ServiceError(429, "queue_full", f"the queue is full ({self.queue.maxsize} steps waiting); "
+                                   "the step was not scored", headers={"Retry-After": str(self.retry_after())}) from None
+
+    def begin_drain(self) -> None:
+        """Stop accepting: the running batch finishes and commits, queued jobs get 503. Thread-safe."""
+        self.draining = True
+        self.ready = False
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # -- worker thread ------------------------------------------------------------------------
+    def _beat(self, running: str | None, *, forward_done: bool = False) -> None:
+        beat = {"running": running, "since": time.time(), "last_forward_at": self.heartbeat.get("last_forward_at")}
+        if forward_done:
+            beat["last_forward_at"] = time.time()
+        self.heartbeat = beat  # one assignment: readers see the old dict or the new one
+
+    def _main(self) -> None:
+        try:
+            self._beat("loading models")
+            self.stack = self._factory(self.config)
+            if self.run_dir is not None:
+                from rewardstack._telemetry.session import Telemetry
+
+                # The app serves /metrics itself; the run directory records every committed step.
+                self.telemetry = Telemetry(self.stack, run_dir=self.run_dir, metrics_port=None,
+                                           settings=self.config.telemetry)
+            self._beat("startup forward pass")
+            self.stack.forward(WARMUP_STEP)
+            self._beat(None, forward_done=True)
+            self.ready = not self.draining
+            log.info("worker ready")
+        except Exception as e:  # noqa: BLE001 - reported through /readyz and the exit status
+            log.exception("the stack failed to load")
+            self.error = f"{type(e).__name__}: {e}"
+            self._beat(None)
+            self._close()
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
+        try:
+            while not self.draining:
+                batch = self._take()
+                if batch:
+                    self._process(batch)
+                self.lane.run_due(self.stack, self._beat)
+        finally:
+            self._close()
+
+    def _take(self) -> list[Job]:
+        """The next turn's jobs: fair between namespaces, each namespace's own in order.
+
+        Queued jobs join their namespace's line. A turn takes jobs one at a time from the line of
+        the namespace served least recently (a namespace new to the rotation goes first), up to
+        `batch_requests` jobs and `turn_work` of work (the first job always fits); a job joins
+        only if the turn already holds at least as much work as it brings, so joining at most
+        doubles the turn: a large request never rides along with a small one (whose answer would
+        then wait for it), while requests of like size still share a turn. So a namespace that
+        sends many large requests gets one turn's share in rotation, and another namespace's small
+        request waits for the turn that is running, not for every request queued before it.
+        Within the turn, jobs run in arrival order.
+        """
+        self._admit(wait=not self._lines)
+        picked: list[tuple[int, Job]] = []
+        work = 0
+        while self._lines and len(picked) < self.batch_requests:
+            name = min(self._lines, key=lambda n: self._served.get(n, -1))  # ties: the earliest to arrive
+            line = self._lines[name]
+            cost = step_work(line[0][1].step)
+            if picked and (work + cost > self.turn_work or cost > work):
+                break
+            picked.append(line.popleft())
+            work += cost
+            self._waiting -= 1
+            self._served[name] = self._picks
+            self._picks += 1
+            if not line:
+                del self._lines[name]
+        if len(self._served) > 4 * max(64, self.namespaces.max_namespaces):  # names of refused requests too
+            self._served = {n: t for n, t in self._served.items() if n in self._lines}
+        return [job for _, job in sorted(picked, key=lambda p: p[0])]
+
+    def _admit(self, *, wait: bool) -> None:
+        """Move the queued jobs into their namespaces' lines (waiting up to 0.2 s for one if `wait`)."""
+        while True:
+            try:
+                job = self.queue.get(timeout=self.lane.timeout(0.2)) if wait else self.queue.get_nowait()
+            except queue.Empty:
+                return
+            wait = False
+            if self.lane.offer(job):  # the trainer lane's wake-up, not a step
+                continue
+            self._lines.setdefault(job.namespace, collections.deque()).append((self._arrivals, job))
+            self._arrivals += 1
+            self._waiting += 1
+
+    def _close(self) -> None:
+        """No more jobs: answer what is queued with 503, commit every namespace, stop."""
+        with self._lock:
+            self.closed = True
+            self.ready = False
+        self._admit(wait=False)
+        waiting = [job for line in self._lines.values() for _, job in line]
+        self._lines.clear()
+        self._waiting = 0
+        self.lane.close()
+        for job in waiting:
+            if job.try_cancel():
+                job.answer(ServiceError(503, "shutting_down", "the service shut down before this step started; "
+                                        "it was not scored", headers={"Retry-After": "5"}))
+        for ns in self.namespaces.loaded():
+            try:
+                ns.commit()
+            except OSError:
+                log.exception("namespace %s: final commit failed", ns.name)
+        self.namespaces.release()
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
+        self._beat(None)
+
+    def _process(self, batch: list[Job]) -> None:
+        now = time.monotonic()
+        started: list[Job] = []
+        for job in batch:
+            if not job.try_start():
+                continue  # the client withdrew it (deadline or disconnect) before it started
+            if job.deadline < now:
+                job.answer(ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring "
+                                        "started; the step was not scored"))
+                continue
+            started.append(job)
+        # Sequence numbers: plan what each job will be applied as, counting the jobs before it in
+        # this batch (they commit first). A repeat of a committed step gets the stored answer; a
+        # repeat of a job in this batch gets that job's answer.
+        expected: dict[str, int] = {}
+        in_batch: dict[tuple[str, int], Job] = {}
+        to_score: list[Job] = []
+        duplicates: list[tuple[Job, Job]] = []
+        created: list[str] = []
+        for job in started:
+            try:
+                ns = self.namespaces.peek(job.namespace)  # creates nothing: a refused step leaves no folder
+            except (StateError, OSError) as e:
+                job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
+                continue
+            exp = expected.setdefault(job.namespace, (ns.state.sequence if ns is not None else 0) + 1)
+            seq = job.sequence
+            if seq is None or seq == exp:
+                if ns is None:  # a new namespace, made for a step that will be scored
+                    try:
+                        self.namespaces.get(job.namespace)
+                    except NamespaceLimitError as e:
+                        job.answer(namespace_limit(e.limit))
+                        continue
+                    except (StateError, OSError) as e:
+                        job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
+                        continue
+                    created.append(job.namespace)
+                job.applied_as = exp
+                expected[job.namespace] = exp + 1
+                in_batch[(job.namespace, exp)] = job
+                to_score.append(job)
+            elif (job.namespace, seq) in in_batch:
+                duplicates.append((job, in_batch[(job.namespace, seq)]))
+            elif ns is not None and seq <= ns.state.sequence:  # committed: a retry, or another step reusing it
+                kept = repeat_answer(ns.state, job.namespace, seq, job.step, self.config.input.max_chars, exp)
+                job.answer(Outcome(kept, seq, scored=False) if isinstance(kept, str) else kept)
+            else:
+                job.answer(sequence_gap(job.namespace, seq, exp))
+        if to_score:
+            self._score(to_score)
+        for name in created:  # made this turn for steps that all failed: leave nothing behind
+            self.namespaces.discard(name)
+        for job, original in duplicates:  # answered like a repeat of a committed step
+            try:
+                done: Outcome = original.future.result(timeout=0)
+            except concurrent.futures.TimeoutError:  # pragma: no cover - the original is answered above
+                job.answer(ServiceError(500, "internal", "the original request was not answered"))
+            except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
+                job.answer(e)
+            else:
+                limit = self.config.input.max_chars
+                same = step_digest(job.step, limit) == step_digest(original.step, limit)  # the whole step, as committed
+                job.answer(Outcome(done.body, done.sequence, scored=False) if same
+                           else sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
+
+    def _score(self, jobs: list[Job]) -> None:
+        assert self.stack is not None
+        t0 = time.monotonic()
+        # Counted, not named: /healthz shows the heartbeat to anyone, and a namespace's name is
+        # often a validator's hotkey.
+        count = len({j.namespace for j in jobs})
+        self._beat(f"forward pass: {len(jobs)} step(s), {sum(len(j.step.completions) for j in jobs)} completions, "
+                   f"{count} namespace(s)")
+        try:
+            forwards: list[ForwardResult | None] = list(self.stack.forward_many([j.step for j in jobs]))
+        except Exception:  # noqa: BLE001 - scorers already catch their own; this is a last resort
+            log.exception("forward pass failed")
+            for job in jobs:
+                job.answer(ServiceError(500, "internal", "the forward pass failed; the step was not scored"))
+            self._beat(None)
+            return
+        self._beat("applying rewards", forward_done=True)
+        answers: list[tuple[Job, Outcome]] = []
+        applied: list[tuple[str, Any]] = []
+        touched: dict[str, Namespace] = {}
+        broken: set[str] = set()
+        for job, fwd in zip(jobs, forwards):
+            ns = self.namespaces.get(job.namespace)
+            if job.namespace in broken:
+                job.answer(ServiceError(500, "internal", "an earlier step of this namespace failed; not scored"))
+                continue
+            if job.applied_as != ns.state.sequence + 1:  # an earlier job of the batch did not apply
+                job.answer(sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
+                continue
+            try:
+                result, body = apply_step(ns.state, fwd)  # type: ignore[arg-type]
+                applied.append((job, result))
+            except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
+                log.exception("namespace %s: applying a step failed", job.namespace)
+                broken.add(job.namespace)
+                job.answer(ServiceError(500, "internal", "applying the step to the state failed; not scored"))
+                continue
+            touched[job.namespace] = ns
+            answers.append((job, Outcome(body, ns.state.sequence, scored=True)))
+        self._beat("committing state")
+        for name, ns in touched.items():
+            if name in broken:
+                continue
+            try:
+                ns.commit()
+            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
+                log.exception("namespace %s: commit failed", name)
+                broken.add(name)
+        for name in broken:
+            self.namespaces.get(name).reload()
+        memory: dict[int, dict[str, Any]] = {}  # per job: the summary of its step's memory record
+        for job, result in applied:  # telemetry and the operator's callbacks see every committed step
+            if job.namespace not in broken:
+                record = self.stack.publish_step(result, record=True)
+                if record is not None:
+                    memory[id(job)] = memory_summary(record)
+        for job, outcome in answers:
+            if job.namespace in broken:
+                job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
+            elif id(job) in memory:
+                job.answer(Outcome(outcome.body, outcome.sequence, scored=True, memory=memory[id(job)]))
+            else:
+                job.answer(outcome)
+        elapsed = time.monotonic() - t0
+        self.scored += len(answers)
+        per = elapsed / max(1, len(jobs))
+        self.step_seconds = per if not self.step_seconds else 0.8 * self.step_seconds + 0.2 * per
+        self._beat(None)

@@ -1,0 +1,355 @@
+"""`rewardstack report RUN_DIR`: plots and a one-page summary of a run directory.
+
+Reads the timeline (every segment still on disk), the events, the incidents and summary.json, and
+writes to `RUN_DIR/report/` (or `--out`): five PNG plots drawn with matplotlib's headless Agg
+backend, and `report.html`, one self-contained page with the plots embedded (no network, no
+scripts). The same short summary is printed on the terminal: the inputs behind the highest peaks,
+the OOMs, the leak verdict and the cost model's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from rewardstack._telemetry.drawing import input_name, model_colors, pyplot, save_figure
+from rewardstack._telemetry.rundir import EVENTS, SUMMARY, read_incidents, read_jsonl, read_timeline
+
+MIB = 1024**2
+PLOTS = [
+    ("card_over_steps.png", "The card per step: weights, activations, fragmentation, swaps and OOMs"),
+    ("memory_over_time.png", "Memory over time"),
+    ("peak_by_model.png", "Peak by model"),
+    ("peak_vs_tokens.png", "Measured peak against padded tokens, with the cost model's prediction"),
+    ("step_time_by_model.png", "Step time split by model"),
+    ("completions_by_status.png", "Completions by status over time"),
+]
+PROFILING_COLOR = "#bcbd22"  # olive: neither a model's colour nor the grey of the rest of the step
+STATUS_COLORS = {"ok": "#2ca02c", "truncated": "#1f77b4", "failed": "#7f7f7f", "oom": "#d62728", "error": "#ff7f0e"}
+
+
+class RunData:
+    """Everything a report reads from one run directory."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.root = Path(run_dir)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"no run directory at {self.root}")
+        records = list(read_timeline(self.root))
+        self.start = next((r for r in records if r.get("type") == "start"), None)
+        self.calls = [r for r in records if r.get("type") == "call"]
+        self.steps = [r for r in records if r.get("type") == "step"]
+        self.ooms = [r for r in records if r.get("type") == "oom"]
+        self.moves = [r for r in records if r.get("type") == "placement"]
+        self.alarms = [r for r in records if r.get("type") == "alarm"]
+        self.profiles = [r for r in records if r.get("type") == "profiling"]
+        events = self.root / EVENTS
+        self.events = list(read_jsonl(events)) if events.exists() else []
+        summary = self.root / SUMMARY
+        self.summary: dict[str, Any] = json.loads(summary.read_text(encoding="utf-8")) if summary.exists() else {}
+        self.incidents = read_incidents(self.root)
+        times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
+        self.t0 = self.start["time"] if self.start else (min(times) if times else time.time())
+
+    def models(self) -> list[str]:
+        """Model names seen in call records, in first-seen order."""
+        return list(dict.fromkeys(c["model"] for c in self.calls))
+
+    def budget_line(self) -> float | None:
+        """The budget on the memory axis (bytes), when one was set."""
+        for r in [*reversed(self.steps), self.start or {}]:
+            if r.get("budget_line_bytes") is not None:
+                return float(r["budget_line_bytes"])
+        return None
+
+
+# -- plots ------------------------------------------------------------------------------------
+def plot_memory(d: RunData, path: Path) -> None:
+    """Memory at rest per step, each call's peak by model, every OOM, the budget line; host RSS below."""
+    plt = pyplot()
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    colors = model_colors(d.models())
+    rest = [(s["time"] - d.t0, s["rest"].get("allocated")) for s in d.steps if s.get("rest", {}).get("allocated") is not None]
+    if rest:
+        ax.step([t for t, _ in rest], [v / MIB for _, v in rest], where="post", color="black", lw=1.5, label="allocated at rest (after each step)")
+    for m in d.models():
+        pts = [(c["time"] - d.t0, (c["start_bytes"] + c["peak_bytes"]) / MIB) for c in d.calls
+               if c["model"] == m and c.get("peak_bytes") is not None and c.get("start_bytes") is not None]
+        if pts:
+            ax.scatter([t for t, _ in pts], [v for _, v in pts], s=14, color=colors[m], alpha=0.75, label=f"{m} call peak")
+    budget = d.budget_line()
+    if budget is not None:
+        ax.axhline(budget / MIB, color="red", ls="--", lw=1.5, label=f"budget ({budget / MIB:,.0f} MiB)")
+    oom_calls = [c for c in d.calls if c.get("outcome") in ("split", "cpu_fallback", "oom")]
+    if oom_calls:
+        y = budget / MIB if budget is not None else max((v for _, v in rest), default=0) / MIB
+        ax.scatter([c["time"] - d.t0 for c in oom_calls], [y] * len(oom_calls), marker="X", s=90, color="red",
+                   edgecolor="black", zorder=5, label=f"OOM ({len(oom_calls)})")
+    for k, p in enumerate(d.profiles):  # a cost-model profile inside a run: the time it held the step
+        start = p["time"] - d.t0
+        for a in (ax, ax2):
+            a.axvspan(start, start + (p.get("seconds") or 0.0), color=PROFILING_COLOR, alpha=0.25, lw=0,
+                      label=f"profiling ({len(d.profiles)}, {sum(q.get('seconds') or 0.0 for q in d.profiles):.1f} s)"
+                      if k == 0 and a is ax else None)
+    ax.set_ylabel("device memory (MiB)")
+    ax.set_title("Device memory over time (simulated device on CPU): at rest, each model call's peak, OOMs, profiling")
+    if ax.get_legend_handles_labels()[0]:  # a run with no step has nothing to label
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: never over the data
+    rss = [(s["time"] - d.t0, s["rest"].get("host_rss")) for s in d.steps if s.get("rest", {}).get("host_rss") is not None]
+    if rss:
+        ax2.plot([t for t, _ in rss], [v / MIB for _, v in rss], color="#555555", lw=1.2, label="process RSS at rest")
+        ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax2.set_ylim(bottom=0)  # from 0: a few MiB of wiggle must not look like a leak
+    ax2.set_ylabel("host RSS (MiB)")
+    ax2.set_xlabel("time since the run started (s)")
+    save_figure(plt, fig, path)
+
+
+def plot_peak_by_model(d: RunData, path: Path) -> None:
+    """Highest and median call peak per model."""
+    plt = pyplot()
+    models = d.models()
+    peaks = {m: [c["peak_bytes"] / MIB for c in d.calls if c["model"] == m and c.get("peak_bytes") is not None] for m in models}
+    models = [m for m in models if peaks[m]]
+    fig, ax = plt.subplots(figsize=(12, max(3.0, 0.55 * len(models) + 1.5)))
+    if models:
+        ys = range(len(models))
+        mx = [max(peaks[m]) for m in models]
+        med = [statistics.median(peaks[m]) for m in models]
+        ax.barh(ys, mx, color="#1f77b4", label="highest call peak")
+        ax.barh(ys, med, color="#aec7e8", height=0.45, label="median call peak")
+        for y, v in zip(ys, mx):
+            ax.text(v, y, f" {v:,.1f} MiB", va="center", fontsize=9)
+        ax.set_yticks(list(ys), models)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(mx) * 1.2)  # room for the value labels
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9)
+    else:
+        ax.text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("peak above memory at the call's start (MiB)")
+    ax.set_title("Peak memory by model (per planned batch)")
+    save_figure(plt, fig, path)
+
+
+def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
+    """Per model: measured peak against padded tokens (batch x length), prediction drawn over it."""
+    plt = pyplot()
+    models = [m for m in d.models() if any(c.get("peak_bytes") is not None for c in d.calls if c["model"] == m)]
+    n = max(1, len(models))
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols + 1, 3.6 * rows + 0.8), squeeze=False)
+    for ax, m in zip(axes.flat, models):
+        cs = [c for c in d.calls if c["model"] == m and c.get("peak_bytes") is not None]
+        ax.scatter([c["padded_tokens"] for c in cs], [c["peak_bytes"] / MIB for c in cs], s=16, color="#1f77b4", alpha=0.7, label="measured")
+        # One prediction per call, at the same padded tokens: the model's terms in B and L apart mean
+        # calls with equal B x L can differ, so the predictions are marked, not joined by a line.
+        pred = [(c["padded_tokens"], c["predicted_bytes"] / MIB) for c in cs if c.get("predicted_bytes") is not None]
+        if pred:
+            ax.scatter([t for t, _ in pred], [v for _, v in pred], color="#d62728", marker="_", s=160, lw=2,
+                       label="cost model prediction")
+        ax.set_title(m, fontsize=10)
+        ax.set_xlabel("padded tokens (batch × length)", fontsize=9)
+        ax.set_ylabel("peak (MiB)", fontsize=9)
+        ax.legend(fontsize=8, loc="lower right")  # outliers sit high: keep the top clear
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis("off")
+    if not models:
+        axes.flat[0].text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=axes.flat[0].transAxes)
+    fig.suptitle("Measured peak against padded tokens per model, the cost model's prediction for each call in red")
+    save_figure(plt, fig, path)
+
+
+def plot_step_time(d: RunData, path: Path) -> None:
+    """Seconds per step inside each model's calls, and the rest of the step."""
+    plt = pyplot()
+    models = sorted({m for s in d.steps for m in s.get("models", {})})
+    colors = model_colors(models)
+    fig, ax = plt.subplots(figsize=(13, 4.5))
+    xs = [s["step"] for s in d.steps]
+    series = {m: [s.get("models", {}).get(m, {}).get("seconds", 0.0) for s in d.steps] for m in models}
+    # A profile runs inside the step but outside every model call: its own band, not the grey rest.
+    prof = profiling_by_step(d)
+    profiling = [prof.get(s["step"], 0.0) for s in d.steps]
+    other = [max(0.0, (s.get("seconds") or 0.0) - sum(series[m][i] for m in models) - profiling[i])
+             for i, s in enumerate(d.steps)]
+    bands = [(m, series[m], colors[m]) for m in models]
+    if any(profiling):
+        bands.append((f"profiling (cost model, {sum(profiling):.1f} s)", profiling, PROFILING_COLOR))
+    bands.append(("outside model calls", other, "#dddddd"))
+    if xs:
+        if len(xs) <= 80:
+            bottom = [0.0] * len(xs)
+            for label, vals, color in bands:
+                ax.bar(xs, vals, bottom=bottom, color=color, label=label, width=0.8)
+                bottom = [b + v for b, v in zip(bottom, vals)]
+        else:
+            ax.stackplot(xs, *[v for _, v, _ in bands], labels=[label for label, _, _ in bands],
+                         colors=[c for _, _, c in bands])
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("time (s)")
+    ax.set_title("Step time split by model (time inside each model's forward passes), profiling and the rest")
+    save_figure(plt, fig, path)
+
+
+def plot_statuses(d: RunData, path: Path) -> None:
+    """Completions per status, step after step (from the events, which are never dropped)."""
+    plt = pyplot()
+    counts = [Counter(e.get("statuses", [])) for e in d.events]
+    statuses = [s for s in STATUS_COLORS if any(c[s] for c in counts)] + sorted({s for c in counts for s in c} - set(STATUS_COLORS))
+    fig, ax = plt.subplots(figsize=(13, 4.2))
+    xs = list(range(1, len(counts) + 1))
+    if xs and statuses:
+        bottom = [0] * len(xs)
+        for st in statuses:  # counts are whole numbers per step: stacked bars, not an interpolated area
+            vals = [c[st] for c in counts]
+            ax.bar(xs, vals, bottom=bottom, width=0.85, color=STATUS_COLORS.get(st, "#9467bd"), label=st)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    ax.set_xlabel("step (line of events.jsonl)")
+    ax.set_ylabel("completions (count)")
+    ax.set_title("Completions by status over time")
+    save_figure(plt, fig, path)
+
+
+def profiling_by_step(d: RunData) -> dict[Any, float]:
+    """Seconds of profiling per step: the `profiling` records, else the step records' own sums."""
+    out: dict[Any, float] = defaultdict(float)
+    for p in d.profiles:
+        out[p.get("step")] += p.get("seconds") or 0.0
+    if not out:
+        for s in d.steps:
+            if s.get("profiling_seconds"):
+                out[s["step"]] = float(s["profiling_seconds"])
+    return out
+
+
+# -- the summary ------------------------------------------------------------------------------
+def _mib(x: Any) -> str:
+    return "n/a" if x is None else f"{x / MIB:,.1f} MiB"
+
+
+def top_calls(d: RunData, n: int = 5) -> list[dict[str, Any]]:
+    """The calls with the highest peaks (from the timeline; the summary's when the timeline rotated)."""
+    calls = [c for c in d.calls if c.get("peak_bytes") is not None]
+    if calls:
+        return sorted(calls, key=lambda c: -c["peak_bytes"])[:n]
+    return list(d.summary.get("top_calls", []))[:n]
+
+
+def summarize(d: RunData) -> dict[str, list[str]]:
+    """The summary's sections, as lines of text."""
+    s = d.summary
+    steps = s.get("steps", len(d.steps))
+    run = [f"{steps} steps, {sum(len(e.get('statuses', [])) for e in d.events)} completions in events.jsonl; "
+           f"device {s.get('device', (d.start or {}).get('device', '?'))}; budget {_mib(s.get('budget_bytes'))}"]
+    if not steps:
+        # Seen walking the README: a second `score ... --run-dir D` onto an output that already held
+        # every step resumed after them and scored none, and the report was empty without a word why.
+        run.append("no step was scored in this run folder: a run folder records the steps its `score` scores, "
+                   "and a `score` that resumes after steps already in its --output scores none of them again; "
+                   "give --run-dir to the run that scores them (a new --output and state_dir)")
+    peaks = []
+    for c in top_calls(d):
+        lg = c.get("longest") or {}
+        head = (lg.get("head") or "")[:60].replace("\n", " ")
+        peaks.append(f"step {c.get('step')} {c.get('model')}: peak {_mib(c.get('peak_bytes'))} "
+                     f"(predicted {_mib(c.get('predicted_bytes'))}), batch {c.get('batch')} x {c.get('padded_length')} tokens; "
+                     f"longest: {input_name(c)}, {lg.get('length')} tokens, \"{head}\"")
+    ooms = []
+    by = Counter((c["model"], c["outcome"]) for c in d.calls if c.get("outcome") in ("split", "cpu_fallback", "oom"))
+    for (m, o), k in sorted(by.items()):
+        ooms.append(f"{m}: {k} x {o}")
+    for inc in d.incidents[-5:]:
+        first = (inc.get("inputs") or [{}])[0]
+        ooms.append(f"incident {inc['file']}: step {inc.get('step')} {inc.get('model')} {inc.get('action')}, "
+                    f"{len(inc.get('inputs', []))} input(s), first: completion {first.get('completion')}, "
+                    f"{first.get('length')} tokens, \"{(first.get('head') or '')[:50]}\"")
+    if not ooms:
+        ooms = ["no OOM"]
+    verdict = s.get("alarms") or {}
+    trends = verdict.get("trends") or [a for a in d.alarms]
+    leak = [a.get("message") or f"{a.get('series')} trended up" for a in d.alarms] or [
+        f"{t.get('series')}: {t.get('slope', 0) / MIB:+.3f} MiB/step" for t in trends]
+    if not leak:
+        slopes = {k: v for k, v in (verdict.get("slopes") or {}).items() if v is not None}
+        detail = "; ".join(f"{k} {v / MIB:+.4f} MiB/step" if k != "inactive_split_share" else f"{k} {v:+.5f}/step"
+                           for k, v in slopes.items())
+        leak = ["no leak or fragmentation alarm" + (f" (last slopes: {detail})" if detail else " (window not yet full)")]
+    cost = []
+    errs: dict[str, list[float]] = defaultdict(list)
+    for c in d.calls:
+        # a call in host memory has no device peak to compare: its "-100%" would be a false alarm
+        if c.get("error_ratio") is not None and not c.get("on_host"):
+            errs[c["model"]].append(c["error_ratio"])
+    for m, e in sorted(errs.items()):
+        cost.append(f"{m}: mean |error| {100 * statistics.fmean(abs(x) for x in e):.1f}%, "
+                    f"max |error| {100 * max(abs(x) for x in e):.1f}%, median {100 * statistics.median(e):+.1f}% over {len(e)} calls")
+    if not cost:
+        for m, v in sorted((s.get("models") or {}).items()):
+            if v.get("cost_model_mean_abs_error") is not None:
+                cost.append(f"{m}: mean |error| {100 * v['cost_model_mean_abs_error']:.1f}%")
+    profiling = []
+    for p in d.profiles:
+        how = (f"stopped at its {p.get('limit_s'):g} s cap after {p.get('measured')} of {p.get('shapes')} shapes: not used"
+               if p.get("capped") else f"{p.get('shapes')} shapes")
+        profiling.append(f"step {p.get('step')} {p.get('name')}: {p.get('seconds', 0.0):.1f} s profiling, {how}")
+    if profiling:
+        profiling.insert(0, f"{len(d.profiles)} profiles inside steps, {sum(p.get('seconds') or 0.0 for p in d.profiles):.1f} s "
+                            f"in all, {sum(1 for p in d.profiles if p.get('capped'))} stopped at the cap ([memory] profile_seconds)")
+    return {"Run": run, "Top inputs behind the peaks": peaks or ["no measured peaks"], "OOMs": ooms,
+            "Profiling inside steps": profiling or ["none: every cost model came from the load-time calibration"],
+            "Leak verdict": leak, "Cost model error (measured vs predicted peak)": cost or ["no predictions to compare"]}
+
+
+def _html(d: RunData, sections: dict[str, list[str]], images: list[tuple[str, str, Path]]) -> str:
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>rewardstack run report</title>",
+             "<style>body{font-family:sans-serif;max-width:1300px;margin:20px auto;color:#222}"
+             "h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}"
+             "ul{font-size:14px;line-height:1.5}img{max-width:100%;border:1px solid #ddd}"
+             "code{background:#f4f4f4}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+             f"<h1>rewardstack run report: <code>{html.escape(str(d.root))}</code></h1>"]
+    for title, lines in sections.items():
+        parts.append(f"<h2>{html.escape(title)}</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>")
+    for name, title, path in images:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, str]:
+    """Write the PNGs and report.html; return (the page's path, the summary text)."""
+    d = RunData(run_dir)
+    out_dir = Path(out) if out is not None else d.root / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from rewardstack._telemetry.card import card_tables, plot_card
+
+    drawers = [plot_card, plot_memory, plot_peak_by_model, plot_peak_vs_tokens, plot_step_time, plot_statuses]
+    images = []
+    for (name, title), draw in zip(PLOTS, drawers):
+        path = out_dir / name
+        draw(d, path)
+        images.append((name, title, path))
+    sections = summarize(d)
+    page = out_dir / "report.html"
+    page.write_text(_html(d, sections, images).replace("</body></html>", card_tables(d) + "\n</body></html>"), encoding="utf-8")
+    text = "\n".join(f"{title}:\n" + "\n".join(f"  - {x}" for x in lines) for title, lines in sections.items())
+    return page, text
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """`rewardstack report RUN_DIR [--out DIR]`."""
+    page, text = write_report(args.run_dir, args.out)
+    print(text)
+    print(f"report: {page}")
+    return 0

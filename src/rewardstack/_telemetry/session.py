@@ -1,0 +1,75 @@
+"""Telemetry for a scoring command: the monitor with its run directory, metrics and endpoint.
+
+`open_telemetry(stack, run_dir=..., metrics_port=...)` opens what the command line and the
+`[telemetry]` table ask for (None when neither asks for anything); `Telemetry.close()` finishes
+the run directory and stops the endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rewardstack.errors import ConfigError
+from rewardstack._settings import TelemetrySettings
+from rewardstack._telemetry.alarms import Alarms
+from rewardstack._telemetry.metrics import metrics_for, serve
+from rewardstack._telemetry.monitor import Monitor
+from rewardstack._telemetry.rundir import RunDir
+
+log = logging.getLogger("rewardstack.telemetry")
+
+
+def open_telemetry(
+    stack: Any,
+    *,
+    run_dir: str | Path | None = None,
+    metrics_port: int | None = None,
+    settings: Any = None,
+) -> "Telemetry | None":
+    """Telemetry for a scoring command: the run directory and/or metrics endpoint asked for.
+
+    `run_dir` and `metrics_port` (command-line flags) override the `[telemetry]` table (`settings`,
+    the stack config's by default). Neither set: None, nothing is watched.
+    """
+    settings = settings if settings is not None else getattr(stack.config, "telemetry", None)
+    if run_dir is None and settings is not None and settings.run_dir:
+        base = stack.config.source.parent if getattr(stack.config, "source", None) else Path.cwd()
+        run_dir = base / settings.run_dir
+    if metrics_port is None and settings is not None:
+        metrics_port = getattr(settings, "metrics_port", None)
+    if run_dir is None and metrics_port is None:
+        return None
+    return Telemetry(stack, run_dir=run_dir, metrics_port=metrics_port, settings=settings)
+
+
+class Telemetry:
+    """A monitor with its run directory, metrics and endpoint, opened and closed together."""
+
+    def __init__(self, stack: Any, *, run_dir: str | Path | None, metrics_port: int | None, settings: Any = None,
+                 registry: Any = None) -> None:
+        s = settings if settings is not None else TelemetrySettings()
+        rd = RunDir(run_dir, max_bytes=s.max_bytes, keep_incidents=s.keep_incidents,
+                    keep_snapshots=s.keep_snapshots) if run_dir is not None else None
+        alarms = Alarms(window=s.leak_window, warmup=s.leak_warmup, leak_bytes_per_step=s.leak_bytes_per_step,
+                        host_leak_bytes_per_step=s.host_leak_bytes_per_step,
+                        fragmentation_bytes_per_step=s.fragmentation_bytes_per_step)
+        self.server = None
+        if metrics_port is not None:
+            try:
+                self.server = serve(metrics_port, reg=registry)
+            except OSError as e:  # the port is taken, or not ours to bind
+                if rd is not None:
+                    rd.close()
+                raise ConfigError("telemetry.metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {e}") from e
+            log.info("metrics on http://%s:%d/metrics", self.server.host, self.server.port)
+        self.monitor = Monitor.attach(stack, run_dir=rd, metrics=metrics_for(registry), alarms=alarms,
+                                      history_entries=s.history_entries)
+
+    def close(self) -> None:
+        """Finish the run directory and stop the endpoint."""
+        self.monitor.close()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
