@@ -99,7 +99,7 @@ def download(cfg: "StackConfig", *, client: HubClient | None = None, include_off
         lock_file = lock_path(cfg.source)
     client = client or default_client()
     entries: list[LockEntry] = []
-    for name in ALL_MODELS:
+    for name in (*ALL_MODELS, *(m.name for m in cfg.user_rewards())):  # user-named reward models lock too
         mc = cfg.models[name]
         if not (mc.active or include_off):
             continue

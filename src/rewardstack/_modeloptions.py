@@ -124,10 +124,26 @@ class EmbeddingOptions:
     """Most tokens per forward pass (unset: a device-dependent default)."""
 
 
+def _side(v: Any) -> str | None:
+    return None if v in ("left", "right") else f'must be "left" or "right", got {v!r}'
+
+
+@dataclass
+class HfRewardOptions:
+    """A user-named HuggingFace sequence-classification reward model (a `[rewards.<name>]` table)."""
+
+    truncation_side: str = field(default="right", metadata={"check": _side})
+    """Which end of an input past the length bound is cut: "right" keeps the start, "left" keeps the end (the response)."""
+    chat_template: bool = True
+    """Render `messages` inputs with the tokenizer's chat template (false: the model takes plain text only, and `messages` are refused)."""
+    max_batch_tokens: int | None = _positive_int(None)
+    """Most tokens per forward pass (unset: a device-dependent default)."""
+
+
 @dataclass
 class NoOptions:
     """Rule masks: no options."""
 
 
-ModelOptions = DpoOptions | ClassifierOptions | ReciprocateOptions | DahoasOptions | JudgeOptions | RelevanceOptions | EmbeddingOptions | NoOptions
+ModelOptions = HfRewardOptions | DpoOptions | ClassifierOptions | ReciprocateOptions | DahoasOptions | JudgeOptions | RelevanceOptions | EmbeddingOptions | NoOptions
 """What `ModelConfig.options` holds: the dataclass its model declares (`ModelSpec.options`)."""

@@ -15,6 +15,7 @@ imports its code, and this module imports nothing heavy.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
@@ -24,6 +25,7 @@ from rewardstack._modeloptions import (
     DahoasOptions,
     DpoOptions,
     EmbeddingOptions,
+    HfRewardOptions,
     JudgeOptions,
     ModelOptions,
     NoOptions,
@@ -185,6 +187,23 @@ ALL_MODELS: tuple[str, ...] = REWARD_MODELS + MASKS
 RULE_MASKS: tuple[str, ...] = tuple(m.name for m in MODELS if m.is_rule)
 """Masks without weights (no checkpoint to load)."""
 
+USER_PREFIX = "rewards."
+"""User-named reward models (`[rewards.<name>]` tables) run as `rewards.<name>`: a dot no event name has,
+so a user's model can never take one of the ten names above, and lookups need no registration."""
+
+HF_REWARD = ModelSpec(
+    USER_PREFIX + "*", "reward", "hf_reward", {"dtype": "float32"}, HfRewardOptions,
+    "rewardstack._scorers.hfreward:build",
+    simulated=Simulated("classifier", _CLS, "rewardstack._scorers.classifier:first_logit"),
+)
+"""The declaration every user-named HuggingFace sequence-classification reward model shares."""
+
+
+def is_user_model(name: str) -> bool:
+    """Whether `name` (or the run name `name[...]`) is a user-named reward model (`rewards.<name>`)."""
+    return name.startswith(USER_PREFIX)
+
+
 def owner_of(name: str) -> str:
     """The model a run or calibration name belongs to: `relevance_filter[1]` (one of a model's
     checkpoints) and `dpo_reward_model[chunk=64]` (a profile of one setting) both name their model
@@ -200,6 +219,8 @@ def checkpoint_index(run: str) -> int:
 def spec(name: str) -> ModelSpec:
     """The declaration of model `name` (a run name such as `relevance_filter[1]` names its model)."""
     owner = owner_of(name)
+    if is_user_model(owner):
+        return dataclasses.replace(HF_REWARD, name=owner)
     try:
         return BY_NAME[owner]
     except KeyError:
@@ -216,6 +237,8 @@ def options_class(model: str) -> type:
     """The dataclass of model `model`'s options (`ModelSpec.options`); `NoOptions` for a name the
     registry does not know (a test's own scorer, configured in code)."""
     owner = owner_of(model)
+    if is_user_model(owner):
+        return HfRewardOptions
     return BY_NAME[owner].options if owner in BY_NAME else NoOptions
 
 def option_keys(model: str) -> set[str]:
@@ -225,7 +248,7 @@ def option_keys(model: str) -> set[str]:
 def parse_options(model: str, raw: Mapping[str, Any]) -> ModelOptions:
     """Validate the options set for `model` (types, checks) into its options dataclass, every key
     left out at its declared default: what `ModelConfig.options` holds."""
-    return parse_table(options_class(model), dict(raw), f"models.{model}")
+    return parse_table(options_class(model), dict(raw), model if is_user_model(model) else f"models.{model}")
 
 def explain_options(model: str) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) of every option of `model`, for `config --explain`."""

@@ -242,6 +242,12 @@ class ServiceSettings:
     """Most open connections; more are closed as they arrive (the cap is also kept 64 under the process's open-file limit)."""
     drain_timeout_s: float = field(default=30.0, metadata={"check": _positive})
     """Seconds a shutdown (SIGTERM) waits for open requests before closing them; a step already started still commits."""
+    batch_wait_s: float = field(default=0.005, metadata={"check": lambda v: None if v >= 0 else f"must be >= 0, got {v!r}"})
+    """Trainer routes (/get_reward, /classify): the longest a request waits for others to share its forward passes (requests that arrive while the worker is busy batch anyway)."""
+    stateless_batch: int = field(default=256, metadata={"check": _positive})
+    """Trainer routes: most requests scored together in one batch (1: one request at a time)."""
+    stateless_queue: int = field(default=4096, metadata={"check": _positive})
+    """Trainer routes: most requests waiting for the worker; more is 429 with Retry-After (apart from the validators' queue_size)."""
 
 
 @dataclass

@@ -15,6 +15,12 @@ Layout (keys of `[models.*]` are the spec's event names):
     enabled = true
 
 A model left out of the file takes its default; `weight = 0` or `enabled = false` turns it off.
+
+Any HuggingFace sequence-classification reward model can join the stack under a name of the
+user's own, in a `[rewards.<name>]` table (path, revision, dtype, max_length, batch_size,
+trust_remote_code, weight, and the `HfRewardOptions`); it runs as `rewards.<name>` (never one of
+the ten event names), scored by the trainer routes only. A config with `[rewards.*]` tables and no
+`[models]` table runs those models alone: the openvalidators models are then all off.
 Relative local paths are resolved against the config file's folder. A config that states no
 `state_dir` keeps its state in its own folder of rewardstack's home (`rewardstack._paths`:
 `$REWARDSTACK_HOME/<stem>-<hash>/state`), not in whatever folder the command runs from.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -34,8 +41,8 @@ from rewardstack import _paths as paths
 from rewardstack.errors import ConfigError
 from rewardstack._lockfile import is_hub_id, lock_path, read_lock
 from rewardstack._modeloptions import ModelOptions, NoOptions
-from rewardstack._models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, option_keys, options_class,
-                                parse_options, spec)
+from rewardstack._models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, USER_PREFIX, is_user_model,
+                                option_keys, options_class, parse_options, spec)
 from rewardstack._settings import TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
 
 # The model names and their defaults (the openvalidators 1.2.0 default stack) are declared once, in
@@ -124,8 +131,12 @@ class StackConfig:
     """The file the config was read from (None if built in code)."""
 
     def active_models(self) -> list[ModelConfig]:
-        """The models that are loaded and run, in the spec's order."""
-        return [self.models[n] for n in ALL_MODELS if self.models[n].active]
+        """The models that are loaded and run, in the spec's order, then the user-named reward models."""
+        return [self.models[n] for n in ALL_MODELS if self.models[n].active] + self.user_rewards()
+
+    def user_rewards(self) -> list[ModelConfig]:
+        """The active user-named reward models (`[rewards.<name>]`), in the file's order."""
+        return [m for n, m in self.models.items() if is_user_model(n) and m.active]
 
     def reward_weights(self) -> dict[str, float]:
         """Weight of every reward model (0 for the ones off)."""
@@ -147,7 +158,7 @@ def _resolve(path: str, base: Path | None) -> str:
 
 
 def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfig:
-    merged = copy.deepcopy(DEFAULTS[name])
+    merged = copy.deepcopy(DEFAULTS.get(name, {}))
     explicit = set(raw)
     several = spec(name).checkpoints
     if several > 1 and "path" in explicit:
@@ -166,7 +177,7 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
         for key in ("revision", "trust_remote_code"):
             if key not in explicit:
                 merged.pop(key, None)
-    prefix = f"models.{name}"
+    prefix = name if is_user_model(name) else f"models.{name}"
     opt_keys = option_keys(name)
     nested = merged.get("options", {})
     if not isinstance(nested, dict):
@@ -184,7 +195,7 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
         raise ConfigError(f"{prefix}.revision", f"must be a string (branch, tag or commit), got {known['revision']!r}")
     if "weight" in known:
         w = known["weight"]
-        if name not in REWARD_MODELS:
+        if name not in REWARD_MODELS and not is_user_model(name):
             raise ConfigError(f"{prefix}.weight", "masks take `enabled`, not `weight`")
         if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
             raise ConfigError(f"{prefix}.weight", f"must be a number >= 0, got {w!r}")
@@ -216,6 +227,32 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
     return cfg
 
 
+_USER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+
+
+def _user_rewards(raw: Any, base: Path | None) -> dict[str, ModelConfig]:
+    """The `[rewards.<name>]` tables: user-named HF reward models, as `rewards.<name>` ModelConfigs."""
+    if not isinstance(raw, dict):
+        raise ConfigError("rewards", "must be a table of reward model tables, e.g. [rewards.helpful]")
+    out: dict[str, ModelConfig] = {}
+    for name, table in raw.items():
+        where = USER_PREFIX + str(name)
+        if not _USER_NAME.match(str(name)):
+            raise ConfigError(where, "a reward model's name is a letter, then letters, digits, _ or - (64 at most)")
+        if not isinstance(table, dict):
+            raise ConfigError(where, "must be a table")
+        if "path" not in table:
+            raise ConfigError(f"{where}.path", "missing: a hub id (with a revision) or a local folder")
+        if "paths" in table:
+            raise ConfigError(f"{where}.paths", "a reward model takes a single `path`")
+        table = {**table, "weight": table.get("weight", 1.0)}
+        out[where] = _model_from(where, table, base)
+        if is_hub_id(out[where].path or "") and not out[where].revision:
+            raise ConfigError(f"{where}.revision", "a hub id needs a locked revision (a commit, or a tag that "
+                              "`rewardstack download` locks); a local folder needs none")
+    return out
+
+
 def _title(name: str) -> str:
     """`relevance_filter` -> `relevance filter` (how messages name a model)."""
     return name.replace("_", " ")
@@ -230,9 +267,13 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
     if not isinstance(data, dict):
         raise ConfigError("<root>", "must be a table")
     for key in data:
-        if key != "models" and key not in _TOP_KEYS and key not in TABLES:
-            raise unknown_key_error("", key, {"models", *TABLES, *_TOP_KEYS})
-    models_raw = data.get("models", {})
+        if key not in ("models", "rewards") and key not in _TOP_KEYS and key not in TABLES:
+            raise unknown_key_error("", key, {"models", "rewards", *TABLES, *_TOP_KEYS})
+    rewards_raw = data.get("rewards", {})
+    # User-named reward models alone: the openvalidators models are the default only of a config
+    # that names none (or that has a [models] table of its own).
+    default_raw = {n: {"enabled": False} for n in ALL_MODELS} if rewards_raw and "models" not in data else {}
+    models_raw = data.get("models", default_raw)
     if not isinstance(models_raw, dict):
         raise ConfigError("models", "must be a table of model tables")
     for name, raw in models_raw.items():
@@ -240,7 +281,7 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
             raise ConfigError(f"models.{name}", f"unknown model; expected one of: {', '.join(ALL_MODELS)}")
         if not isinstance(raw, dict):
             raise ConfigError(f"models.{name}", "must be a table")
-    top = {k: v for k, v in data.items() if k != "models" and k not in TABLES}
+    top = {k: v for k, v in data.items() if k not in ("models", "rewards") and k not in TABLES}
     tables = {name: parse_table(cls, data.get(name), name) for name, cls in TABLES.items()}
     if tables["telemetry"].run_dir is not None:
         tables["telemetry"].run_dir = _resolve_dir(tables["telemetry"].run_dir, base)
@@ -267,8 +308,9 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
             raise ConfigError(key, f"must be a number in (0, 1], got {v!r}")
     cfg = StackConfig(**top, **tables, source=source)
     cfg.models = {n: _model_from(n, models_raw.get(n, {}), base) for n in ALL_MODELS}
+    cfg.models.update(_user_rewards(rewards_raw, base))
     total = sum(cfg.models[n].weight for n in REWARD_MODELS)
-    if abs(total - 1.0) > 1e-6:
+    if abs(total - 1.0) > 1e-6 and not (total == 0 and cfg.user_rewards()):
         parts = ", ".join(f"{n}={cfg.models[n].weight:g}" for n in REWARD_MODELS if cfg.models[n].weight)
         raise ConfigError("models.*.weight", f"reward model weights must sum to 1, got {total:g} ({parts})")
     return cfg

@@ -54,7 +54,7 @@ import torch
 
 from rewardstack._fileio import atomic_write_text
 from rewardstack._memory.budget import weights_bytes
-from rewardstack._models import MODELS, checkpoint_index, owner_of, spec
+from rewardstack._models import HF_REWARD, MODELS, checkpoint_index, is_user_model, owner_of, spec
 from rewardstack._planning import passes
 from rewardstack._planning.archs import (  # noqa: F401 - the simulation's public names, re-exported
     DTYPE_NAMES,
@@ -72,9 +72,21 @@ from rewardstack._planning.metadevice import SimTracker, measure_meta  # noqa: F
 
 # scorer run name -> (kind, transformers auto class), from the model registry's `simulated` entries.
 # The kinds are the scorer families below.
-SCORERS: dict[str, tuple[str, str]] = {
+class _Scorers(dict):
+    """The fixed models' runs, and any user-named reward model (`rewards.<name>`): `HF_REWARD`'s pass."""
+
+    def __missing__(self, run: str) -> tuple[str, str]:
+        if is_user_model(run) and HF_REWARD.simulated is not None:
+            return (HF_REWARD.simulated.family, HF_REWARD.simulated.auto_class)
+        raise KeyError(run)
+
+    def __contains__(self, run: object) -> bool:
+        return super().__contains__(run) or (isinstance(run, str) and is_user_model(run))
+
+
+SCORERS: dict[str, tuple[str, str]] = _Scorers({
     run: (m.simulated.family, m.simulated.auto_class) for m in MODELS if m.simulated is not None for run in m.runs()
-}
+})
 
 
 def _model_cfg(model: str, config: Any | None) -> Any:
@@ -380,7 +392,7 @@ def active_models(config: Any) -> list[str]:
     """The neural models a stack runs, by scorer name (the relevance filter's two as [0] and [1])."""
     out: list[str] = []
     for name, mc in config.models.items():
-        if not mc.active or name not in {owner_of(n) for n in SCORERS}:
+        if not mc.active or (name not in {owner_of(n) for n in SCORERS} and not is_user_model(name)):
             continue
         out += [f"{name}[{k}]" for k in range(len(mc.paths))] if spec(name).checkpoints > 1 else [name]
     return out

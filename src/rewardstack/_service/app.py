@@ -3,7 +3,7 @@
     rewardstack serve --config C [--host 127.0.0.1] [--port 8000]
 
 Routes: `POST /v1/score` (one step in, its event out), `GET /v1/namespaces/{name}`,
-`POST /v1/namespaces/{name}/sessions` (service/sessions.py),
+`POST /v1/namespaces/{name}/sessions` (service/sessions.py), the trainer routes (service/trainers.py),
 `GET /v1/stack`, `GET /healthz`, `GET /readyz`, `GET /metrics`, and FastAPI's `/openapi.json` and
 `/docs`. Every refusal is a `ServiceError`, turned into `{"error": {"message", "type", "field"}}` by
 the exception handlers of service/guard.py (the one place errors become responses). The request
@@ -33,6 +33,8 @@ from rewardstack._service import sessions
 from rewardstack._service.namespaces import ALL_NAMESPACES, Access, stored_state
 from rewardstack._service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
                                           error_responses, namespace_for, parse_score, parse_session, score_responses)
+from rewardstack._service.batching import Lane
+from rewardstack._service.trainers import install_trainer_routes
 from rewardstack._service.worker import SESSION, Job, Worker
 from rewardstack._settings import ServiceSettings
 
@@ -81,7 +83,8 @@ def metrics_registry() -> Any:
 def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None) -> FastAPI:
     """The FastAPI app; its lifespan starts the worker (models load in the worker's thread)."""
     worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
-                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars)
+                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
+                              lane=Lane(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,6 +103,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
     install_error_handlers(app)  # the one error chokepoint (service/guard.py)
     app.include_router(router)
+    install_trainer_routes(app, worker, config, settings, authorize)  # /get_reward, /classify: docs/TRAINERS.md
     return app
 
 
@@ -274,6 +278,7 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, sco
         "budget": dataclasses.asdict(budget) if budget is not None else {"activation_bytes": stack.memory.budget_bytes},
         "cost_models": summary.get("cost_models", {}),
         "queue": {"length": worker.queue_length(), "size": worker.queue.maxsize, "batch_requests": worker.batch_requests},
+        "trainer": {"waiting": len(worker.lane), "batches": worker.lane.batches, "requests": worker.lane.requests},
         "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
                                                set(worker.namespaces.on_disk()))
                        if scope in (None, ALL_NAMESPACES) or name == scope],

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
+from rewardstack._service.batching import Lane
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import Namespace, NamespaceLimitError, Namespaces
 from rewardstack._service import sessions
@@ -112,8 +113,10 @@ class Worker:
 
     def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
                  max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None,
-                 run_dir: str | None = None, turn_work: int | None = None) -> None:
+                 run_dir: str | None = None, turn_work: int | None = None, lane: Lane | None = None) -> None:
         self.config = config
+        self.lane = lane if lane is not None else Lane(config.service)
+        """The trainer routes' stateless requests, scored in batches between validator turns (service/batching.py)."""
         self.run_dir = run_dir if run_dir is not None else config.telemetry.run_dir
         """Telemetry run directory (timeline, events, incidents, summary); None: none written."""
         self.telemetry: Any = None
@@ -219,6 +222,7 @@ class Worker:
                 batch = self._take()
                 if batch:
                     self._process(batch)
+                self.lane.run_due(self.stack, self._beat)
         finally:
             self._close()
 
@@ -262,10 +266,12 @@ class Worker:
         """Move the queued jobs into their namespaces' lines (waiting up to 0.2 s for one if `wait`)."""
         while True:
             try:
-                job = self.queue.get(timeout=0.2) if wait else self.queue.get_nowait()
+                job = self.queue.get(timeout=self.lane.timeout(0.2)) if wait else self.queue.get_nowait()
             except queue.Empty:
                 return
             wait = False
+            if self.lane.offer(job):  # the trainer lane's wake-up, not a step
+                continue
             self._lines.setdefault(job.namespace, collections.deque()).append((self._arrivals, job))
             self._arrivals += 1
             self._waiting += 1
@@ -279,6 +285,7 @@ class Worker:
         waiting = [job for line in self._lines.values() for _, job in line]
         self._lines.clear()
         self._waiting = 0
+        self.lane.close()
         for job in waiting:
             if job.try_cancel():
                 job.answer(ServiceError(503, "shutting_down", "the service shut down before this step started; "

@@ -1,0 +1,182 @@
+"""Benchmark of the trainer routes: cross-request batching, a mixed load, and what telemetry costs.
+
+Run: `.venv/bin/python -m bench.trainers [--clients 64] [--requests 6] [--steps 12] [--repeats 3]`.
+Builds the offline stand-ins in a temporary folder and serves the OpenAssistant stand-in (a
+DeBERTa-v2 sequence classifier) as a user-named reward model, `[rewards.oa]`. Rows, all in this run:
+
+- batched / one at a time: `--clients` concurrent OpenRLHF-style clients, each sending one-sample
+  `POST /get_reward` requests back to back, against the server as configured and against the same
+  server with `service.stateless_batch = 1` (each request its own forward pass); requests/s and
+  latency p50/p99 (goal: batched >= 3x the throughput);
+- mixed: one validator sending `--steps` numbered steps of the stand-in stack alone, then while
+  the trainer clients send; the validator's step latency p50/p99 (every step applied once, in order);
+- telemetry: the batched load with `--run-dir` on and off, interleaved, `--repeats` times each,
+  the best (min time) of each counted (goal: on within 1% of off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.service import ServerProcess, _pct
+
+
+def _queries(n: int) -> list[str]:
+    words = "the model reads a prompt and its response then scores how helpful the answer was".split()
+    return [f"<|user|> question {i}: " + " ".join(words[(i + k) % len(words)] for k in range(8 + i % 40))
+            + f"\n<|assistant|> answer {i}" for i in range(n)]
+
+
+def trainer_load(url: str, clients: int, requests: int, *, stop: threading.Event | None = None) -> dict[str, Any]:
+    """`clients` threads, each sending `requests` one-sample /get_reward requests back to back."""
+    import httpx
+
+    queries = _queries(clients * max(1, requests))
+    latencies: list[float] = []
+    failures: list[str] = []
+    gate = threading.Barrier(clients + 1)
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=600) as c:
+            gate.wait()
+            for k in range(requests if stop is None else 10**9):
+                if stop is not None and stop.is_set():
+                    return
+                t = time.perf_counter()
+                r = c.post("/get_reward", json={"query": [queries[(i * max(1, requests) + k) % len(queries)]]})
+                with lock:
+                    latencies.append(time.perf_counter() - t)
+                    if r.status_code != 200:
+                        failures.append(f"{r.status_code} {r.text[:200]}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for th in threads:
+        th.start()
+    gate.wait()
+    t0 = time.perf_counter()
+    if stop is not None:
+        return {"threads": threads, "latencies": latencies, "failures": failures, "t0": t0}
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    assert not failures, failures[:3]
+    return {"rps": len(latencies) / wall, "p50": _pct(latencies, 50), "p99": _pct(latencies, 99), "wall": wall}
+
+
+def validator_load(url: str, steps: int, tag: str) -> dict[str, Any]:
+    """One validator's numbered steps, one after another; each must be applied once, in order."""
+    from rewardstack.client import Client
+
+    latencies = []
+    with Client(url, namespace=tag, timeout=600) as c:
+        for k in range(steps):
+            step = {"name": "augment" if k % 2 == 0 else "answer0", "prompt": f"{tag} prompt {k}?",
+                    "completions": [f"{tag} completion {k}-{j} " + "word " * (5 + j) for j in range(8)]}
+            t = time.perf_counter()
+            answer = c.score(step, sequence=k + 1)
+            latencies.append(time.perf_counter() - t)
+            assert answer["sequence"] == k + 1, answer
+    return {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99), "max": max(latencies)}
+
+
+def _config(standins: Path, root: Path, tag: str, *, validators: bool, service: str = "") -> Path:
+    """The stand-in stack (with `validators`) or nothing but `[rewards.oa]`, with a [service] table."""
+    base = (standins / "stack.toml").read_text() if validators else ""
+    text = base.replace('state_dir = "state"', "") if validators else ""
+    text = f'state_dir = "{root / tag / "state"}"\n' + text
+    text += f'\n[rewards.oa]\npath = "{standins / "rlhf_reward_model"}"\n'
+    if service:
+        text += f"\n[service]\n{service}\n"
+    path = standins / f"bench-trainers-{tag}.toml"  # beside the stand-ins: their relative paths resolve
+    path.write_text(text)
+    return path
+
+
+def _serve(config: Path, root: Path, *extra: str) -> ServerProcess:
+    server = ServerProcess(config, root / (config.stem + ".log"), *extra)
+    server.wait_ready(600)
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.trainers", description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=6, help="requests per client per row")
+    ap.add_argument("--steps", type=int, default=12, help="validator steps per mixed row")
+    ap.add_argument("--repeats", type=int, default=3, help="telemetry on/off runs each")
+    ap.add_argument("--standins", help="a folder of already built stand-ins (default: built in a temporary folder)")
+    args = ap.parse_args(argv)
+    from rewardstack._standins import make_standins
+
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:
+        root = Path(tmp)
+        standins = Path(args.standins) if args.standins else Path(make_standins(root / "standins")).parent
+        rows: dict[str, dict[str, Any]] = {}
+        for tag, service in (("batched", ""), ("one at a time", "stateless_batch = 1")):
+            server = _serve(_config(standins, root, tag.replace(" ", "-"), validators=False, service=service), root)
+            try:
+                trainer_load(server.url, args.clients, 1)  # warm-up: first calls, connections
+                rows[tag] = trainer_load(server.url, args.clients, args.requests)
+            finally:
+                server.stop()
+        lines.append(f"trainer load: {args.clients} concurrent one-sample /get_reward clients, {args.requests} requests "
+                     "each, OpenAssistant stand-in (DeBERTa-v2) as [rewards.oa], CPU")
+        lines.append("| server | requests/s | p50 ms | p99 ms |")
+        lines.append("|---|---:|---:|---:|")
+        for tag, r in rows.items():
+            lines.append(f"| {tag} | {r['rps']:.1f} | {r['p50'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} |")
+        lines.append(f"batched / one at a time: {rows['batched']['rps'] / rows['one at a time']['rps']:.2f}x throughput")
+
+        server = _serve(_config(standins, root, "mixed", validators=True), root)
+        try:
+            validator_load(server.url, 2, "warm")
+            alone = validator_load(server.url, args.steps, "alone")
+            stop = threading.Event()
+            running = trainer_load(server.url, args.clients, 0, stop=stop)
+            time.sleep(1.0)
+            mixed = validator_load(server.url, args.steps, "mixed")
+            stop.set()
+            for th in running["threads"]:
+                th.join()
+            assert not running["failures"], running["failures"][:3]
+            trainer_rps = len(running["latencies"]) / (time.perf_counter() - running["t0"])
+        finally:
+            server.stop()
+        lines.append("")
+        lines.append(f"mixed load: one validator's {args.steps} steps (8 completions, stand-in stack) alone and while "
+                     f"{args.clients} trainer clients send ({trainer_rps:.1f} trainer requests/s meanwhile)")
+        lines.append("| validator | p50 ms | p99 ms | max ms |")
+        lines.append("|---|---:|---:|---:|")
+        for tag, r in (("alone", alone), ("with trainers", mixed)):
+            lines.append(f"| {tag} | {r['p50'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} | {r['max'] * 1e3:.0f} |")
+
+        walls: dict[str, list[float]] = {"off": [], "on": []}
+        config = _config(standins, root, "telemetry", validators=False)
+        for k in range(args.repeats):
+            for tag in ("off", "on"):
+                extra = ("--run-dir", str(root / f"run-{k}")) if tag == "on" else ()
+                server = _serve(config, root, *extra)
+                try:
+                    trainer_load(server.url, args.clients, 1)
+                    walls[tag].append(trainer_load(server.url, args.clients, args.requests)["wall"])
+                finally:
+                    server.stop()
+        best = {t: min(w) for t, w in walls.items()}
+        lines.append("")
+        lines.append(f"telemetry: the batched trainer load with --run-dir on and off, interleaved, best of {args.repeats}")
+        lines.append(f"off {best['off']:.2f} s, on {best['on']:.2f} s: {100 * (best['on'] / best['off'] - 1):+.1f}% "
+                     f"(medians {statistics.median(walls['off']):.2f} / {statistics.median(walls['on']):.2f} s)")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

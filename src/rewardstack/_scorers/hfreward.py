@@ -1,0 +1,116 @@
+"""User-named HuggingFace sequence-classification reward models (`[rewards.<name>]`, family `hf_reward`).
+
+The classifier scorer of the OpenAssistant model (`scorers.classifier._Classifier`: loading through
+the lock file, the length bound, the pass-token cap, the memory layer's calibration) with what a
+trainer's reward model needs: one text per input (a chat-templated string, or `messages` the
+tokenizer's chat template renders here), cut at the length bound on the declared side and flagged,
+and its first logit as the score.
+
+Batch invariance: a row is padded to a width that depends on its own length only (`pad_width`),
+passes hold rows of one width, and every pass has a padded row (`forward`), so its numbers are
+the same whatever else is in the batch (on CPU bit for bit; docs/TRAINERS.md says what holds on a
+GPU). Padding each pass to its longest row instead changes the low bits with the company.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rewardstack.config import ModelConfig
+from rewardstack.errors import InputError
+from rewardstack._memory.guard import Outcome
+from rewardstack._scorers import encoding as enc
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.classifier import _Classifier, first_logit
+from rewardstack._scorers.common import pad_rows
+
+Chat = Sequence[dict]
+"""A conversation: `{"role", "content"}` messages."""
+
+
+def pad_width(length: int, cap: int) -> int:
+    """The padded width of a row of `length` ids: the first of 16, 24, 32, 48, 64, 96, ... above it
+    (at least one pad position, so the attention mask is always built), at most `cap`."""
+    width = 16
+    while width <= length:
+        width = width * 3 // 2 if width & (width - 1) == 0 else width * 4 // 3
+    return min(width, cap)
+
+
+class HfRewardScorer(_Classifier):
+    """A sequence-classification reward model: one score (its first logit) per text."""
+
+    kind = "reward"
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
+        super().__init__(cfg.name, cfg, runtime, None)
+        tok = self.tokenizer
+        if tok.pad_token_id is None and tok.eos_token_id is not None:
+            self.pad_id = tok.eos_token_id  # how transformers batches a decoder without a pad token
+        if self.model.config.pad_token_id is None:
+            # A decoder's classification head finds each row's last token by the pad id; without one
+            # it refuses batches of more than one row.
+            self.model.config.pad_token_id = self.pad_id
+        tok.truncation_side = cfg.options.truncation_side
+        self._calibrate(first_logit)
+
+    def encode(self, item: str | Chat, field: str) -> tuple[list[int], bool]:
+        """The ids of one input and whether it was cut at the length bound; InputError naming `field`."""
+        tok = self.tokenizer
+        special = True  # a string is tokenized as vLLM and a plain transformers call do: special tokens on
+        if not isinstance(item, str):
+            if not self.cfg.options.chat_template or not getattr(tok, "chat_template", None):
+                raise InputError(f"{self.name} takes plain text: its tokenizer has no chat template or its "
+                                 "chat_template option is off; send the rendered text instead", field=field)
+            try:
+                item = tok.apply_chat_template(list(item), tokenize=False)
+            except Exception as e:  # noqa: BLE001 - a template's own error is the client's input
+                raise InputError(f"the chat template refused these messages: {e}", field=field) from None
+            special = False  # the template writes its own special tokens
+        bound = min(self.max_length, self.runtime.memory.length_cap(self.name, self.max_length))
+        ids = tok(item, add_special_tokens=special)["input_ids"]
+        if len(ids) <= bound:
+            return list(ids), False
+        return list(tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]), True
+
+    def run_encoded(self, rows: Sequence[Sequence[int]], completions: Sequence[int | None] | None = None) -> list[Outcome]:
+        """One Outcome (the score) per row, through the memory layer: planned, guarded, recorded."""
+        widths = [pad_width(len(r), self.max_length) for r in rows]
+
+        def forward(idx: list[int]) -> list[Any]:
+            values: dict[int, Any] = {}
+            by_width: dict[int, list[int]] = {}
+            for i in idx:
+                by_width.setdefault(widths[i], []).append(i)
+            for width, members in sorted(by_width.items()):
+                per_pass = max(1, self.max_tokens // width)
+                for k in range(0, len(members), per_pass):
+                    group = members[k:k + per_pass]
+                    batch = [list(rows[i]) for i in group]
+                    if all(len(r) == width for r in batch):  # only at the cap: keep the masked path
+                        batch.append(batch[0][:1])
+                    ids, mask = pad_rows(batch, self.pad_id, width=width)
+                    device = enc.model_device(self.model)
+                    out = first_logit(self.model(input_ids=ids.to(device), attention_mask=mask.to(device)), mask)
+                    out = out.float().cpu()
+                    for j, i in enumerate(group):
+                        values[i] = out[j]
+            return [values[i] for i in idx]
+
+        return self.runtime.memory.run(self.name, widths, forward, max_batch=self.max_batch, completions=completions)
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        """The validator-step interface: each live completion after its prompt, as one text."""
+        result = ScoreResult.failed_only(request)
+        live = request.live()
+        encoded = [self.encode(request.prompt + str(request.completions[i]), f"completions[{i}]") for i in live]
+        for i, o, (_, cut) in zip(live, self.run_encoded([e[0] for e in encoded], live), encoded):
+            result.scores[i] = float(o.value) if o.status == Status.OK else float("nan")
+            result.statuses[i] = (Status.TRUNCATED if cut else Status.OK) if o.status == Status.OK else o.status
+        return result
+
+
+def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
+    """The scorer of one `[rewards.<name>]` model."""
+    return HfRewardScorer(cfg, runtime)
+

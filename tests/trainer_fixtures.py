@@ -1,0 +1,84 @@
+"""Tiny HuggingFace sequence-classification reward models for the trainer-route tests.
+
+Built from a config (no hub, no network) and saved with `save_pretrained`, as a user's reward
+model folder would be: a Llama (last-token head) with a chat template on its tokenizer, the shape of
+the reward models OpenRLHF and verl train, over the small byte-level BPE tokenizer of
+tests/small_models.py. `reference_scores` is that model's own transformers forward, one text at a
+time, unpadded: what every route must answer within 1e-5.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from small_models import save_small_tokenizer
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+"""A chat template the small tokenizer can render (its only special token opens each turn)."""
+
+
+def make_tiny_llama_rm(folder: Path, max_length: int = 256, seed: int = 11) -> Path:
+    """A tiny LlamaForSequenceClassification (num_labels=1) with a chat template, saved in `folder`."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    save_small_tokenizer(folder, max_length, token_types=False)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(folder))
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_length,
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                         num_labels=1, initializer_range=0.2)
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(str(folder), safe_serialization=True)
+    return folder
+
+
+def reference_scores(folder: Path, texts: list[str], *, add_special_tokens: bool = True,
+                     max_length: int | None = None, side: str = "right") -> list[float]:
+    """The model's own transformers forward on each text alone (no padding): its first logit."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.truncation_side = side
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32).eval()
+    out = []
+    with torch.inference_mode():
+        for t in texts:
+            enc = tok(t, return_tensors="pt", add_special_tokens=add_special_tokens,
+                      truncation=max_length is not None, max_length=max_length)
+            out.append(float(model(**enc).logits[0, 0]))
+    return out
+
+
+def rewards_config(folder: Path, model: Path, *, extra: str = "", name: str = "tiny") -> Path:
+    """A config serving only the user-named reward model `name` from `model` (a local folder)."""
+    state = folder / "state"
+    path = folder / "rewards.toml"
+    path.write_text(f'device = "cpu"\nstate_dir = "{state}"\n\n[rewards.{name}]\npath = "{model}"\n{extra}\n',
+                    encoding="utf-8")
+    return path
+
+
+def texts(n: int, seed: int = 0) -> list[str]:
+    """`n` chat-rendered prompt+response texts of varied lengths (the shape OpenRLHF sends)."""
+    import random
+
+    from small_models import _corpus
+
+    rng = random.Random(seed)
+    words = " ".join(_corpus()).split()
+    out = []
+    for _ in range(n):
+        q = " ".join(rng.choice(words) for _ in range(rng.randint(2, 12)))
+        a = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        out.append(f"<|endoftext|>user: {q}\n<|endoftext|>assistant: {a}\n")
+    return out
+
+
+def any_value(x: Any) -> Any:  # pragma: no cover - a helper for readable assertion messages
+    return x
