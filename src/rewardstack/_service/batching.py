@@ -47,6 +47,8 @@ class StatelessJob:
 
     def __init__(self, items: Sequence[Any], fields: Sequence[str], models: Sequence[str], deadline: float) -> None:
         self.items, self.fields, self.models, self.deadline = list(items), list(fields), list(models), deadline
+        self.work = sum(len(str(item)) for item in self.items) * max(1, len(self.models))
+        """Characters the models read (each input once per model): what a batch is bounded by."""
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self.enqueued = time.monotonic()
         self._phase = "queued"
@@ -79,6 +81,7 @@ class Lane:
         self.wait_s = settings.batch_wait_s
         self.batch = settings.stateless_batch
         self.capacity = settings.stateless_queue
+        self.work = settings.max_work_chars
         self._jobs: collections.deque[StatelessJob] = collections.deque()
         self._lock = threading.Lock()
         self._woken = False
@@ -122,16 +125,27 @@ class Lane:
         with self._lock:
             if not self._jobs:
                 return idle
-            if len(self._jobs) >= self.batch:
+            if len(self._jobs) >= self.batch or sum(j.work for j in self._jobs) >= self.work:
                 return 0.0
             return min(idle, max(0.0, self._jobs[0].enqueued + self.wait_s - time.monotonic()))
 
-    def run_due(self, stack: Any, beat: Callable[..., None]) -> None:
-        """Score the waiting requests if their wait for company is over (worker thread)."""
+    def run_due(self, stack: Any, beat: Callable[..., None], share: int | None = None) -> None:
+        """Score the waiting requests if their wait for company is over (worker thread).
+
+        `share`: the work of the validator step waiting next, if one is. A batch then holds at most
+        that much text (the first request always fits), so validator turns and trainer batches
+        alternate in equal shares and a step waits for one batch of its own size, not for every
+        trainer request queued before it; with no step waiting, at most `service.max_work_chars`.
+        """
         if self.timeout(1.0) > 0:
             return
+        most = self.work if share is None else max(1, min(self.work, share))
         with self._lock:
-            jobs = [self._jobs.popleft() for _ in range(min(self.batch, len(self._jobs)))]
+            jobs: list[StatelessJob] = []
+            work = 0
+            while self._jobs and len(jobs) < self.batch and (not jobs or work + self._jobs[0].work <= most):
+                work += self._jobs[0].work
+                jobs.append(self._jobs.popleft())
         now = time.monotonic()
         started = []
         for job in jobs:

@@ -222,9 +222,15 @@ class Worker:
                 batch = self._take()
                 if batch:
                     self._process(batch)
-                self.lane.run_due(self.stack, self._beat)
+                self.lane.run_due(self.stack, self._beat, self._next_work())
         finally:
             self._close()
+
+    def _next_work(self) -> int | None:
+        """The work of the validator step waiting next (None: none waits): a trainer batch's share."""
+        self._admit(wait=False)
+        steps = [line[0][1].step for line in self._lines.values() if line[0][1].step is not None]
+        return max(step_work(s) for s in steps) if steps else None
 
     def _take(self) -> list[Job]:
         """The next turn's jobs: fair between namespaces, each namespace's own in order.
