@@ -44,8 +44,9 @@ def step(tag: str) -> dict[str, Any]:
 class Live:
     """The service (real app, fake scorers) on a loopback port; stop and start it again on the same port."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, access: Access | None = None) -> None:
         self.config = config
+        self.access = access or Access({})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server: Any = None
@@ -53,7 +54,7 @@ class Live:
         self.app: Any = None
 
     def start(self) -> "Live":
-        self.app = create_app(self.config, self.config.service, Access({}))
+        self.app = create_app(self.config, self.config.service, self.access)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
