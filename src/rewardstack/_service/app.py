@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
-from rewardstack._service.connections import CutAtShutdown
+from rewardstack._service.connections import CutAtShutdown, answer_of
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.guard import authorize, install_error_handlers, loopback_guard, require_json, status_for
 from rewardstack._service import sessions
@@ -103,7 +103,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
     install_error_handlers(app)  # the one error chokepoint (service/guard.py)
     app.include_router(router)
-    install_trainer_routes(app, worker, config, settings, authorize)  # /get_reward, /classify: docs/TRAINERS.md
+    install_trainer_routes(app)  # /get_reward, /classify: docs/TRAINERS.md
     return app
 
 
@@ -139,30 +139,11 @@ async def _score(request: Request, scope: str | None, arrived: float) -> Respons
     deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
     job = Job(call.namespace, call.step, call.sequence, deadline=deadline, epoch=call.epoch)
     state.worker.submit(job)  # 429 when full, 503 when not ready or draining
-    outcome = await _wait(request, job, deadline)
+    outcome = await answer_of(request, job, deadline)
     headers = {"X-Rewardstack-Scored": "true" if outcome.scored else "false"}
     if outcome.memory is not None:
         headers[MEMORY_HEADER] = sessions.memory_header(outcome.memory)
     return Response(outcome.body, media_type="application/json", headers=headers)
-
-
-async def _wait(request: Request, job: Job, deadline: float) -> Any:
-    """The job's outcome; withdraws it if its deadline passes or its client goes away first."""
-    result = asyncio.wrap_future(job.future)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({result, gone}, timeout=max(0.0, deadline - time.monotonic()),
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if result in done:
-            return result.result()
-        if job.try_cancel():  # not started: it will never be scored
-            if gone in done:
-                raise ServiceError(499, "client_gone", "the client went away; the step was not scored")
-            raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
-                               "the step was not scored (service.deadline_s)")
-        return await result  # started: it commits; answer with it
-    finally:
-        gone.cancel()
 
 
 @router.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
@@ -184,7 +165,7 @@ async def open_session(name: str, request: Request, scope: str | None = Depends(
     # every step admitted before it.
     job = Job(name, None, None, deadline=deadline, kind=SESSION, client=who.model_dump())
     request.app.state.worker.submit(job)
-    outcome = await _wait(request, job, deadline)
+    outcome = await answer_of(request, job, deadline)
     return Response(outcome.body, media_type="application/json")
 
 
@@ -226,14 +207,6 @@ async def metrics_route(request: Request, scope: str | None = Depends(authorize)
 
     request.app.state.metrics.queue.set(request.app.state.worker.queue_length())
     return Response(generate_latest(metrics_registry()), media_type=CONTENT_TYPE_LATEST)
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read, so `receive` waits for that)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def standing_of(worker: Worker, name: str) -> dict[str, Any]:

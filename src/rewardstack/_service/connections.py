@@ -16,6 +16,8 @@ So, around uvicorn's own HTTP protocol (whichever it picked, h11 or httptools):
   line, not a traceback.
 - `connection_cap`: the cap, kept under the process's open-file limit (the models, the state
   files and one lock per namespace need descriptors too).
+- `answer_of`: a queued request's answer, withdrawn if its deadline passes or its client goes away
+  before the worker starts it (the score, session and trainer routes alike).
 - `RepeatFilter` / `limit_log_rate`: a message repeated (same logger, same text before its
   arguments) is logged at most once per window, the next one saying how
   many were held back, so a flood of refused connections or accept errors writes a few lines,
@@ -31,6 +33,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from rewardstack._service.errors import ServiceError
 from rewardstack._settings import ServiceSettings
 
 log = logging.getLogger("rewardstack.service")
@@ -193,3 +196,31 @@ def limit_log_rate(window_s: float = 10.0) -> RepeatFilter:
 
 
 __all__ = ["CutAtShutdown", "FD_RESERVE", "RepeatFilter", "connection_cap", "guarded_protocol", "limit_log_rate", "server_config"]
+
+
+async def answer_of(request: Any, job: Any, deadline: float) -> Any:
+    """A queued job's outcome (`job.future`); withdraws the job (`job.try_cancel()`) if its deadline
+    passes or its client goes away first: 504 or 499, nothing scored. A job the worker has started
+    finishes, and is answered, whatever happens to its client."""
+    result = asyncio.wrap_future(job.future)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({result, gone}, timeout=max(0.0, deadline - time.monotonic()),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if result in done:
+            return result.result()
+        if job.try_cancel():  # not started: it will never be scored
+            if gone in done:
+                raise ServiceError(499, "client_gone", "the client went away; nothing was scored")
+            raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
+                               "nothing was scored (service.deadline_s)")
+        return await result  # started: it finishes; answer with it
+    finally:
+        gone.cancel()
+
+
+async def _disconnected(request: Any) -> None:
+    """Returns when the client disconnects (the body has been read, so `receive` waits for that)."""
+    while True:
+        if (await request.receive())["type"] == "http.disconnect":
+            return

@@ -17,21 +17,20 @@ the size limits are `service.max_completions` inputs, `service.max_chars` per te
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from rewardstack.config import StackConfig
 from rewardstack._jsonio import JSONInputError, parse
 from rewardstack._models import USER_PREFIX
 from rewardstack._service.batching import Scored, StatelessJob
+from rewardstack._service.connections import answer_of
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.guard import require_json
+from rewardstack._service.guard import authorize, require_json
 from rewardstack._service.protocol import client_deadline
 from rewardstack._settings import ServiceSettings
 
@@ -71,125 +70,133 @@ def _size(item: Any) -> int:
     return len(item) if isinstance(item, str) else sum(len(m["content"]) for m in item)
 
 
-def install_trainer_routes(app: FastAPI, worker: Any, config: StackConfig, settings: ServiceSettings,
-                           authorize: Callable[..., Any]) -> None:
-    """Add the trainer routes to the service's app (service/app.py)."""
-    members = {m.name: m for m in config.user_rewards()}
-    served = {n[len(USER_PREFIX):]: n for n in members}  # the names clients use: the table's own
-
-    def models_for(model: Any) -> list[str]:
-        if model is None:
-            if not members:
-                raise ServiceError(404, "no_reward_models", "this service's config names no [rewards.*] model, "
-                                   "which the trainer routes score with", field="model")
-            return list(members)
-        for short, name in served.items():
-            if model in (short, name, members[name].path):
-                return [name]
-        raise ServiceError(404, "model_not_found", f"field 'model': no served reward model {str(model)[:100]!r}; "
-                           f"this service serves {', '.join(served) or 'none'}", field="model")
-
-    async def body_of(request: Request) -> dict:
-        try:
-            obj = parse(await request.body(), strict=True)
-        except JSONInputError as e:
-            raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
-        if not isinstance(obj, dict):
-            raise _refuse("body", "must be a JSON object")
-        return obj
-
-    async def run(request: Request, items: list[Any], field: str, models: list[str]) -> Scored:
-        if len(items) > settings.max_completions:
-            raise ServiceError(413, "too_many_inputs", f"field '{field}': {len(items)} inputs, more than "
-                               f"{settings.max_completions} (service.max_completions)", field=field)
-        for i, item in enumerate(items):
-            if _size(item) > settings.max_chars:
-                raise ServiceError(413, "text_too_long", f"field '{field}[{i}]': {_size(item)} characters, more than "
-                                   f"{settings.max_chars} (service.max_chars)", field=f"{field}[{i}]")
-        if sum(map(_size, items)) * len(models) > settings.max_work_chars:
-            raise ServiceError(413, "too_much_work", f"field '{field}': the inputs ask the models to read more than "
-                               f"{settings.max_work_chars} characters (service.max_work_chars)", field=field)
-        arrived = time.monotonic()
-        job = StatelessJob(items, [f"{field}[{i}]" for i in range(len(items))], models,
-                           deadline=arrived + min(settings.deadline_s, client_deadline(request.headers)))
-        worker.lane.submit(job, worker)
-        result = asyncio.wrap_future(job.future)
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            done, _ = await asyncio.wait({result, gone}, timeout=max(0.0, job.deadline - time.monotonic()),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if result not in done and job.try_cancel():
-                if gone in done:
-                    raise ServiceError(499, "client_gone", "the client went away; nothing was scored")
-                raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started "
-                                   "(service.deadline_s); nothing was scored")
-            return await result  # done, or started: it finishes
-        finally:
-            gone.cancel()
-
-    def combined(scored: Scored, models: list[str]) -> list[float]:
-        n = len(next(iter(scored.scores.values())))
-        weights = {m: members[m].weight for m in models} if len(models) > 1 else {models[0]: 1.0}
-        return [sum(weights[m] * scored.scores[m][i] for m in models) for i in range(n)]
-
-    def truncated(scored: Scored) -> list[bool]:
-        return [any(flags) for flags in zip(*scored.truncated.values())]
-
-    @app.post("/get_reward", summary="OpenRLHF's remote reward model: rewards of chat-templated texts",
-              tags=["trainers"])
-    async def get_reward(request: Request, _scope: Any = Depends(authorize), _json: None = Depends(require_json)) -> dict:
-        body = await body_of(request)
-        if "query" not in body:
-            raise _refuse("query", "missing: the chat-templated prompt+response texts to score")
-        queries = _texts(body["query"], "query")
-        for key in ("prompts", "labels"):
-            value = body.get(key)
-            if value is not None and (not isinstance(value, list) or len(value) != len(queries)):
-                raise _refuse(key, f"must be a list of one entry per query ({len(queries)}), got "
-                              f"{len(value) if isinstance(value, list) else type(value).__name__}")
-        models = models_for(None)
-        scored = await run(request, queries, "query", models)
-        rewards = combined(scored, models)
-        logs: dict[str, list[float]] = {n[len(USER_PREFIX):]: scored.scores[n] for n in models}
-        logs["truncated"] = [float(t) for t in truncated(scored)]
-        return {"rewards": rewards, "scores": rewards, "extra_logs": logs}
-
-    @app.post("/classify", summary="vLLM's classify: one score per input (verl's reward-model path)",
-              tags=["trainers"])
-    async def classify(request: Request, _scope: Any = Depends(authorize), _json: None = Depends(require_json)) -> dict:
-        body = await body_of(request)
-        models = models_for(body.get("model"))
-        if ("input" in body) == ("messages" in body):
-            raise _refuse("input", "send exactly one of `input` (text or list of texts) and `messages`")
-        items: list[Any] = _texts(body["input"], "input") if "input" in body else _chats(body["messages"])
-        activation = body.get("use_activation", body.get("activation", True))
-        if activation is None:
-            activation = True
-        if not isinstance(activation, bool):
-            raise _refuse("use_activation", "must be true or false")
-        scored = await run(request, items, "input" if "input" in body else "messages", models)
-        cut = truncated(scored)
-        data = []
-        for i, score in enumerate(combined(scored, models)):
-            value = 0.5 * (1.0 + math.tanh(score / 2)) if activation else score  # the sigmoid, without overflow
-            data.append({"index": i, "label": "LABEL_0", "probs": [value], "num_classes": 1, "truncated": cut[i]})
-        name = str(body.get("model") or "rewardstack")
-        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": name,
-                "data": data, "usage": {"prompt_tokens": scored.tokens, "total_tokens": scored.tokens}}
-
-    @app.get("/v1/models", summary="The served reward models (vLLM's list)", tags=["trainers"])
-    async def list_models(_scope: Any = Depends(authorize)) -> dict:
-        return {"object": "list", "data": [
-            {"id": short, "object": "model", "created": 0, "owned_by": "rewardstack", "root": members[name].path,
-             "max_model_len": members[name].max_length} for short, name in served.items()]}
-
-    @app.get("/health", summary="vLLM's health check: 200 once the models are loaded", tags=["trainers"])
-    async def health() -> JSONResponse:
-        return JSONResponse({}, status_code=200 if worker.ready else 503)
+def install_trainer_routes(app: FastAPI) -> None:
+    """Add the trainer routes to the service's app (service/app.py: its config, settings and worker
+    are on `app.state`)."""
+    app.include_router(router)
 
 
-async def _disconnected(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read, so `receive` waits for that)."""
-    while True:
-        if (await request.receive())["type"] == "http.disconnect":
-            return
+router = APIRouter(tags=["trainers"])
+"""The trainer routes: plain functions that find the config, settings and worker on `request.app.state`."""
+
+
+def _members(request: Request) -> dict[str, Any]:
+    """The served `[rewards.*]` models by their full name (`rewards.<name>`)."""
+    return {m.name: m for m in request.app.state.config.user_rewards()}
+
+
+def _models_for(request: Request, model: Any) -> list[str]:
+    """The models a request scores with: the one it names (its table's name, full name or path), or all."""
+    members = _members(request)
+    if model is None:
+        if not members:
+            raise ServiceError(404, "no_reward_models", "this service's config names no [rewards.*] model, "
+                               "which the trainer routes score with", field="model")
+        return list(members)
+    for name, m in members.items():
+        if model in (name[len(USER_PREFIX):], name, m.path):
+            return [name]
+    served = ", ".join(n[len(USER_PREFIX):] for n in members) or "none"
+    raise ServiceError(404, "model_not_found", f"field 'model': no served reward model {str(model)[:100]!r}; "
+                       f"this service serves {served}", field="model")
+
+
+async def _body_of(request: Request) -> dict:
+    try:
+        obj = parse(await request.body(), strict=True)
+    except JSONInputError as e:
+        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
+    if not isinstance(obj, dict):
+        raise _refuse("body", "must be a JSON object")
+    return obj
+
+
+def _check_limits(settings: ServiceSettings, items: list[Any], field: str, models: list[str]) -> None:
+    """413 naming the field past `max_completions` inputs, `max_chars` per input or `max_work_chars` in all."""
+    if len(items) > settings.max_completions:
+        raise ServiceError(413, "too_many_inputs", f"field '{field}': {len(items)} inputs, more than "
+                           f"{settings.max_completions} (service.max_completions)", field=field)
+    for i, item in enumerate(items):
+        if _size(item) > settings.max_chars:
+            raise ServiceError(413, "text_too_long", f"field '{field}[{i}]': {_size(item)} characters, more than "
+                               f"{settings.max_chars} (service.max_chars)", field=f"{field}[{i}]")
+    if sum(map(_size, items)) * len(models) > settings.max_work_chars:
+        raise ServiceError(413, "too_much_work", f"field '{field}': the inputs ask the models to read more than "
+                           f"{settings.max_work_chars} characters (service.max_work_chars)", field=field)
+
+
+async def _run(request: Request, items: list[Any], field: str, models: list[str]) -> Scored:
+    """Score `items` with `models` in the worker's next trainer batch."""
+    settings: ServiceSettings = request.app.state.settings
+    _check_limits(settings, items, field, models)
+    deadline = time.monotonic() + min(settings.deadline_s, client_deadline(request.headers))
+    job = StatelessJob(items, [f"{field}[{i}]" for i in range(len(items))], models, deadline=deadline)
+    worker = request.app.state.worker
+    worker.lane.submit(job, worker)
+    return await answer_of(request, job, deadline)
+
+
+def _combined(request: Request, scored: Scored, models: list[str]) -> list[float]:
+    """Each input's reward: the weighted sum over the models (a lone model's score as it is)."""
+    members = _members(request)
+    n = len(next(iter(scored.scores.values())))
+    weights = {m: members[m].weight for m in models} if len(models) > 1 else {models[0]: 1.0}
+    return [sum(weights[m] * scored.scores[m][i] for m in models) for i in range(n)]
+
+
+def _truncated(scored: Scored) -> list[bool]:
+    return [any(flags) for flags in zip(*scored.truncated.values())]
+
+
+@router.post("/get_reward", summary="OpenRLHF's remote reward model: rewards of chat-templated texts")
+async def get_reward(request: Request, _scope: Any = Depends(authorize), _json: None = Depends(require_json)) -> dict:
+    body = await _body_of(request)
+    if "query" not in body:
+        raise _refuse("query", "missing: the chat-templated prompt+response texts to score")
+    queries = _texts(body["query"], "query")
+    for key in ("prompts", "labels"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, list) or len(value) != len(queries)):
+            raise _refuse(key, f"must be a list of one entry per query ({len(queries)}), got "
+                          f"{len(value) if isinstance(value, list) else type(value).__name__}")
+    models = _models_for(request, None)
+    scored = await _run(request, queries, "query", models)
+    rewards = _combined(request, scored, models)
+    logs: dict[str, list[float]] = {n[len(USER_PREFIX):]: scored.scores[n] for n in models}
+    logs["truncated"] = [float(t) for t in _truncated(scored)]
+    return {"rewards": rewards, "scores": rewards, "extra_logs": logs}
+
+
+@router.post("/classify", summary="vLLM's classify: one score per input (verl's reward-model path)")
+async def classify(request: Request, _scope: Any = Depends(authorize), _json: None = Depends(require_json)) -> dict:
+    body = await _body_of(request)
+    models = _models_for(request, body.get("model"))
+    if ("input" in body) == ("messages" in body):
+        raise _refuse("input", "send exactly one of `input` (text or list of texts) and `messages`")
+    items: list[Any] = _texts(body["input"], "input") if "input" in body else _chats(body["messages"])
+    activation = body.get("use_activation", body.get("activation", True))
+    if activation is None:
+        activation = True
+    if not isinstance(activation, bool):
+        raise _refuse("use_activation", "must be true or false")
+    scored = await _run(request, items, "input" if "input" in body else "messages", models)
+    cut = _truncated(scored)
+    data = []
+    for i, score in enumerate(_combined(request, scored, models)):
+        value = 0.5 * (1.0 + math.tanh(score / 2)) if activation else score  # the sigmoid, without overflow
+        data.append({"index": i, "label": "LABEL_0", "probs": [value], "num_classes": 1, "truncated": cut[i]})
+    name = str(body.get("model") or "rewardstack")
+    return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": name,
+            "data": data, "usage": {"prompt_tokens": scored.tokens, "total_tokens": scored.tokens}}
+
+
+@router.get("/v1/models", summary="The served reward models (vLLM's list)")
+async def list_models(request: Request, _scope: Any = Depends(authorize)) -> dict:
+    return {"object": "list", "data": [
+        {"id": name[len(USER_PREFIX):], "object": "model", "created": 0, "owned_by": "rewardstack", "root": m.path,
+         "max_model_len": m.max_length} for name, m in _members(request).items()]}
+
+
+@router.get("/health", summary="vLLM's health check: 200 once the models are loaded")
+async def health(request: Request) -> JSONResponse:
+    return JSONResponse({}, status_code=200 if request.app.state.worker.ready else 503)
