@@ -52,9 +52,9 @@ from rewardstack._memory.budget import weights_bytes
 from rewardstack._models import resolve, spec
 from rewardstack._memory.costmodel import CostModel
 from rewardstack._memory.planner import plan_batches
-from rewardstack._plan import scorer_max_batch
+from rewardstack._planning.plan import scorer_max_batch
 from rewardstack._settings import parse_bytes
-from rewardstack._workload import heavy_tailed_lengths
+from rewardstack._replay.workload import heavy_tailed_lengths
 
 GIB = 1024**3
 TOLERANCE = 0.15
@@ -202,7 +202,7 @@ def shapes_for(model: str, bound: int) -> list[tuple[int, int, int]]:
 
 def fitted_cost(model: str, bound: int, dtype: str, cap: int) -> CostModel:
     """The cost model fitted to simulated peaks, up to the scorer's largest pass (`cap` x `bound`)."""
-    from rewardstack._plan import _shapes
+    from rewardstack._planning.plan import _shapes
 
     shapes = sorted(set(_shapes(bound)) | {(cap, bound), (cap, max(8, bound // 4))})
     samples = [(b, l, S.simulate_peak(model, b, l, dtype, exact=False, padded=b > 1).peak_bytes) for b, l in shapes]

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rewardstack._workload import _WORDS
+from rewardstack._replay.workload import _WORDS
 
 SPECIALS = ["<|endoftext|>", "<pad>"]
 

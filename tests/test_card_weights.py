@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import standin_config
-from rewardstack._plan import StackPlan, format_plan, plan_weights
+from rewardstack._planning.plan import StackPlan, format_plan, plan_weights
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry import Monitor, RunDir, read_timeline
 from rewardstack._telemetry.card import weight_bands

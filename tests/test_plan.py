@@ -11,7 +11,7 @@ import pytest
 from rewardstack.cli import main
 from rewardstack.config import load_config
 from rewardstack._memory.budget import ACTIVATION_SHARE
-from rewardstack._plan import VERDICTS, plan_stack
+from rewardstack._planning.plan import VERDICTS, plan_stack
 from rewardstack._planning import simulate as S
 
 GIB = 1024**3
@@ -177,7 +177,7 @@ def test_card_size_from_the_config_or_a_clear_error(tmp_path: Path, capsys: pyte
 
 
 def test_table_separates_fits_from_the_longest_input_and_says_why(tmp_path: Path) -> None:
-    from rewardstack._plan import format_plan
+    from rewardstack._planning.plan import format_plan
 
     cfg = load_config(_tiny_stack(tmp_path, dpo_len=4096))
     cfg.memory_budget = 8 * 1024**2
@@ -197,7 +197,7 @@ def test_table_separates_fits_from_the_longest_input_and_says_why(tmp_path: Path
 def test_host_placed_models_show_as_host(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from rewardstack._plan import format_plan
+    from rewardstack._planning.plan import format_plan
 
     cfg = load_config(_tiny_stack(tmp_path))
     plan = plan_stack(cfg, 4 * GIB)

@@ -9,7 +9,7 @@ from rewardstack._models import DTYPES
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rewardstack._plan import cmd_plan
+    from rewardstack._planning.plan import cmd_plan
 
     return cmd_plan(args)
 
