@@ -1,24 +1,17 @@
 """Atomic, versioned persistence of everything that must outlive the process, in one safetensors file.
 
 Tensors (the diversity history) are stored as tensors; everything else (normalizer statistics,
-blacklist lists, kept answers, the commit journal of `rewardstack._runner`) is one JSON document,
-stored as UTF-8 bytes in a uint8 tensor of the file's body: the safetensors header, where it lived
-up to format 2, is capped at 100 MB and escapes every non-ASCII character (an emoji took 12 bytes),
-so valid steps of long non-ASCII texts made a state that could never be saved again. A save
-writes a temporary file in the same folder, fsyncs it, renames it over the old file and fsyncs the
-folder, so a kill at any moment leaves either the complete old state or the complete new one.
+blacklist lists, kept answers, the namespace's session, the commit journal of `rewardstack.runner`)
+is one JSON document, stored as UTF-8 bytes in a uint8 tensor of the file's body (`rewardstack_json`),
+not in the safetensors header, which is capped at 100 MB and escapes every non-ASCII character. A
+save writes a temporary file in the same folder, fsyncs it, renames it over the old file and fsyncs
+the folder, so a kill at any moment leaves either the complete old state or the complete new one.
 Never pickle.
 
-Format versions (`FORMAT_VERSION`, stored in the file):
-  1: sections of JSON values and tensors.
-  2: adds the optional `journal` section (the last commit of `rewardstack score`: which output file,
-     how many events it holds after that commit, and the event lines of that commit), so that a
-     state one commit ahead of its output can be reconciled after a kill.
-  3: the JSON document moves from the header's metadata into the body (tensor `rewardstack_json`,
-     UTF-8, non-ASCII written as is); the metadata keeps only the format version.
-An older file is migrated when loaded (`MIGRATIONS`); before the first save over it, the original is
-copied to `state.v<N>.safetensors`, so an upgrade never loses it. A file from a newer rewardstack is
-refused with a clear `StateError` and left untouched.
+The file states its format (`FORMAT_VERSION`). Formats 1 and 2 kept the JSON in the header's
+metadata; they are read as they are, and the first save over one writes the current format after
+copying the original to `state.v<N>.safetensors`. A file from a newer rewardstack is refused with a
+clear `StateError` and left untouched.
 
 One writer per state directory: `StateLock` takes an exclusive `fcntl.flock` on `<dir>/lock`; a
 second process is refused with `StateLockedError` naming the holder's pid.
@@ -33,7 +26,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -54,21 +47,6 @@ FORMAT_VERSION = 3
 
 class StateLockedError(StateError):
     """Another process holds the state directory's lock."""
-
-
-def _migrate_1_to_2(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    # Version 2 only adds the optional journal: a version-1 state is tied to no output file.
-    return sections
-
-
-def _migrate_2_to_3(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    # Version 3 changes where the JSON is stored, not what it holds.
-    return sections
-
-
-MIGRATIONS: dict[int, Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]]] = {
-    1: _migrate_1_to_2, 2: _migrate_2_to_3}
-"""Format N -> N + 1, applied in order when an older state is loaded."""
 
 
 class StateStore:
@@ -147,8 +125,8 @@ class StateStore:
         for name, t in tensors.items():
             section, _, key = name.partition("/")
             sections.setdefault(section, {})[key] = t
-        for v in range(version, FORMAT_VERSION):
-            sections = MIGRATIONS[v](sections)
+        # Formats 1 and 2 hold the sections of format 3 (which moved the JSON into the body, read
+        # above): nothing to convert; the first save writes format 3 and keeps the original.
         self.loaded_version = version
         return sections
 
