@@ -43,7 +43,7 @@ log = logging.getLogger("rewardstack.service")
 # -- the app ----------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class Metrics:
+class ServiceMetrics:
     """The service's own instruments, on the telemetry registry when it is there."""
 
     requests: Any
@@ -51,7 +51,7 @@ class Metrics:
     latency: Any
 
     @classmethod
-    def create(cls) -> "Metrics":
+    def create(cls) -> "ServiceMetrics":
         from prometheus_client import Counter, Gauge, Histogram
 
         reg = metrics_registry()
@@ -66,7 +66,7 @@ class Metrics:
         return _METRICS[key]
 
 
-_METRICS: dict[int, Metrics] = {}
+_METRICS: dict[int, ServiceMetrics] = {}
 
 
 def metrics_registry() -> Any:
@@ -98,7 +98,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
                   dependencies=[Depends(local)] if local is not None else [],
                   description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
     app.state.worker, app.state.config, app.state.settings, app.state.access = worker, config, settings, access
-    app.state.metrics = Metrics.create()
+    app.state.metrics = ServiceMetrics.create()
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
     install_error_handlers(app)  # the one error chokepoint (service/guard.py)

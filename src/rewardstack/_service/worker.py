@@ -51,7 +51,7 @@ WARMUP_STEP = Step(name="augment", prompt="rewardstack startup check.",
 
 
 @dataclass
-class Outcome:
+class Answer:
     """What the worker answers a job with: the response body (JSON text) and whether it was scored."""
 
     body: str
@@ -99,7 +99,7 @@ class Job:
             self.phase = "cancelled"
             return True
 
-    def answer(self, outcome: Outcome | BaseException) -> None:
+    def answer(self, outcome: Answer | BaseException) -> None:
         if self.future.done():
             return
         if isinstance(outcome, BaseException):
@@ -359,7 +359,7 @@ class Worker:
             elif verdict == sessions.AHEAD:
                 job.answer(sessions.sequence_gap(job.namespace, job.sequence or 0, exp))
             else:  # a retry of a committed step: its kept answer, and the memory record kept with it
-                job.answer(Outcome(verdict, job.sequence or 0, scored=False,
+                job.answer(Answer(verdict, job.sequence or 0, scored=False,
                                    memory=sessions.kept_memory(state, job.sequence or 0)))
         if to_score:
             self._score(to_score)
@@ -367,14 +367,14 @@ class Worker:
             self.namespaces.discard(name)
         for job, original in duplicates:  # answered like a repeat of a committed step
             try:
-                done: Outcome = original.future.result(timeout=0)
+                done: Answer = original.future.result(timeout=0)
             except concurrent.futures.TimeoutError:  # pragma: no cover - the original is answered above
                 job.answer(ServiceError(500, "internal", "the original request was not answered"))
             except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
                 job.answer(e)
             else:
                 same = sessions.step_digest(job.step, limit) == sessions.step_digest(original.step, limit)
-                job.answer(Outcome(done.body, done.sequence, scored=False, memory=done.memory) if same
+                job.answer(Answer(done.body, done.sequence, scored=False, memory=done.memory) if same
                            else sessions.sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
 
     def _open_session(self, job: Job) -> None:
@@ -401,7 +401,7 @@ class Worker:
                         "pid %s)", job.namespace, job.client.get("client") if job.client else None,
                         job.client.get("host") if job.client else None, job.client.get("pid") if job.client else None,
                         answer["epoch"], previous.get("client"), previous.get("host"), previous.get("pid"))
-        job.answer(Outcome(json.dumps({"namespace": job.namespace, **answer}), answer["sequence"], scored=False))
+        job.answer(Answer(json.dumps({"namespace": job.namespace, **answer}), answer["sequence"], scored=False))
 
     def _score(self, jobs: list[Job]) -> None:
         assert self.stack is not None
@@ -420,7 +420,7 @@ class Worker:
             self._beat(None)
             return
         self._beat("applying rewards", forward_done=True)
-        answers: list[tuple[Job, Outcome]] = []
+        answers: list[tuple[Job, Answer]] = []
         applied: list[tuple[str, Any]] = []
         touched: dict[str, Namespace] = {}
         broken: set[str] = set()
@@ -441,7 +441,7 @@ class Worker:
                 job.answer(ServiceError(500, "internal", "applying the step to the state failed; not scored"))
                 continue
             touched[job.namespace] = ns
-            answers.append((job, Outcome(body, ns.state.sequence, scored=True)))
+            answers.append((job, Answer(body, ns.state.sequence, scored=True)))
         self._beat("committing state")
         for name, ns in touched.items():
             if name in broken:
@@ -464,7 +464,7 @@ class Worker:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
             elif id(job) in memory:
-                job.answer(Outcome(outcome.body, outcome.sequence, scored=True, memory=memory[id(job)]))
+                job.answer(Answer(outcome.body, outcome.sequence, scored=True, memory=memory[id(job)]))
             else:
                 job.answer(outcome)
         elapsed = time.monotonic() - t0
