@@ -202,6 +202,18 @@ class Step:
     logged_best: str | None = None
     """The `best` a recorded run logged for this step (replay): the blacklist records it instead of the stack's own best."""
 
+    def resolved(self) -> dict[str, Any]:
+        """The fields whose absence means a default, made explicit (the one place they are filled):
+        the masks' base prompt (the prompt), the uids (0..n-1), the completion times (0.0 each),
+        whether the step opens a forward pass (the `augment` step does)."""
+        n = len(self.completions)
+        return {
+            "base_prompt": self.base_prompt if self.base_prompt is not None else self.prompt,
+            "uids": self.uids if self.uids is not None else list(range(n)),
+            "completion_times": self.completion_times if self.completion_times is not None else [0.0] * n,
+            "new_forward_pass": self.new_forward_pass if self.new_forward_pass is not None else self.name == "augment",
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """The JSONL form `rewardstack score` reads (`StepWire`'s shape; fields left unset are left out)."""
         d: dict[str, Any] = {}

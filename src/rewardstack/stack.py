@@ -93,11 +93,6 @@ def _checked(name: str, request: ScoreRequest, fn: Any) -> ScoreResult:
     return res
 
 
-def opens_forward_pass(step: Step) -> bool:
-    """Whether `step` opens a validator forward pass (explicitly, or by being the `augment` step)."""
-    return step.new_forward_pass if step.new_forward_pass is not None else step.name == "augment"
-
-
 class RewardState:
     """The stateful part of the stack: what one validator (namespace) carries from step to step.
 
@@ -148,7 +143,7 @@ class RewardState:
         """Normalize, mask and combine one step's raw values; update every piece of state."""
         step = fwd.step
         n = len(step.completions)
-        if opens_forward_pass(step):
+        if step.resolved()["new_forward_pass"]:
             self.blacklist.reset()
         base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
         raw: dict[str, list[float]] = {}
@@ -244,20 +239,20 @@ class RewardState:
 
 def build_event(step: Step, result: StepResult, elapsed: float) -> dict[str, Any]:
     """The event dict of one scored step, with the spec's field names."""
-    n = len(step.completions)
+    filled = step.resolved()
     event: dict[str, Any] = {
         "name": step.name,
         "block": step.block,
         "gating_loss": step.gating_loss,
-        "uids": step.uids if step.uids is not None else list(range(n)),
+        "uids": filled["uids"],
         "prompt": step.prompt,
         # the masks' base prompt as scored (the prompt when the step gave none): replaying this
         # event then uses it rather than rebuilding one from the previous best (docs/SEMANTICS.md)
-        "base_prompt": step.base_prompt if step.base_prompt is not None else step.prompt,
+        "base_prompt": filled["base_prompt"],
         "step_length": elapsed,
         "best": result.best,
         "completions": [c if c is not None else "" for c in step.completions],
-        "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
+        "completion_times": filled["completion_times"],
         "rewards": result.rewards,
         "set_weights": step.set_weights,
     }

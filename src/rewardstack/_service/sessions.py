@@ -33,7 +33,7 @@ from rewardstack._fileio import event_line
 from rewardstack._jsonio import canonical_chunks
 from rewardstack._readview import ReadView
 from rewardstack._service.errors import ServiceError
-from rewardstack.stack import ForwardResult, RewardState, opens_forward_pass
+from rewardstack.stack import ForwardResult, RewardState
 from rewardstack._stepresult import StepResult
 from rewardstack._wire import RECENT_RESULTS, Step
 
@@ -192,13 +192,8 @@ def step_digest(step: Step, max_chars: int | None = None) -> str:
     """
     if max_chars is not None:
         step = ReadView.of(step, max_chars).step
-    n = len(step.completions)
     whole = {
-        "name": step.name, "prompt": step.prompt, "completions": list(step.completions),
-        "base_prompt": step.base_prompt if step.base_prompt is not None else step.prompt,
-        "new_forward_pass": opens_forward_pass(step),
-        "uids": step.uids if step.uids is not None else list(range(n)),
-        "completion_times": step.completion_times if step.completion_times is not None else [0.0] * n,
+        "name": step.name, "prompt": step.prompt, "completions": list(step.completions), **step.resolved(),
         "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,
         "logged_best": step.logged_best,
     }
