@@ -1,7 +1,7 @@
 """Bench rows on the real checkpoints: all-mpnet-base-v2 (relevance, diversity) and SmolLM2-135M (DPO).
 
 Fetched by scripts/fetch-real-models.sh (`rewardstack._realmodels`). The workload is the real-text
-set (`rewardstack._realtexts`: 10 steps x 10 completions, four past MPNet's 512-token bound). Each
+set (`bench.realtexts`: 10 steps x 10 completions, four past MPNet's 512-token bound). Each
 row times the scorer over all steps against the forward-pass floor of the same run
 (`bench.floors`: the model passes alone, pre-tokenized, each text once, sorted and batched; DPO
 adds the head's matmul and log-sum-exp over the scored rows), the fastest of `repeats`
@@ -39,7 +39,7 @@ def _runtime() -> Runtime:
 
 def real_steps() -> list[Step]:
     """The real-text set as validator steps (the base prompt is the step's prompt)."""
-    from rewardstack import _realtexts as realtexts
+    from bench import realtexts
 
     return [Step(name="augment", prompt=p, completions=[c for _, c in comps]) for p, comps in realtexts.steps()]
 
@@ -142,7 +142,7 @@ def measure(repeats: int = 2, n_steps: int | None = None, *, smoke: bool = False
     # -- memory against length through the real MPNet ----------------------------------------------
     lines += ["", "memory against completion length, real all-mpnet-base-v2 (one completion; MiB):",
               f"{'chars':>8}{'tokens':>8}{'ours':>9}{'reference':>11}{'simulated':>11}"]
-    from rewardstack import _realtexts as realtexts
+    from bench import realtexts
 
     base = " ".join(realtexts.passages()[:30])
     for chars in LENGTHS[:1] if smoke else LENGTHS:

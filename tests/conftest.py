@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
-from rewardstack import config as config_mod
-from rewardstack import _models as models
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the benchmarks' support code (`bench.realtexts`) is the tests' too
+    sys.path.insert(0, str(ROOT))
+
+from rewardstack import config as config_mod  # noqa: E402
+from rewardstack import _models as models  # noqa: E402
 
 
 _HOME: dict[str, str] = {}

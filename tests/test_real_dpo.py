@@ -7,7 +7,7 @@ in float32 and float16, with the shared-prefix KV cache on (LLaMA takes transfor
 objects) and off, must equal a literal transcription of openvalidators 1.2.0's `reward_single`
 (tests/real_reference.py), run on its own copy of the model in the same dtype, within 1e-4
 relative (float16: the reference's value or its float16 neighbour, see `close`), on three of the
-ten steps of `rewardstack._realtexts` (30 real-text completions): the step of the tiniest ones (the
+ten steps of `bench.realtexts` (30 real-text completions): the step of the tiniest ones (the
 one-, two- and four-character ones score -11), the step of natural passages and pairs, and the
 step of the longest ones (heavy repetition; ten in all run past the bound and are cut). The other seven
 steps hold passages of the lengths in between, the same code paths: they cost CI minutes (the
@@ -30,7 +30,7 @@ import torch
 from causal_fixtures import make_runtime
 from real_fixtures import real_models
 from real_reference import DirectPreferenceRewardModel
-from rewardstack import _realtexts as realtexts
+from bench import realtexts
 from rewardstack.config import ModelConfig
 from rewardstack._scorers import dpo
 from rewardstack._scorers.base import ScoreRequest, Status

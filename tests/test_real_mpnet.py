@@ -1,7 +1,7 @@
 """The real all-mpnet-base-v2: relevance's second stage and the diversity reward vs the reference.
 
 On the real checkpoint (fetched by scripts/fetch-real-models.sh) and four of the ten steps of
-real-text completions (`rewardstack._realtexts`, `STEPS`: empty and one-character texts, exact and
+real-text completions (`bench.realtexts`, `STEPS`: empty and one-character texts, exact and
 near duplicates, the longest ones with heavy repetition, four past the 512-token bound; the other
 six steps hold passages of the lengths in between, the same code paths): the scorers' embeddings, the
 relevance score |cos| and mask, and the diversity values with the history must equal a literal
@@ -21,7 +21,7 @@ import torch
 from encoder_fixtures import make_runtime
 from real_fixtures import real_models
 from real_reference import DiversityRewardModel, MpnetRelevenceModel
-from rewardstack import _realtexts as realtexts
+from bench import realtexts
 from rewardstack.config import ModelConfig
 from rewardstack._scorers import embedding
 from rewardstack._scorers.base import ScoreRequest, Status

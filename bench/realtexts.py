@@ -1,7 +1,7 @@
 """A small, varied set of real English (and some other) texts for the real-checkpoint tests and bench.
 
 The random-word workload (`rewardstack._replay.workload`) is fine for memory and speed, but a trained model
-should also see text it was trained on. `data/real_texts.json` holds four base prompts and 43 short
+should also see text it was trained on. `bench/real_texts.json` holds four base prompts and 43 short
 hand-written passages (science, validators, gardening, history, everyday notes, code, five other
 languages, one-liners). `completions()` derives 100 completions from them, deterministically: the
 passages; pairs; long concatenations past the 512-token bound of the MPNet tokenizer; heavy
@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import random
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 
 
 @lru_cache(maxsize=1)
 def _data() -> dict[str, list[str]]:
-    return json.loads(resources.files("rewardstack").joinpath("data/real_texts.json").read_text(encoding="utf-8"))
+    return json.loads((Path(__file__).with_name("real_texts.json")).read_text(encoding="utf-8"))
 
 
 def prompts() -> list[str]:
