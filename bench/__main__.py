@@ -40,7 +40,7 @@ import torch
 
 from bench import causal, curves, fullstack, prediction, results
 from bench.common import MiB
-from rewardstack._replay.workload import heavy_tailed_steps
+from rewardstack._replay.synthetic import heavy_tailed_steps
 
 HERE = Path(__file__).resolve().parent
 TARGET_FLOOR = 1.2

@@ -13,7 +13,7 @@ from causal_fixtures import cached_runtime, close, make_runtime, model_config, r
 from rewardstack._scorers import dpo
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dpo_standin
-from rewardstack._replay.workload import text
+from rewardstack._replay.synthetic import text
 
 
 @pytest.fixture(scope="session")

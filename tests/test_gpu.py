@@ -16,7 +16,7 @@ import torch
 from conftest import standin_config
 from rewardstack import RewardStack
 from rewardstack._memory import MemoryManager, compute_budget, configure_allocator, maybe_empty_cache
-from rewardstack._replay.workload import heavy_tailed_steps
+from rewardstack._replay.synthetic import heavy_tailed_steps
 
 pytestmark = [
     pytest.mark.gpu,

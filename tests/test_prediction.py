@@ -24,7 +24,7 @@ from rewardstack._memory.planner import padding_groups, plan_batches
 from rewardstack._scorers import dpo, reciprocate
 from rewardstack._scorers.base import ScoreRequest
 from rewardstack._standins import make_dpo_standin, make_nsfw_standin, make_reciprocate_standin
-from rewardstack._replay.workload import heavy_tailed_lengths, text
+from rewardstack._replay.synthetic import heavy_tailed_lengths, text
 
 
 class Calls(MemoryObserver):

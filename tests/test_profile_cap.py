@@ -16,7 +16,7 @@ from rewardstack._memory.observers import MemoryObserver, ProfileRecord
 from rewardstack._scorers import dpo
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dpo_standin
-from rewardstack._replay.workload import text
+from rewardstack._replay.synthetic import text
 from telemetry_fixtures import SLOW_SHAPES, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 

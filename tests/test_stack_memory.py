@@ -24,7 +24,7 @@ from rewardstack.config import ALL_MODELS
 from rewardstack._memory import FaultInjector
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._scorers.base import Status
-from rewardstack._replay.workload import text
+from rewardstack._replay.synthetic import text
 
 MODEL_SCORERS = [n for n in ALL_MODELS if n not in ("blacklist_filter", "task_validator_filter")]
 

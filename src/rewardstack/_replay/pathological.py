@@ -23,7 +23,7 @@ import random
 from typing import Any
 
 from rewardstack.stack import Step
-from rewardstack._replay.workload import text
+from rewardstack._replay.synthetic import text
 
 KINDS = ("empty", "whitespace", "prompt_itself", "huge", "repeated_token", "control_chars", "rtl", "astral")
 """Kinds that become one completion each (the surrogate and growing-prompt kinds act on lines and prompts)."""

@@ -1,9 +1,6 @@
-"""Synthetic validator steps: the soak's workload, and the tests' and benchmarks'.
+"""The soak's workload: synthetic steps (`synthetic.py`), written as the step JSONL `score` reads.
 
-Real validator traffic is mostly short completions with a rare very long one (the kind that crashed
-the OpenAssistant model). `heavy_tailed_steps` makes that shape reproducibly from a seed. The soak
-(`soak_steps`, written as the step JSONL `score` reads by `write_steps`) adds one completion of
->= 8,000 tokens every `LONG_EVERY` steps, and with `pathological` the kinds of
+One completion of >= 8,000 tokens every `LONG_EVERY` steps, and with `pathological` the kinds of
 `rewardstack._replay.pathological`: growing prompts and lines with unpaired surrogates (input
 errors, refused with their line).
 """
@@ -14,54 +11,8 @@ import json
 import random
 from pathlib import Path
 
+from rewardstack._replay.synthetic import heavy_tailed_steps, text
 from rewardstack.stack import Step
-
-_WORDS = (
-    "the model answer question summary data memory budget token layer value reward miner "
-    "validator prompt network gradient attention policy sample batch score length python "
-    "über naïve café 東京 данные λόγος ✓ 🙂"
-).split()
-
-TASKS = ("augment", "followup0", "answer0", "followup1", "answer1", "followup2", "answer2", "followup3", "answer3")
-
-
-def text(rng: random.Random, chars: int) -> str:
-    """Random words (unicode included) of about `chars` characters."""
-    out: list[str] = []
-    n = 0
-    while n < chars:
-        w = rng.choice(_WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:chars].strip()
-
-
-def heavy_tailed_lengths(rng: random.Random, n: int, *, median: int = 300, cap: int = 6000) -> list[int]:
-    """Character lengths drawn log-normally (median `median`), capped at `cap`."""
-    return [min(cap, int(rng.lognormvariate(0, 1.0) * median)) for _ in range(n)]
-
-
-def heavy_tailed_steps(
-    n_steps: int = 9,
-    n_completions: int = 50,
-    *,
-    seed: int = 0,
-    long_chars: int = 40_000,
-    prompt_chars: int = 400,
-) -> list[Step]:
-    """`n_steps` steps of `n_completions` completions; one completion of `long_chars` characters."""
-    rng = random.Random(seed)
-    steps = []
-    for s in range(n_steps):
-        base = text(rng, prompt_chars // 2)
-        task = TASKS[s % len(TASKS)]
-        prompt = base if task == "augment" else f"{base}\n\nAsk or answer about the text above: {text(rng, prompt_chars // 2)}"
-        comps: list[str | None] = [text(rng, k) for k in heavy_tailed_lengths(rng, n_completions)]
-        steps.append(Step(name=task, prompt=prompt, base_prompt=base, completions=comps, uids=list(range(n_completions))))
-    if steps and long_chars:
-        steps[len(steps) // 2].completions[0] = text(rng, long_chars)
-    return steps
-
 
 LONG_EVERY = 50
 LONG_CHARS = 50_000  # >= 8,000 tokens with the stand-ins' BERT tokenizer (about 10,000)
