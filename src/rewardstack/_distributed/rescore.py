@@ -238,10 +238,10 @@ def rescore(
             size = workers or pool_size(gpus_per_worker, cpus_per_worker)
             pool = RescorePool(config, min(size, len(todo)), gpus_per_worker=gpus_per_worker,
                                cpus_per_worker=cpus_per_worker)
-        job = _Job(pool, out_dir, fingerprint, report, todo, started, max_attempts, progress_interval_s)
+        job = _Job(pool, report, todo, len(todo), deque(pool.alive()), started)
         _say(stream, f"rescore: {job.n_todo} runs to score on {len(pool.alive())} workers "
                      f"({report.skipped} already complete)")
-        _drive(ray, job, on_progress, stream)
+        _drive(ray, job, out_dir, fingerprint, max_attempts, progress_interval_s, on_progress, stream)
         pool.progress.forget.remote(job.id)
         report.seconds = time.monotonic() - started
         _say(stream, f"rescore: {report.complete} runs scored, {report.skipped} already complete, "
@@ -278,135 +278,107 @@ def _plan(runs: Sequence[Run], out_dir: Path, fingerprint: str, report: RescoreR
 
 @dataclass
 class _Job:
-    """The driver's state while a rescore's runs are scored: the queue, the workers, the progress board."""
+    """A rescore under way: its runs to do and in flight, its workers, the progress board's latest answer."""
 
     pool: RescorePool
-    out_dir: Path
-    fingerprint: str
     report: RescoreReport
     todo: deque[tuple[Run, int]]
+    n_todo: int
+    idle: deque[int]
     started: float
-    max_attempts: int
-    interval_s: float
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    meta: dict[str, Any] = field(init=False)
-    """What each run's table records besides its own summary."""
-    n_todo: int = field(init=False)
-    idle: deque[int] = field(init=False)
     in_flight: dict[Any, tuple[int, Run, int]] = field(default_factory=dict)
     probes: dict[Any, int] = field(default_factory=dict)
     """`ready()` calls to workers Ray is restarting: a worker takes runs again once it answers."""
-    avg_completions: list[int] = field(default_factory=list)
-    snapshot_ref: Any = None
+    snapshot_ref: Any = field(init=False)
     snap: dict[str, Any] = field(default_factory=dict)
     last_print: float = 0.0
     last_done: int = -1
 
     def __post_init__(self) -> None:
         self.snapshot_ref = self.pool.progress.snapshot.remote(self.id)
-        self.meta = {"config_fingerprint": self.fingerprint}
-        self.idle = deque(self.pool.alive())
-        self.n_todo = len(self.todo)
 
 
-def _drive(ray: Any, job: _Job, on_progress: ProgressHook | None, stream: TextIO | None) -> None:
-    """Hand runs to idle workers and collect them until none is left to do or in flight."""
+def _drive(ray: Any, job: _Job, out_dir: Path, fingerprint: str, max_attempts: int, interval_s: float,
+           on_progress: ProgressHook | None, stream: TextIO | None) -> None:
+    """Hand the runs to idle workers and collect them, until none is left to do or in flight."""
+    meta = {"config_fingerprint": fingerprint}
     while job.todo or job.in_flight:
         while job.todo and job.idle:
             worker = job.idle.popleft()
             run, attempt = job.todo.popleft()
-            ref = job.pool.actors[worker].score_run.remote(run, str(job.out_dir), job.meta, job.pool.progress, job.id,
-                                                           attempt, job.interval_s)
+            ref = job.pool.actors[worker].score_run.remote(run, str(out_dir), meta, job.pool.progress, job.id, attempt,
+                                                           interval_s)
             job.in_flight[ref] = (worker, run, attempt)
         if not job.in_flight and not job.probes:
             break  # no worker left alive: the runs still to do are failed below
-        ready, _ = ray.wait([*job.in_flight, *job.probes], num_returns=1, timeout=min(job.interval_s, 1.0))
+        ready, _ = ray.wait([*job.in_flight, *job.probes], num_returns=1, timeout=min(interval_s, 1.0))
         for ref in ready:
             if ref in job.probes:
-                _answer_probe(ray, job, ref)
-            else:
-                _finish_task(ray, job, ref)
+                worker = job.probes.pop(ref)
+                state = _probe(ray, ref, job.pool, worker)
+                if state == "alive":
+                    job.idle.append(worker)
+                elif state == "restarting":
+                    time.sleep(0.1)  # not up yet: ask again shortly
+                    job.probes[job.pool.actors[worker].ready.remote()] = worker
+                continue
+            worker, run, attempt = job.in_flight.pop(ref)
+            entry, worker_ok = _collect(ray, ref, job.pool, worker, run, attempt, max_attempts, job.todo, out_dir,
+                                        fingerprint, job.report)
+            if worker_ok:
+                job.idle.append(worker)
+            elif worker not in job.pool.dead:
+                # Ray is bringing it back (a new process, the stack loaded again): wait for it,
+                # rather than hand it a run it would refuse while restarting.
+                job.probes[job.pool.actors[worker].ready.remote()] = worker
+            if entry is not None:
+                job.report.entries[run.id] = entry
+                out.append_manifest(out_dir, [entry])
+                if entry["status"] == "complete":
+                    job.report.complete += 1
+                    job.report.completions += int(entry.get("completions") or 0)
+                else:
+                    job.report.failed.append(entry)
         if not job.pool.alive() and job.todo:
-            _fail_unstarted(job)
+            for run, attempt in job.todo:
+                entry = {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt - 1,
+                         "error": "no worker could start (see the worker errors above)"}
+                job.report.entries[run.id] = entry
+                job.report.failed.append(entry)
+            out.append_manifest(out_dir, [job.report.entries[r.id] for r, _ in job.todo])
+            job.todo.clear()
         _show_progress(ray, job, on_progress, stream)
 
 
-def _answer_probe(ray: Any, job: _Job, ref: Any) -> None:
-    """A restarting worker answered `ready()`: idle again, asked again shortly, or dead."""
-    worker = job.probes.pop(ref)
-    state = _probe(ray, ref, job.pool, worker)
-    if state == "alive":
-        job.idle.append(worker)
-    elif state == "restarting":
-        time.sleep(0.1)  # not up yet: ask again shortly
-        job.probes[job.pool.actors[worker].ready.remote()] = worker
-
-
-def _finish_task(ray: Any, job: _Job, ref: Any) -> None:
-    """A `score_run` task ended: its worker goes back to work (or is waited for), its entry is recorded."""
-    worker, run, attempt = job.in_flight.pop(ref)
-    report = job.report
-    entry, worker_ok = _collect(ray, ref, job.pool, worker, run, attempt, job.max_attempts, job.todo, job.out_dir,
-                                job.fingerprint, report)
-    if worker_ok:
-        job.idle.append(worker)
-    elif worker not in job.pool.dead:
-        # Ray is bringing it back (a new process, the stack loaded again): wait for it,
-        # rather than hand it a run it would refuse while restarting.
-        job.probes[job.pool.actors[worker].ready.remote()] = worker
-    if entry is not None:
-        report.entries[run.id] = entry
-        out.append_manifest(job.out_dir, [entry])
-        if entry["status"] == "complete":
-            report.complete += 1
-            report.completions += int(entry.get("completions") or 0)
-            job.avg_completions.append(int(entry.get("completions") or 0))
-        else:
-            report.failed.append(entry)
-
-
-def _fail_unstarted(job: _Job) -> None:
-    """No worker is left alive: every run still to do fails."""
-    report = job.report
-    for run, attempt in job.todo:
-        entry = {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt - 1,
-                 "error": "no worker could start (see the worker errors above)"}
-        report.entries[run.id] = entry
-        report.failed.append(entry)
-    out.append_manifest(job.out_dir, [report.entries[r.id] for r, _ in job.todo])
-    job.todo.clear()
-
-
 def _show_progress(ray: Any, job: _Job, on_progress: ProgressHook | None, stream: TextIO | None) -> None:
-    """Call `on_progress` and, when due, print a line: runs done, completions per second, ETA."""
-    report = job.report
+    """Give `on_progress` the board's latest snapshot and, when due, print runs done, completions/s and the ETA."""
     now = time.monotonic()
     # A line every 2 s while runs finish, every 15 s while workers load or score long runs.
-    done_runs = report.complete + len(report.failed)
+    done_runs = job.report.complete + len(job.report.failed)
     due = stream is not None and now - job.last_print >= (2.0 if done_runs != job.last_done else 15.0)
-    if on_progress is None and not due:
-        return
-    # Never wait on the board: use the latest snapshot it has answered.
-    if ray.wait([job.snapshot_ref], timeout=0)[0]:
-        job.snap = ray.get(job.snapshot_ref)
-        job.snapshot_ref = job.pool.progress.snapshot.remote(job.id)
-    snap = job.snap
-    current = {wr[1].id: (wr[2], wr[0]) for wr in job.in_flight.values()}
-    partial = sum(s["completions"] for rid, s in snap.items()
-                  if rid in current and s["attempt"] == current[rid][0])
-    elapsed = now - job.started
-    rate = (report.completions + partial) / elapsed if elapsed > 0 else 0.0
-    per_run = sum(job.avg_completions) / len(job.avg_completions) if job.avg_completions else math.nan
-    left = (job.n_todo - done_runs) * per_run - partial
-    eta = left / rate if rate > 0 else math.nan
-    if on_progress is not None:
-        on_progress({"runs_done": done_runs, "runs_todo": job.n_todo, "completions_per_s": rate,
-                     "eta_s": eta, "in_flight": {rid: snap.get(rid) for rid in current},
-                     "workers": {rid: w for rid, (_, w) in current.items()}})
-    if due:
-        job.last_print, job.last_done = now, done_runs
-        _say(stream, f"rescore: {done_runs}/{job.n_todo} runs done ({len(report.failed)} failed), "
-                     f"{rate:.1f} completions/s, ETA {_eta(eta)}")
+    if on_progress is not None or due:
+        # Never wait on the board: use the latest snapshot it has answered.
+        if ray.wait([job.snapshot_ref], timeout=0)[0]:
+            job.snap = ray.get(job.snapshot_ref)
+            job.snapshot_ref = job.pool.progress.snapshot.remote(job.id)
+        current = {wr[1].id: (wr[2], wr[0]) for wr in job.in_flight.values()}
+        partial = sum(s["completions"] for rid, s in job.snap.items()
+                      if rid in current and s["attempt"] == current[rid][0])
+        elapsed = now - job.started
+        rate = (job.report.completions + partial) / elapsed if elapsed > 0 else 0.0
+        # Per run, the mean of the runs this call completed (the report counts only those).
+        per_run = job.report.completions / job.report.complete if job.report.complete else math.nan
+        left = (job.n_todo - done_runs) * per_run - partial
+        eta = left / rate if rate > 0 else math.nan
+        if on_progress is not None:
+            on_progress({"runs_done": done_runs, "runs_todo": job.n_todo, "completions_per_s": rate,
+                         "eta_s": eta, "in_flight": {rid: job.snap.get(rid) for rid in current},
+                         "workers": {rid: w for rid, (_, w) in current.items()}})
+        if due:
+            job.last_print, job.last_done = now, done_runs
+            _say(stream, f"rescore: {done_runs}/{job.n_todo} runs done ({len(job.report.failed)} failed), "
+                         f"{rate:.1f} completions/s, ETA {_eta(eta)}")
 
 
 def _probe(ray: Any, ref: Any, pool: RescorePool, worker: int) -> str:

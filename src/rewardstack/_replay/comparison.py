@@ -117,12 +117,10 @@ def same(a: Any, b: Any, tol: float = TOL) -> bool:
 
 @dataclass
 class _Tally:
-    """What `compare` counts while it reads the faulted run's events."""
+    """What `compare` finds in the steps both runs scored."""
 
     folded: dict[str, Any]
-    """Per active model, the clean run's raw values folded over the completions the faulted run included."""
-    counts: Counter[str] = field(default_factory=Counter)
-    order_ok: bool = True
+    """Per active model, the clean run's raw values over the completions the faulted run included."""
     mismatched: list[dict[str, Any]] = field(default_factory=list)
     n_mismatched: int = 0
     rebatched: list[dict[str, Any]] = field(default_factory=list)
@@ -130,9 +128,6 @@ class _Tally:
     rebatched_max: float = 0.0
     unexplained: list[dict[str, Any]] = field(default_factory=list)
     oom_included: list[dict[str, Any]] = field(default_factory=list)
-    oom_statuses: int = 0
-    gave_up: int = 0
-    history_noise: bool = False
 
 
 def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
@@ -145,24 +140,35 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
     from rewardstack._normalize import RunningNormalizer
 
     by_hash = clean if isinstance(clean, Mapping) else {e.get("step_hash"): e for e in clean}
-    t = _Tally(folded={m: RunningNormalizer() for m in active_rewards})
+    counts: Counter[str] = Counter()
+    order_ok = True
+    t = _Tally({m: RunningNormalizer() for m in active_rewards})
+    oom_statuses = gave_up = 0
+    history_noise = False
     pos = -1
     for pos, f in enumerate(faulted):
         h = f.get("step_hash")
-        t.counts[h] += 1
+        counts[h] += 1
         if pos >= len(expected_hashes) or expected_hashes[pos] != h:
-            t.order_ok = False
+            order_ok = False
         recs = f.get("soak_ooms", [])
-        t.gave_up += sum(r["action"] == "gave_up" for r in recs)
-        t.oom_statuses += sum(s == "oom" for sts in f.get("model_statuses", {}).values() for s in sts)
+        gave_up += sum(r["action"] == "gave_up" for r in recs)
+        oom_statuses += sum(s == "oom" for sts in f.get("model_statuses", {}).values() for s in sts)
         c = by_hash.get(h)
         if c is None:
             continue
-        _compare_step(t, pos, f, c, _split_models(t, recs), active_rewards)
+        raw = [r["model"] for r in recs if r["action"] == "split"]
+        split = {owner_of(m) for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
+        # Diversity compares each completion with the embeddings of earlier steps: noise from one
+        # split stays in its history, so its values may carry it in every later step too.
+        history_noise = history_noise or DIVERSITY.name in split
+        if history_noise:
+            split.add(DIVERSITY.name)
+        _compare_step(t, pos, f, c, split, active_rewards)
     events = pos + 1
-    duplicates = sum(c - 1 for c in t.counts.values() if c > 1)
-    missing = sum(1 for h in expected_hashes if h not in t.counts)
-    in_order = t.order_ok and events == len(expected_hashes)
+    duplicates = sum(c - 1 for c in counts.values() if c > 1)
+    missing = sum(1 for h in expected_hashes if h not in counts)
+    in_order = order_ok and events == len(expected_hashes)
     norm_equal, norm_diff = _normalizers_match(t.folded, faulted_state.get("normalizers", {}), active_rewards)
     return {
         "events": events, "expected": len(expected_hashes), "missing": missing, "duplicates": duplicates,
@@ -170,32 +176,20 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         "rebatched_values": sum(t.rebatched_by_model.values()), "rebatched_by_model": dict(t.rebatched_by_model),
         "rebatched_max_diff": t.rebatched_max, "rebatched": t.rebatched,
         "unexplained_exclusions": len(t.unexplained), "oom_in_statistics": len(t.oom_included),
-        "oom_gave_up": t.gave_up, "oom_statuses": t.oom_statuses,
+        "oom_gave_up": gave_up, "oom_statuses": oom_statuses,
         "normalizers_equal": norm_equal, "max_normalizer_diff": norm_diff,
         "steps_in_state": faulted_state.get("stack", {}).get("steps_scored"),
     }
 
 
-def _split_models(t: _Tally, recs: list[dict[str, Any]]) -> set[str]:
-    """The models whose values in this step may carry batching noise from an OOM split."""
-    raw = [r["model"] for r in recs if r["action"] == "split"]
-    split = {owner_of(m) for m in raw} | {SHARED_PASS[m] for m in raw if m in SHARED_PASS}
-    # Diversity compares each completion with the embeddings of earlier steps: noise from one
-    # split stays in its history, so its values may carry it in every later step too.
-    t.history_noise = t.history_noise or DIVERSITY.name in split
-    if t.history_noise:
-        split.add(DIVERSITY.name)
-    return split
-
-
 def _compare_step(t: _Tally, pos: int, f: dict[str, Any], c: dict[str, Any], split: set[str],
-                  active_rewards: list[str]) -> None:
-    """One step's values and statuses against the clean run's, and its included values folded."""
+                  active: list[str]) -> None:
+    """One step's values and statuses against the clean run's (`split`: its models that may carry batching noise)."""
     n = len(f["statuses"])
     for i, status in enumerate(f["statuses"]):
         if status == "oom":
             # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
-            if any(not math.isnan(_num(f[m][i])) for m in active_rewards if f["model_statuses"].get(m, [None] * (i + 1))[i] == "oom"):
+            if any(not math.isnan(_num(f[m][i])) for m in active if f["model_statuses"].get(m, [None] * (i + 1))[i] == "oom"):
                 t.oom_included.append({"step": pos, "index": i})
             continue
         for m in list(REWARD_MODELS) + list(MASKS):
@@ -215,7 +209,7 @@ def _compare_step(t: _Tally, pos: int, f: dict[str, Any], c: dict[str, Any], spl
             t.n_mismatched += 1
             if len(t.mismatched) < LISTED:
                 t.mismatched.append({"step": pos, "index": i, "model": "status", "faulted": status, "clean": c["statuses"][i]})
-    for m in active_rewards:
+    for m in active:
         included = [_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))]
         excluded_clean = [i for i in range(n)
                           if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i])) and f["statuses"][i] != "oom"
@@ -224,13 +218,11 @@ def _compare_step(t: _Tally, pos: int, f: dict[str, Any], c: dict[str, Any], spl
         t.folded[m].update(included)
 
 
-def _normalizers_match(folded: dict[str, Any], stored: dict[str, Any],
-                       active_rewards: list[str]) -> tuple[bool, float]:
-    """(whether the faulted run's final normalizer statistics equal the folded ones within `TOL`,
-    the largest difference)."""
+def _normalizers_match(folded: dict[str, Any], stored: dict[str, Any], active: list[str]) -> tuple[bool, float]:
+    """(whether the faulted run's final normalizer statistics equal `folded` within `TOL`, the largest difference)."""
     norm_diff = 0.0
     norm_equal = True
-    for m in active_rewards:
+    for m in active:
         want, have = folded[m], stored.get(m, {})
         if have.get("count") != want.count:
             norm_equal = False

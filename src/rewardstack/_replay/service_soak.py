@@ -214,7 +214,7 @@ def _differences(ns: str, seq: int, got: dict[str, Any], want: dict[str, Any]) -
 
 def cmd_service_soak(args: argparse.Namespace) -> int:
     """`rewardstack soak --service`."""
-    from rewardstack.config import load_config
+    from rewardstack.config import REWARD_MODELS, load_config
     from rewardstack._fileio import merge_json_section
     from rewardstack._replay.workload import soak_steps
 
@@ -230,10 +230,22 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
     server = Server(args.config, run_dir / "service" / "state", run_dir / "service")
     server.start()
     deadline = time.time() + max(600.0, args.timeout * args.steps)
-    clients, kill_points = _run_under_kills(args, server, per_ns, deadline)
+    clients, kill_points = _serve_under_kills(args, server, per_ns, deadline)
     stopped_rc = server.stop()
     scoring_seconds = time.time() - started
-    failures, stats, per_namespace = _judge(args, cfg, run_dir, per_ns, clients)
+
+    # The library's answers and states, and the service's final state per namespace.
+    lib_events, lib_states = library_run(args.config, per_ns)
+    active = [m for m in REWARD_MODELS if cfg.models[m].active]
+    failures: list[str] = []
+    stats: Counter[str] = Counter()
+    per_namespace: dict[str, Any] = {}
+    for c in clients:
+        stats.update(c.stats)
+        failures += c.bad[:5]
+        if c.is_alive():
+            failures.append(f"{c.namespace}: the client was still running at the deadline")
+        per_namespace[c.namespace] = _judge_namespace(args, cfg, run_dir, c, lib_events, lib_states, active, failures)
     applied_twice = sum(max(0, ns["sequence"] - args.steps) for ns in per_namespace.values()) + sum(
         1 for ns in per_namespace.values() if any(v > 0 for v in ns["count_excess"].values()))
     lost_total = sum(ns["lost"] for ns in per_namespace.values())
@@ -253,9 +265,9 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
     return 0 if verdict["passed"] else 1
 
 
-def _run_under_kills(args: argparse.Namespace, server: Server, per_ns: dict[str, list[dict[str, Any]]],
-                     deadline: float) -> tuple[list[Client], list[dict[str, Any]]]:
-    """The clients send their steps while the server is SIGKILLed and restarted `args.kills` times."""
+def _serve_under_kills(args: argparse.Namespace, server: Server, per_ns: dict[str, list[dict[str, Any]]],
+                       deadline: float) -> tuple[list[Client], list[dict[str, Any]]]:
+    """Each namespace's client sends its steps while the server is SIGKILLed and restarted `args.kills` times."""
     progress: Counter[str] = Counter()
     lock = threading.Lock()
     clients = [Client(server.port, ns, steps, timeout=args.timeout, deadline=deadline, seed=args.seed + 100 + k,
@@ -289,39 +301,19 @@ def _run_under_kills(args: argparse.Namespace, server: Server, per_ns: dict[str,
     return clients, kill_points
 
 
-def _judge(args: argparse.Namespace, cfg: Any, run_dir: Path, per_ns: dict[str, list[dict[str, Any]]],
-           clients: list[Client]) -> tuple[list[str], Counter[str], dict[str, Any]]:
-    """(failures, the clients' request counts, per namespace its answers and final state against the library's)."""
-    from rewardstack.config import REWARD_MODELS
-
-    # The library's answers and states, and the service's final state per namespace.
-    lib_events, lib_states = library_run(args.config, per_ns)
-    active = [m for m in REWARD_MODELS if cfg.models[m].active]
-    failures: list[str] = []
-    stats: Counter[str] = Counter()
-    per_namespace: dict[str, Any] = {}
-    for c in clients:
-        stats.update(c.stats)
-        failures += c.bad[:5]
-        if c.is_alive():
-            failures.append(f"{c.namespace}: the client was still running at the deadline")
-        per_namespace[c.namespace] = _judge_namespace(args, cfg, run_dir, c, lib_events[c.namespace],
-                                                      lib_states[c.namespace], active, failures)
-    return failures, stats, per_namespace
-
-
-def _judge_namespace(args: argparse.Namespace, cfg: Any, run_dir: Path, c: Client, lib_events: list[dict[str, Any]],
-                     want: Any, active: list[str], failures: list[str]) -> dict[str, Any]:
-    """One namespace's answers and final state against the library's; its failures are added to `failures`."""
+def _judge_namespace(args: argparse.Namespace, cfg: Any, run_dir: Path, c: Client, lib_events: dict[str, Any],
+                     lib_states: dict[str, Any], active: list[str], failures: list[str]) -> dict[str, Any]:
+    """One namespace's answers and final state against the library's; what differs is added to `failures`."""
     from rewardstack.stack import RewardState
     from rewardstack._state import StateStore
 
     diffs = []
     for seq, answer in c.answers.items():
-        diffs += _differences(c.namespace, seq, answer, lib_events[seq - 1])
+        diffs += _differences(c.namespace, seq, answer, lib_events[c.namespace][seq - 1])
     lost = [seq for seq in range(1, args.steps + 1) if seq not in c.answers]
     st = RewardState(cfg)
     st.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
+    want = lib_states[c.namespace]
     norm_ok = all(st.normalizers[m].count == want.normalizers[m].count
                   and same(st.normalizers[m].mean, want.normalizers[m].mean)
                   and same(st.normalizers[m].var, want.normalizers[m].var) for m in active)

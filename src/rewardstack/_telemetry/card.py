@@ -59,107 +59,9 @@ def plot_card(d: Any, path: Path) -> None:
         return
     xs = [s["step"] for s in steps]
     edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
-    base = _draw_weights(ax, steps, edges)
-    _draw_activations(ax, steps, edges, base)
     last = steps[-1]["card"]
-    _draw_limits(ax, steps, edges, last)
-    woc = _draw_calls(ax, d, steps)
-    ymax = ax.get_ylim()[1]
-    _mark_swaps_and_ooms(ax, d, woc, ymax)
-    _label_axes(ax, xs, edges, ymax, last)
-    save_figure(plt, fig, path)
-
-
-def _band(values: list[float]) -> list[float]:
-    return values + [values[-1]]  # drawn with step="post" over each step's full width
-
-
-def _draw_weights(ax: Any, steps: list[dict[str, Any]], edges: list[float]) -> list[float]:
-    """One stacked band per model's weights on the card; returns the top of the stack (MiB per step)."""
-    bands = weight_bands([s["card"] for s in steps])
-    shares = _sharing([s["card"] for s in steps])
-    models = list(bands)
-    colors = model_colors(models)
-    base = [0.0] * len(steps)
-    for m in models:
-        swapped = any(s["card"]["weights"].get(m, {}).get("state") in ("swapped_in", "swapped_out") for s in steps)
-        vals = [b / MIB for b in bands[m]]
-        shared = f" (shared with {', '.join(shares[m])})" if m in shares else ""
-        if not any(vals):
-            if shared and any(s["card"]["weights"].get(m, {}).get("state") in ON_CARD for s in steps):
-                # On the card, its checkpoint counted in another model's band: said, not drawn twice.
-                ax.plot([], [], " ", label=f"{m}: its weights are {shares[m][0]}'s, counted there")
-            continue
-        top = [b + v for b, v in zip(base, vals)]
-        ax.fill_between(edges, _band(base), _band(top), step="post", color=colors[m], alpha=0.55,
-                        hatch="//" if swapped else None,
-                        label=f"{m} weights on the card after the step{shared}" + (" (swapped)" if swapped else ""))
-        base = top
-    return base
-
-
-def _draw_activations(ax: Any, steps: list[dict[str, Any]], edges: list[float], base: list[float]) -> None:
-    """The step's activation peak stacked on the weights, then the fragmentation."""
-    act = [(s["card"].get("activation_peak") or 0) / MIB for s in steps]
-    top = [b + v for b, v in zip(base, act)]
-    # Cross-hatched on white: tab10's red is also the fourth model's weights colour.
-    ax.fill_between(edges, _band(base), _band(top), step="post", facecolor="white", edgecolor="#444444", hatch="xx",
-                    linewidth=0.0, label="activations (step's peak call)")
-    base = top
-    frag = [max(0, s["card"].get("fragmentation") or 0) / MIB for s in steps]
-    if any(frag):
-        top = [b + v for b, v in zip(base, frag)]
-        ax.fill_between(edges, _band(base), _band(top), step="post", color="#7f7f7f", alpha=0.4,
-                        label="fragmentation (reserved, no tensor)")
-
-
-def _draw_limits(ax: Any, steps: list[dict[str, Any]], edges: list[float], last: dict[str, Any]) -> None:
-    """The card's size (else the weight budget), and the weights on the card + activation budget."""
-    if last.get("capacity"):
-        ax.axhline(last["capacity"] / MIB, color="black", lw=1.5, label=f"card size ({last['capacity'] / MIB:,.0f} MiB)")
-    if not last.get("capacity") and last.get("weight_budget"):
-        ax.axhline(last["weight_budget"] / MIB, color="black", ls=":", lw=1.5,
-                   label=f"weight budget ({last['weight_budget'] / MIB:,.0f} MiB; activations have their own)")
-    if last.get("activation_budget") is not None:
-        line = [(s["card"]["weights_on_card"] + s["card"]["activation_budget"]) / MIB for s in steps]
-        ax.step(edges, _band(line), where="post", color="red", ls="--", lw=1.3, label="weights on card + activation budget")
-
-
-def _draw_calls(ax: Any, d: Any, steps: list[dict[str, Any]]) -> dict[int, int]:
-    """Each call's peak as a dot over its step's weights; returns the weights on the card per step."""
-    # Per-call peaks, spread across their step's width in call order.
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for c in d.calls:
-        if c.get("peak_bytes") is not None and c.get("step") is not None:
-            by_step[c["step"]].append(c)
-    woc = {s["step"]: s["card"]["weights_on_card"] for s in steps}
-    call_colors = model_colors(d.models())
-    for k, cs in by_step.items():
-        if k not in woc:
-            continue
-        for j, c in enumerate(cs):
-            x = k - 0.4 + 0.8 * (j + 0.5) / len(cs)
-            ax.scatter([x], [(woc[k] + c["peak_bytes"]) / MIB], s=12, color=call_colors[c["model"]], edgecolor="black",
-                       linewidth=0.3, zorder=4)
-    return woc
-
-
-def _mark_swaps_and_ooms(ax: Any, d: Any, woc: dict[int, int], ymax: float) -> None:
-    """Markers along the top: the steps that moved weights onto the card, the steps with an OOM."""
-    swaps = Counter(m.get("step") for m in d.moves if m.get("direction") == "in")  # weights moved onto the card
-    if swaps:
-        sx = [k for k in swaps if k in woc]
-        ax.scatter(sx, [ymax * 0.97] * len(sx), marker="v", s=50, color="#1f77b4", zorder=5,
-                   label=f"swap: weights moved onto the card ({sum(swaps[k] for k in sx)})")
-    ooms = Counter(o.get("step") for o in d.ooms)
-    if ooms:
-        ox = [k for k in ooms if k in woc]
-        ax.scatter(ox, [ymax * 0.92] * len(ox), marker="X", s=90, color="red", edgecolor="black", zorder=6,
-                   label=f"OOM ({sum(ooms[k] for k in ox)})")
-
-
-def _label_axes(ax: Any, xs: list[int], edges: list[float], ymax: float, last: dict[str, Any]) -> None:
-    """Step boundaries, ticks, limits, labels, title and legend."""
+    _draw_memory(ax, steps, edges, last)
+    ymax = _draw_calls(ax, d, steps)
     ax.grid(axis="x", visible=False)
     for e in edges:  # step boundaries
         ax.axvline(e, color="#777777", lw=0.6, alpha=0.7)
@@ -174,6 +76,83 @@ def _label_axes(ax: Any, xs: list[int], edges: list[float], ymax: float, last: d
     ax.set_title(f"The card per step ({src}): weights, activations, fragmentation"
                  + (f"; {host / MIB:,.1f} MiB of weights on the host" if host else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    save_figure(plt, fig, path)
+
+
+def _draw_memory(ax: Any, steps: list[dict[str, Any]], edges: list[float], last: dict[str, Any]) -> None:
+    """The stacked bands (each model's weights, activations, fragmentation) and the lines they must stay under."""
+    bands = weight_bands([s["card"] for s in steps])
+    shares = _sharing([s["card"] for s in steps])
+    models = list(bands)
+    colors = model_colors(models)
+
+    def band(values: list[float]) -> list[float]:
+        return values + [values[-1]]  # drawn with step="post" over each step's full width
+
+    base = [0.0] * len(steps)
+    for m in models:
+        swapped = any(s["card"]["weights"].get(m, {}).get("state") in ("swapped_in", "swapped_out") for s in steps)
+        vals = [b / MIB for b in bands[m]]
+        shared = f" (shared with {', '.join(shares[m])})" if m in shares else ""
+        if not any(vals):
+            if shared and any(s["card"]["weights"].get(m, {}).get("state") in ON_CARD for s in steps):
+                # On the card, its checkpoint counted in another model's band: said, not drawn twice.
+                ax.plot([], [], " ", label=f"{m}: its weights are {shares[m][0]}'s, counted there")
+            continue
+        top = [b + v for b, v in zip(base, vals)]
+        ax.fill_between(edges, band(base), band(top), step="post", color=colors[m], alpha=0.55,
+                        hatch="//" if swapped else None,
+                        label=f"{m} weights on the card after the step{shared}" + (" (swapped)" if swapped else ""))
+        base = top
+    act = [(s["card"].get("activation_peak") or 0) / MIB for s in steps]
+    top = [b + v for b, v in zip(base, act)]
+    # Cross-hatched on white: tab10's red is also the fourth model's weights colour.
+    ax.fill_between(edges, band(base), band(top), step="post", facecolor="white", edgecolor="#444444", hatch="xx",
+                    linewidth=0.0, label="activations (step's peak call)")
+    base = top
+    frag = [max(0, s["card"].get("fragmentation") or 0) / MIB for s in steps]
+    if any(frag):
+        top = [b + v for b, v in zip(base, frag)]
+        ax.fill_between(edges, band(base), band(top), step="post", color="#7f7f7f", alpha=0.4,
+                        label="fragmentation (reserved, no tensor)")
+    if last.get("capacity"):
+        ax.axhline(last["capacity"] / MIB, color="black", lw=1.5, label=f"card size ({last['capacity'] / MIB:,.0f} MiB)")
+    if not last.get("capacity") and last.get("weight_budget"):
+        ax.axhline(last["weight_budget"] / MIB, color="black", ls=":", lw=1.5,
+                   label=f"weight budget ({last['weight_budget'] / MIB:,.0f} MiB; activations have their own)")
+    if last.get("activation_budget") is not None:
+        line = [(s["card"]["weights_on_card"] + s["card"]["activation_budget"]) / MIB for s in steps]
+        ax.step(edges, band(line), where="post", color="red", ls="--", lw=1.3, label="weights on card + activation budget")
+
+
+def _draw_calls(ax: Any, d: Any, steps: list[dict[str, Any]]) -> float:
+    """Each call's peak as a dot, swaps and OOMs as marks along the top; returns the chart's height (MiB)."""
+    # Per-call peaks, spread across their step's width in call order.
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for c in d.calls:
+        if c.get("peak_bytes") is not None and c.get("step") is not None:
+            by_step[c["step"]].append(c)
+    woc = {s["step"]: s["card"]["weights_on_card"] for s in steps}
+    call_colors = model_colors(d.models())
+    for k, cs in by_step.items():
+        if k not in woc:
+            continue
+        for j, c in enumerate(cs):
+            x = k - 0.4 + 0.8 * (j + 0.5) / len(cs)
+            ax.scatter([x], [(woc[k] + c["peak_bytes"]) / MIB], s=12, color=call_colors[c["model"]], edgecolor="black",
+                       linewidth=0.3, zorder=4)
+    ymax = ax.get_ylim()[1]
+    swaps = Counter(m.get("step") for m in d.moves if m.get("direction") == "in")  # weights moved onto the card
+    if swaps:
+        sx = [k for k in swaps if k in woc]
+        ax.scatter(sx, [ymax * 0.97] * len(sx), marker="v", s=50, color="#1f77b4", zorder=5,
+                   label=f"swap: weights moved onto the card ({sum(swaps[k] for k in sx)})")
+    ooms = Counter(o.get("step") for o in d.ooms)
+    if ooms:
+        ox = [k for k in ooms if k in woc]
+        ax.scatter(ox, [ymax * 0.92] * len(ox), marker="X", s=90, color="red", edgecolor="black", zorder=6,
+                   label=f"OOM ({sum(ooms[k] for k in ox)})")
+    return ymax
 
 
 def _m(x: Any) -> str:

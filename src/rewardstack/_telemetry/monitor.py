@@ -310,7 +310,7 @@ class Monitor(MemoryObserver, StepObserver):
     # -- steps ------------------------------------------------------------------------------
     def step_done(self, report: StepReport) -> None:
         """Close the step: attribute its records to it, fill in its record, then write, count, alarm."""
-        result, record = report.result, report.record
+        stack, result, record = report.stack, report.result, report.record
         event = result.event
         # The step's index in the state that applied it (`step_record`): in the service, its
         # namespace's; the stack's own count never moves there.
@@ -320,7 +320,20 @@ class Monitor(MemoryObserver, StepObserver):
             recs = _StepRecords(self._calls, self._moves, self._profiles, self._pending)
             self._calls, self._moves, self._profiles, self._pending = [], [], [], []
         models = self._attribute(recs, index, event.get("name"), completions)
-        snap = self._fill_record(report, recs, index, len(completions), models)
+        mem = getattr(stack, "memory", None)
+        same = mem is not None and self.device == mem.device and self.tracker is mem.tracker
+        snap = report.snapshot if same else take_snapshot(self.device, self.tracker)
+        calls, profiles = recs.calls, recs.profiles
+        peaks = [c["start_bytes"] + c["peak_bytes"] for c in calls if c["peak_bytes"] is not None and c["start_bytes"] is not None]
+        record.update({
+            "step": index, "completions": len(completions), "models": models, "calls": len(calls),
+            "ooms": sum(m["ooms"] for m in models.values()), "peak_bytes": max(peaks) if peaks else None,
+            "rest": snap.to_dict(), "budget_bytes": self.budget_bytes, "budget_line_bytes": self.budget_line(snap),
+            # Time spent profiling inside the step (outside every model call): its own band in the report.
+            "profiling_seconds": sum(pr["seconds"] for pr in profiles), "profiles": len(profiles),
+        })
+        if self._memory is not None:  # the card's whole account (telemetry/account.py)
+            record["card"] = card_account(self._memory, snap, max((m["peak_bytes"] or 0 for m in models.values()), default=None))
         self.steps += 1
         # Memory at rest is the process's: its trend is over the steps this process scored, one
         # series for all namespaces (their own indices repeat and interleave in the service).
@@ -330,20 +343,15 @@ class Monitor(MemoryObserver, StepObserver):
             record["alarms"].append(t.series)
             if self.metrics is not None:
                 self.metrics.alarms.labels(series=t.series).inc()
-        rd = self.run_dir
-        self._write_incidents(recs.pending)
-        if rd is not None:
-            self._write_timeline(rd, recs, trends, record, result)
-        self._aggregate(record, recs.calls)
+        self._write(recs, trends, record, result)
+        self._aggregate(record, calls)
         if self.metrics is not None:
-            self._count(record, recs.calls, snap, result)
-        if rd is not None and self.steps % self.summary_every == 0:
-            rd.write_summary(self.summary())
+            self._count(record, calls, snap, result)
+        if self.run_dir is not None and self.steps % self.summary_every == 0:
+            self.run_dir.write_summary(self.summary())
 
-    def _attribute(self, recs: _StepRecords, index: int, name: Any,
-                   completions: list[str | None]) -> dict[str, dict[str, Any]]:
-        """Give the step's records its index and name, and their inputs' completions; returns the step's
-        calls per model."""
+    def _attribute(self, recs: _StepRecords, index: int, name: Any, completions: list[str | None]) -> dict[str, Any]:
+        """Give the step's records its index and name (inputs: their completions); returns its calls per model."""
         models: dict[str, dict[str, Any]] = {}
         for c in recs.calls:
             c["step"], c["step_name"] = index, name
@@ -376,30 +384,10 @@ class Monitor(MemoryObserver, StepObserver):
                                   for i, length, comp in zip(p.record["indices"], p.record["lengths"], comps)]
         return models
 
-    def _fill_record(self, report: StepReport, recs: _StepRecords, index: int, n_completions: int,
-                     models: dict[str, dict[str, Any]]) -> MemorySnapshot:
-        """Fill in the step's memory record; returns the memory at rest after the step."""
-        mem = getattr(report.stack, "memory", None)
-        same = mem is not None and self.device == mem.device and self.tracker is mem.tracker
-        snap = report.snapshot if same else take_snapshot(self.device, self.tracker)
-        calls, profiles = recs.calls, recs.profiles
-        peaks = [c["start_bytes"] + c["peak_bytes"] for c in calls if c["peak_bytes"] is not None and c["start_bytes"] is not None]
-        report.record.update({
-            "step": index, "completions": n_completions, "models": models, "calls": len(calls),
-            "ooms": sum(m["ooms"] for m in models.values()), "peak_bytes": max(peaks) if peaks else None,
-            "rest": snap.to_dict(), "budget_bytes": self.budget_bytes, "budget_line_bytes": self.budget_line(snap),
-            # Time spent profiling inside the step (outside every model call): its own band in the report.
-            "profiling_seconds": sum(pr["seconds"] for pr in profiles), "profiles": len(profiles),
-        })
-        if self._memory is not None:  # the card's whole account (telemetry/account.py)
-            peak = max((m["peak_bytes"] or 0 for m in models.values()), default=None)
-            report.record["card"] = card_account(self._memory, snap, peak)
-        return snap
-
-    def _write_incidents(self, pending: list[_Pending]) -> None:
-        """Count the step's OOM incidents and write each to its file (run directory)."""
+    def _write(self, recs: _StepRecords, trends: list[Any], record: dict[str, Any], result: Any) -> None:
+        """Write the step's incidents (counted), then its records to the timeline and its event (run directory)."""
         rd = self.run_dir
-        for p in pending:
+        for p in recs.pending:
             self.incidents += 1
             if rd is not None:
                 path = rd.incident(p.record, snapshot=History.writer(p.snapshot))
@@ -408,26 +396,22 @@ class Monitor(MemoryObserver, StepObserver):
                 del self.incident_files[:-100]
             if self.metrics is not None:
                 self.metrics.incidents.inc()
-
-    @staticmethod
-    def _write_timeline(rd: RunDir, recs: _StepRecords, trends: list[Any], record: dict[str, Any],
-                        result: Any) -> None:
-        """The step's records in the timeline (its own record last), its event in the event log."""
-        for c in recs.calls:
-            rd.timeline(c)
-        for m in recs.moves:
-            rd.timeline(m)
-        for pr in recs.profiles:
-            rd.timeline(pr)
-        for p in recs.pending:
-            rd.timeline({"type": "oom", "step": p.record["step"], "model": p.record["model"],
-                         "time": p.record["time"], "action": p.record["action"], "file": p.record.get("file"),
-                         "inputs": [i.get("completion") for i in p.record["inputs"]]})
-        for t in trends:
-            rd.timeline({"type": "alarm", "step": record["step"], "time": record["time"], "message": t.describe(), **t.to_dict()})
-        rd.timeline(record)
-        rd.event(result.event)
-        rd.flush()
+        if rd is not None:
+            for c in recs.calls:
+                rd.timeline(c)
+            for m in recs.moves:
+                rd.timeline(m)
+            for pr in recs.profiles:
+                rd.timeline(pr)
+            for p in recs.pending:
+                rd.timeline({"type": "oom", "step": p.record["step"], "model": p.record["model"],
+                             "time": p.record["time"], "action": p.record["action"], "file": p.record.get("file"),
+                             "inputs": [i.get("completion") for i in p.record["inputs"]]})
+            for t in trends:
+                rd.timeline({"type": "alarm", "step": record["step"], "time": record["time"], "message": t.describe(), **t.to_dict()})
+            rd.timeline(record)
+            rd.event(result.event)
+            rd.flush()
 
     def _aggregate(self, record: dict[str, Any], calls: list[dict[str, Any]]) -> None:
         self.last_rest = record["rest"]
