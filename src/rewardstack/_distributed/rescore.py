@@ -230,23 +230,7 @@ def rescore(
         if out.remove_stale_temps(out_dir):
             log.info("removed temporary tables of a killed earlier rescore")
         report = RescoreReport(total=len(runs))
-        manifest = out.read_manifest(out_dir)
-        todo: deque[tuple[Run, int]] = deque()
-        recovered = []
-        for run in runs:
-            if _is_complete(run, out.output_path(out_dir, run.id), fingerprint):
-                report.skipped += 1
-                if manifest.get(run.id, {}).get("status") != "complete":
-                    # The table was renamed but its manifest line never written (driver killed).
-                    meta = out.read_meta(out.output_path(out_dir, run.id)) or {}
-                    recovered.append({"run": run.id, "input": run.path, "status": "complete",
-                                      "output": out.output_path(out_dir, run.id).name,
-                                      **{k: meta.get(k) for k in ("steps", "completions", "bad_records")}})
-            else:
-                todo.append((run, 1))
-        out.append_manifest(out_dir, recovered)
-        # Biggest runs first: the job then ends on small runs, not on one long run while the rest idle.
-        todo = deque(sorted(todo, key=lambda item: -item[0].size()))
+        todo = _plan(runs, out_dir, fingerprint, report)
         if not todo:
             _say(stream, f"rescore: all {report.total} runs already complete in {out_dir}")
             return report
@@ -254,92 +238,11 @@ def rescore(
             size = workers or pool_size(gpus_per_worker, cpus_per_worker)
             pool = RescorePool(config, min(size, len(todo)), gpus_per_worker=gpus_per_worker,
                                cpus_per_worker=cpus_per_worker)
-        progress_actor = pool.progress
-        job = uuid.uuid4().hex
-        snapshot_ref = progress_actor.snapshot.remote(job)
-        snap: dict[str, Any] = {}
-        meta = {"config_fingerprint": fingerprint}
-        in_flight: dict[Any, tuple[int, Run, int]] = {}
-        idle = deque(pool.alive())
-        n_todo = len(todo)
-        avg_completions: list[int] = []
-        last_print, last_done = 0.0, -1
-        _say(stream, f"rescore: {n_todo} runs to score on {len(pool.alive())} workers "
+        job = _Job(pool, report, todo, len(todo), deque(pool.alive()), started)
+        _say(stream, f"rescore: {job.n_todo} runs to score on {len(pool.alive())} workers "
                      f"({report.skipped} already complete)")
-        probes: dict[Any, int] = {}
-        """`ready()` calls to workers Ray is restarting: a worker takes runs again once it answers."""
-        while todo or in_flight:
-            while todo and idle:
-                worker = idle.popleft()
-                run, attempt = todo.popleft()
-                ref = pool.actors[worker].score_run.remote(run, str(out_dir), meta, progress_actor, job, attempt,
-                                                           progress_interval_s)
-                in_flight[ref] = (worker, run, attempt)
-            if not in_flight and not probes:
-                break  # no worker left alive: the runs still to do are failed below
-            ready, _ = ray.wait([*in_flight, *probes], num_returns=1, timeout=min(progress_interval_s, 1.0))
-            for ref in ready:
-                if ref in probes:
-                    worker = probes.pop(ref)
-                    state = _probe(ray, ref, pool, worker)
-                    if state == "alive":
-                        idle.append(worker)
-                    elif state == "restarting":
-                        time.sleep(0.1)  # not up yet: ask again shortly
-                        probes[pool.actors[worker].ready.remote()] = worker
-                    continue
-                worker, run, attempt = in_flight.pop(ref)
-                entry, worker_ok = _collect(ray, ref, pool, worker, run, attempt, max_attempts, todo, out_dir,
-                                            fingerprint, report)
-                if worker_ok:
-                    idle.append(worker)
-                elif worker not in pool.dead:
-                    # Ray is bringing it back (a new process, the stack loaded again): wait for it,
-                    # rather than hand it a run it would refuse while restarting.
-                    probes[pool.actors[worker].ready.remote()] = worker
-                if entry is not None:
-                    report.entries[run.id] = entry
-                    out.append_manifest(out_dir, [entry])
-                    if entry["status"] == "complete":
-                        report.complete += 1
-                        report.completions += int(entry.get("completions") or 0)
-                        avg_completions.append(int(entry.get("completions") or 0))
-                    else:
-                        report.failed.append(entry)
-            if not pool.alive() and todo:
-                for run, attempt in todo:
-                    entry = {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt - 1,
-                             "error": "no worker could start (see the worker errors above)"}
-                    report.entries[run.id] = entry
-                    report.failed.append(entry)
-                out.append_manifest(out_dir, [report.entries[r.id] for r, _ in todo])
-                todo.clear()
-            now = time.monotonic()
-            # A line every 2 s while runs finish, every 15 s while workers load or score long runs.
-            done_runs = report.complete + len(report.failed)
-            due = stream is not None and now - last_print >= (2.0 if done_runs != last_done else 15.0)
-            if on_progress is not None or due:
-                # Never wait on the board: use the latest snapshot it has answered.
-                if ray.wait([snapshot_ref], timeout=0)[0]:
-                    snap = ray.get(snapshot_ref)
-                    snapshot_ref = progress_actor.snapshot.remote(job)
-                current = {wr[1].id: (wr[2], wr[0]) for wr in in_flight.values()}
-                partial = sum(s["completions"] for rid, s in snap.items()
-                              if rid in current and s["attempt"] == current[rid][0])
-                elapsed = now - started
-                rate = (report.completions + partial) / elapsed if elapsed > 0 else 0.0
-                per_run = sum(avg_completions) / len(avg_completions) if avg_completions else math.nan
-                left = (n_todo - done_runs) * per_run - partial
-                eta = left / rate if rate > 0 else math.nan
-                if on_progress is not None:
-                    on_progress({"runs_done": done_runs, "runs_todo": n_todo, "completions_per_s": rate,
-                                 "eta_s": eta, "in_flight": {rid: snap.get(rid) for rid in current},
-                                 "workers": {rid: w for rid, (_, w) in current.items()}})
-                if due:
-                    last_print, last_done = now, done_runs
-                    _say(stream, f"rescore: {done_runs}/{n_todo} runs done ({len(report.failed)} failed), "
-                                 f"{rate:.1f} completions/s, ETA {_eta(eta)}")
-        progress_actor.forget.remote(job)
+        _drive(ray, job, out_dir, fingerprint, max_attempts, progress_interval_s, on_progress, stream)
+        pool.progress.forget.remote(job.id)
         report.seconds = time.monotonic() - started
         _say(stream, f"rescore: {report.complete} runs scored, {report.skipped} already complete, "
                      f"{len(report.failed)} failed, {report.restarts} restarted; {report.completions} completions "
@@ -350,6 +253,132 @@ def rescore(
             pool.close()
         out.remove_stale_temps(out_dir)  # a worker killed mid-write leaves one
         lock.release()
+
+
+def _plan(runs: Sequence[Run], out_dir: Path, fingerprint: str, report: RescoreReport) -> deque[tuple[Run, int]]:
+    """The runs to score (each at attempt 1), biggest first; the runs already complete count as skipped."""
+    manifest = out.read_manifest(out_dir)
+    todo: deque[tuple[Run, int]] = deque()
+    recovered = []
+    for run in runs:
+        if _is_complete(run, out.output_path(out_dir, run.id), fingerprint):
+            report.skipped += 1
+            if manifest.get(run.id, {}).get("status") != "complete":
+                # The table was renamed but its manifest line never written (driver killed).
+                meta = out.read_meta(out.output_path(out_dir, run.id)) or {}
+                recovered.append({"run": run.id, "input": run.path, "status": "complete",
+                                  "output": out.output_path(out_dir, run.id).name,
+                                  **{k: meta.get(k) for k in ("steps", "completions", "bad_records")}})
+        else:
+            todo.append((run, 1))
+    out.append_manifest(out_dir, recovered)
+    # Biggest runs first: the job then ends on small runs, not on one long run while the rest idle.
+    return deque(sorted(todo, key=lambda item: -item[0].size()))
+
+
+@dataclass
+class _Job:
+    """A rescore under way: its runs to do and in flight, its workers, the progress board's latest answer."""
+
+    pool: RescorePool
+    report: RescoreReport
+    todo: deque[tuple[Run, int]]
+    n_todo: int
+    idle: deque[int]
+    started: float
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    in_flight: dict[Any, tuple[int, Run, int]] = field(default_factory=dict)
+    probes: dict[Any, int] = field(default_factory=dict)
+    """`ready()` calls to workers Ray is restarting: a worker takes runs again once it answers."""
+    snapshot_ref: Any = field(init=False)
+    snap: dict[str, Any] = field(default_factory=dict)
+    last_print: float = 0.0
+    last_done: int = -1
+
+    def __post_init__(self) -> None:
+        self.snapshot_ref = self.pool.progress.snapshot.remote(self.id)
+
+
+def _drive(ray: Any, job: _Job, out_dir: Path, fingerprint: str, max_attempts: int, interval_s: float,
+           on_progress: ProgressHook | None, stream: TextIO | None) -> None:
+    """Hand the runs to idle workers and collect them, until none is left to do or in flight."""
+    meta = {"config_fingerprint": fingerprint}
+    while job.todo or job.in_flight:
+        while job.todo and job.idle:
+            worker = job.idle.popleft()
+            run, attempt = job.todo.popleft()
+            ref = job.pool.actors[worker].score_run.remote(run, str(out_dir), meta, job.pool.progress, job.id, attempt,
+                                                           interval_s)
+            job.in_flight[ref] = (worker, run, attempt)
+        if not job.in_flight and not job.probes:
+            break  # no worker left alive: the runs still to do are failed below
+        ready, _ = ray.wait([*job.in_flight, *job.probes], num_returns=1, timeout=min(interval_s, 1.0))
+        for ref in ready:
+            if ref in job.probes:
+                worker = job.probes.pop(ref)
+                state = _probe(ray, ref, job.pool, worker)
+                if state == "alive":
+                    job.idle.append(worker)
+                elif state == "restarting":
+                    time.sleep(0.1)  # not up yet: ask again shortly
+                    job.probes[job.pool.actors[worker].ready.remote()] = worker
+                continue
+            worker, run, attempt = job.in_flight.pop(ref)
+            entry, worker_ok = _collect(ray, ref, job.pool, worker, run, attempt, max_attempts, job.todo, out_dir,
+                                        fingerprint, job.report)
+            if worker_ok:
+                job.idle.append(worker)
+            elif worker not in job.pool.dead:
+                # Ray is bringing it back (a new process, the stack loaded again): wait for it,
+                # rather than hand it a run it would refuse while restarting.
+                job.probes[job.pool.actors[worker].ready.remote()] = worker
+            if entry is not None:
+                job.report.entries[run.id] = entry
+                out.append_manifest(out_dir, [entry])
+                if entry["status"] == "complete":
+                    job.report.complete += 1
+                    job.report.completions += int(entry.get("completions") or 0)
+                else:
+                    job.report.failed.append(entry)
+        if not job.pool.alive() and job.todo:
+            for run, attempt in job.todo:
+                entry = {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt - 1,
+                         "error": "no worker could start (see the worker errors above)"}
+                job.report.entries[run.id] = entry
+                job.report.failed.append(entry)
+            out.append_manifest(out_dir, [job.report.entries[r.id] for r, _ in job.todo])
+            job.todo.clear()
+        _show_progress(ray, job, on_progress, stream)
+
+
+def _show_progress(ray: Any, job: _Job, on_progress: ProgressHook | None, stream: TextIO | None) -> None:
+    """Give `on_progress` the board's latest snapshot and, when due, print runs done, completions/s and the ETA."""
+    now = time.monotonic()
+    # A line every 2 s while runs finish, every 15 s while workers load or score long runs.
+    done_runs = job.report.complete + len(job.report.failed)
+    due = stream is not None and now - job.last_print >= (2.0 if done_runs != job.last_done else 15.0)
+    if on_progress is not None or due:
+        # Never wait on the board: use the latest snapshot it has answered.
+        if ray.wait([job.snapshot_ref], timeout=0)[0]:
+            job.snap = ray.get(job.snapshot_ref)
+            job.snapshot_ref = job.pool.progress.snapshot.remote(job.id)
+        current = {wr[1].id: (wr[2], wr[0]) for wr in job.in_flight.values()}
+        partial = sum(s["completions"] for rid, s in job.snap.items()
+                      if rid in current and s["attempt"] == current[rid][0])
+        elapsed = now - job.started
+        rate = (job.report.completions + partial) / elapsed if elapsed > 0 else 0.0
+        # Per run, the mean of the runs this call completed (the report counts only those).
+        per_run = job.report.completions / job.report.complete if job.report.complete else math.nan
+        left = (job.n_todo - done_runs) * per_run - partial
+        eta = left / rate if rate > 0 else math.nan
+        if on_progress is not None:
+            on_progress({"runs_done": done_runs, "runs_todo": job.n_todo, "completions_per_s": rate,
+                         "eta_s": eta, "in_flight": {rid: job.snap.get(rid) for rid in current},
+                         "workers": {rid: w for rid, (_, w) in current.items()}})
+        if due:
+            job.last_print, job.last_done = now, done_runs
+            _say(stream, f"rescore: {done_runs}/{job.n_todo} runs done ({len(job.report.failed)} failed), "
+                         f"{rate:.1f} completions/s, ETA {_eta(eta)}")
 
 
 def _probe(ray: Any, ref: Any, pool: RescorePool, worker: int) -> str:

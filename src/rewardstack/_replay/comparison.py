@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -114,6 +115,21 @@ def same(a: Any, b: Any, tol: float = TOL) -> bool:
     return abs(x - y) <= tol * max(1.0, abs(y))
 
 
+@dataclass
+class _Tally:
+    """What `compare` finds in the steps both runs scored."""
+
+    folded: dict[str, Any]
+    """Per active model, the clean run's raw values over the completions the faulted run included."""
+    mismatched: list[dict[str, Any]] = field(default_factory=list)
+    n_mismatched: int = 0
+    rebatched: list[dict[str, Any]] = field(default_factory=list)
+    rebatched_by_model: Counter[str] = field(default_factory=Counter)
+    rebatched_max: float = 0.0
+    unexplained: list[dict[str, Any]] = field(default_factory=list)
+    oom_included: list[dict[str, Any]] = field(default_factory=list)
+
+
 def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
             clean: Mapping[str, dict[str, Any]] | Sequence[dict[str, Any]],
             faulted_state: dict[str, Any], active_rewards: list[str]) -> dict[str, Any]:
@@ -126,15 +142,8 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
     by_hash = clean if isinstance(clean, Mapping) else {e.get("step_hash"): e for e in clean}
     counts: Counter[str] = Counter()
     order_ok = True
-    mismatched: list[dict[str, Any]] = []
-    n_mismatched = 0
-    rebatched: list[dict[str, Any]] = []
-    rebatched_by_model: Counter[str] = Counter()
-    rebatched_max = 0.0
-    unexplained: list[dict[str, Any]] = []
-    oom_included: list[dict[str, Any]] = []
+    t = _Tally({m: RunningNormalizer() for m in active_rewards})
     oom_statuses = gave_up = 0
-    folded = {m: RunningNormalizer() for m in active_rewards}
     history_noise = False
     pos = -1
     for pos, f in enumerate(faulted):
@@ -155,45 +164,65 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         history_noise = history_noise or DIVERSITY.name in split
         if history_noise:
             split.add(DIVERSITY.name)
-        n = len(f["statuses"])
-        for i, status in enumerate(f["statuses"]):
-            if status == "oom":
-                # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
-                if any(not math.isnan(_num(f[m][i])) for m in active_rewards if f["model_statuses"].get(m, [None] * (i + 1))[i] == "oom"):
-                    oom_included.append({"step": pos, "index": i})
-                continue
-            for m in list(REWARD_MODELS) + list(MASKS):
-                if same(f[m][i], c[m][i]):
-                    continue
-                if m in split and same(f[m][i], c[m][i], rebatch_tol(m)):
-                    d = abs(_num(f[m][i]) - _num(c[m][i]))
-                    rebatched_by_model[m] += 1
-                    rebatched_max = max(rebatched_max, d)
-                    if len(rebatched) < LISTED:
-                        rebatched.append({"step": pos, "index": i, "model": m, "diff": d})
-                else:
-                    n_mismatched += 1
-                    if len(mismatched) < LISTED:
-                        mismatched.append({"step": pos, "index": i, "model": m, "faulted": f[m][i], "clean": c[m][i]})
-            if status != c["statuses"][i]:
-                n_mismatched += 1
-                if len(mismatched) < LISTED:
-                    mismatched.append({"step": pos, "index": i, "model": "status", "faulted": status, "clean": c["statuses"][i]})
-        for m in active_rewards:
-            included = [_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))]
-            excluded_clean = [i for i in range(n)
-                              if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i])) and f["statuses"][i] != "oom"
-                              and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom"]
-            unexplained += [{"step": pos, "index": i, "model": m} for i in excluded_clean]
-            folded[m].update(included)
+        _compare_step(t, pos, f, c, split, active_rewards)
     events = pos + 1
     duplicates = sum(c - 1 for c in counts.values() if c > 1)
     missing = sum(1 for h in expected_hashes if h not in counts)
     in_order = order_ok and events == len(expected_hashes)
+    norm_equal, norm_diff = _normalizers_match(t.folded, faulted_state.get("normalizers", {}), active_rewards)
+    return {
+        "events": events, "expected": len(expected_hashes), "missing": missing, "duplicates": duplicates,
+        "in_order": in_order, "mismatched_values": t.n_mismatched, "mismatches": t.mismatched,
+        "rebatched_values": sum(t.rebatched_by_model.values()), "rebatched_by_model": dict(t.rebatched_by_model),
+        "rebatched_max_diff": t.rebatched_max, "rebatched": t.rebatched,
+        "unexplained_exclusions": len(t.unexplained), "oom_in_statistics": len(t.oom_included),
+        "oom_gave_up": gave_up, "oom_statuses": oom_statuses,
+        "normalizers_equal": norm_equal, "max_normalizer_diff": norm_diff,
+        "steps_in_state": faulted_state.get("stack", {}).get("steps_scored"),
+    }
+
+
+def _compare_step(t: _Tally, pos: int, f: dict[str, Any], c: dict[str, Any], split: set[str],
+                  active: list[str]) -> None:
+    """One step's values and statuses against the clean run's (`split`: its models that may carry batching noise)."""
+    n = len(f["statuses"])
+    for i, status in enumerate(f["statuses"]):
+        if status == "oom":
+            # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
+            if any(not math.isnan(_num(f[m][i])) for m in active if f["model_statuses"].get(m, [None] * (i + 1))[i] == "oom"):
+                t.oom_included.append({"step": pos, "index": i})
+            continue
+        for m in list(REWARD_MODELS) + list(MASKS):
+            if same(f[m][i], c[m][i]):
+                continue
+            if m in split and same(f[m][i], c[m][i], rebatch_tol(m)):
+                d = abs(_num(f[m][i]) - _num(c[m][i]))
+                t.rebatched_by_model[m] += 1
+                t.rebatched_max = max(t.rebatched_max, d)
+                if len(t.rebatched) < LISTED:
+                    t.rebatched.append({"step": pos, "index": i, "model": m, "diff": d})
+            else:
+                t.n_mismatched += 1
+                if len(t.mismatched) < LISTED:
+                    t.mismatched.append({"step": pos, "index": i, "model": m, "faulted": f[m][i], "clean": c[m][i]})
+        if status != c["statuses"][i]:
+            t.n_mismatched += 1
+            if len(t.mismatched) < LISTED:
+                t.mismatched.append({"step": pos, "index": i, "model": "status", "faulted": status, "clean": c["statuses"][i]})
+    for m in active:
+        included = [_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))]
+        excluded_clean = [i for i in range(n)
+                          if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i])) and f["statuses"][i] != "oom"
+                          and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom"]
+        t.unexplained += [{"step": pos, "index": i, "model": m} for i in excluded_clean]
+        t.folded[m].update(included)
+
+
+def _normalizers_match(folded: dict[str, Any], stored: dict[str, Any], active: list[str]) -> tuple[bool, float]:
+    """(whether the faulted run's final normalizer statistics equal `folded` within `TOL`, the largest difference)."""
     norm_diff = 0.0
     norm_equal = True
-    stored = faulted_state.get("normalizers", {})
-    for m in active_rewards:
+    for m in active:
         want, have = folded[m], stored.get(m, {})
         if have.get("count") != want.count:
             norm_equal = False
@@ -202,16 +231,7 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
             norm_diff = max(norm_diff, d) if not math.isnan(d) else math.inf
             if not d <= TOL * max(1.0, abs(getattr(want, key))):
                 norm_equal = False
-    return {
-        "events": events, "expected": len(expected_hashes), "missing": missing, "duplicates": duplicates,
-        "in_order": in_order, "mismatched_values": n_mismatched, "mismatches": mismatched,
-        "rebatched_values": sum(rebatched_by_model.values()), "rebatched_by_model": dict(rebatched_by_model),
-        "rebatched_max_diff": rebatched_max, "rebatched": rebatched,
-        "unexplained_exclusions": len(unexplained), "oom_in_statistics": len(oom_included),
-        "oom_gave_up": gave_up, "oom_statuses": oom_statuses,
-        "normalizers_equal": norm_equal, "max_normalizer_diff": norm_diff,
-        "steps_in_state": faulted_state.get("stack", {}).get("steps_scored"),
-    }
+    return norm_equal, norm_diff
 
 
 # -- memory at rest -------------------------------------------------------------------------------

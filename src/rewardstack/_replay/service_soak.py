@@ -217,8 +217,6 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
     from rewardstack.config import REWARD_MODELS, load_config
     from rewardstack._fileio import merge_json_section
     from rewardstack._replay.workload import soak_steps
-    from rewardstack.stack import RewardState
-    from rewardstack._state import StateStore
 
     cfg = load_config(args.config)
     run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "service-soak")
@@ -227,16 +225,54 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
     per_ns = {f"soak-{k}": [s.to_dict() for s in soak_steps(args.steps, args.completions, seed=args.seed + k,
                                                              long_every=0)]
               for k in range(args.clients)}
-    n_total = args.clients * args.steps
     print(f"service soak: {args.clients} clients x {args.steps} steps x {args.completions} completions, "
           f"{args.kills} server kills, in {run_dir}", file=sys.stderr)
     server = Server(args.config, run_dir / "service" / "state", run_dir / "service")
     server.start()
     deadline = time.time() + max(600.0, args.timeout * args.steps)
+    clients, kill_points = _serve_under_kills(args, server, per_ns, deadline)
+    stopped_rc = server.stop()
+    scoring_seconds = time.time() - started
+
+    # The library's answers and states, and the service's final state per namespace.
+    lib_events, lib_states = library_run(args.config, per_ns)
+    active = [m for m in REWARD_MODELS if cfg.models[m].active]
+    failures: list[str] = []
+    stats: Counter[str] = Counter()
+    per_namespace: dict[str, Any] = {}
+    for c in clients:
+        stats.update(c.stats)
+        failures += c.bad[:5]
+        if c.is_alive():
+            failures.append(f"{c.namespace}: the client was still running at the deadline")
+        per_namespace[c.namespace] = _judge_namespace(args, cfg, run_dir, c, lib_events, lib_states, active, failures)
+    applied_twice = sum(max(0, ns["sequence"] - args.steps) for ns in per_namespace.values()) + sum(
+        1 for ns in per_namespace.values() if any(v > 0 for v in ns["count_excess"].values()))
+    lost_total = sum(ns["lost"] for ns in per_namespace.values())
+    if len(kill_points) < args.kills:
+        failures.append(f"only {len(kill_points)} of {args.kills} kills landed (the clients finished first)")
+    if stopped_rc != 0:
+        failures.append(f"the server's drain at the end exited {stopped_rc}")
+    verdict = {
+        "passed": not failures, "failures": failures, "clients": args.clients, "steps_per_client": args.steps,
+        "completions_per_step": args.completions, "requests": dict(stats), "lost": lost_total,
+        "applied_twice": applied_twice, "kills": len(kill_points), "server_starts": server.starts,
+        "kill_points": kill_points, "namespaces": per_namespace, "seconds": round(time.time() - started, 1),
+        "serving_seconds": round(scoring_seconds, 1),
+    }
+    merge_json_section(run_dir / "summary.json", "service_soak", verdict)
+    print(format_service_verdict(verdict))
+    return 0 if verdict["passed"] else 1
+
+
+def _serve_under_kills(args: argparse.Namespace, server: Server, per_ns: dict[str, list[dict[str, Any]]],
+                       deadline: float) -> tuple[list[Client], list[dict[str, Any]]]:
+    """Each namespace's client sends its steps while the server is SIGKILLed and restarted `args.kills` times."""
     progress: Counter[str] = Counter()
     lock = threading.Lock()
     clients = [Client(server.port, ns, steps, timeout=args.timeout, deadline=deadline, seed=args.seed + 100 + k,
                       progress=progress, lock=lock) for k, (ns, steps) in enumerate(per_ns.items())]
+    n_total = args.clients * args.steps
     rng = random.Random(args.seed + 7)
     room = range(1, max(2, n_total - args.clients))
     targets = sorted(rng.sample(room, min(args.kills, len(room))))
@@ -262,57 +298,35 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
             last_t = time.time()
     for c in clients:
         c.join(timeout=max(0.0, deadline - time.time()) + 1)
-    stopped_rc = server.stop()
-    scoring_seconds = time.time() - started
+    return clients, kill_points
 
-    # The library's answers and states, and the service's final state per namespace.
-    lib_events, lib_states = library_run(args.config, per_ns)
-    active = [m for m in REWARD_MODELS if cfg.models[m].active]
-    failures: list[str] = []
-    stats: Counter[str] = Counter()
-    per_namespace: dict[str, Any] = {}
-    for c in clients:
-        stats.update(c.stats)
-        failures += c.bad[:5]
-        if c.is_alive():
-            failures.append(f"{c.namespace}: the client was still running at the deadline")
-        diffs = []
-        for seq, answer in c.answers.items():
-            diffs += _differences(c.namespace, seq, answer, lib_events[c.namespace][seq - 1])
-        lost = [seq for seq in range(1, args.steps + 1) if seq not in c.answers]
-        st = RewardState(cfg)
-        st.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
-        want = lib_states[c.namespace]
-        norm_ok = all(st.normalizers[m].count == want.normalizers[m].count
-                      and same(st.normalizers[m].mean, want.normalizers[m].mean)
-                      and same(st.normalizers[m].var, want.normalizers[m].var) for m in active)
-        extra = {m: st.normalizers[m].count - want.normalizers[m].count for m in active}
-        per_namespace[c.namespace] = {"answered": len(c.answers), "lost": len(lost), "differing": len(diffs),
-                                      "sequence": st.sequence, "normalizers_equal": norm_ok, "count_excess": extra}
-        failures += diffs[:5]
-        if lost:
-            failures.append(f"{c.namespace}: {len(lost)} steps never answered (first {lost[0]})")
-        if st.sequence != args.steps:
-            failures.append(f"{c.namespace}: the state's sequence is {st.sequence} for {args.steps} steps")
-        if not norm_ok:
-            failures.append(f"{c.namespace}: normalizer statistics differ from the library's (count excess {extra})")
-    applied_twice = sum(max(0, ns["sequence"] - args.steps) for ns in per_namespace.values()) + sum(
-        1 for ns in per_namespace.values() if any(v > 0 for v in ns["count_excess"].values()))
-    lost_total = sum(ns["lost"] for ns in per_namespace.values())
-    if len(kill_points) < args.kills:
-        failures.append(f"only {len(kill_points)} of {args.kills} kills landed (the clients finished first)")
-    if stopped_rc != 0:
-        failures.append(f"the server's drain at the end exited {stopped_rc}")
-    verdict = {
-        "passed": not failures, "failures": failures, "clients": args.clients, "steps_per_client": args.steps,
-        "completions_per_step": args.completions, "requests": dict(stats), "lost": lost_total,
-        "applied_twice": applied_twice, "kills": len(kill_points), "server_starts": server.starts,
-        "kill_points": kill_points, "namespaces": per_namespace, "seconds": round(time.time() - started, 1),
-        "serving_seconds": round(scoring_seconds, 1),
-    }
-    merge_json_section(run_dir / "summary.json", "service_soak", verdict)
-    print(format_service_verdict(verdict))
-    return 0 if verdict["passed"] else 1
+
+def _judge_namespace(args: argparse.Namespace, cfg: Any, run_dir: Path, c: Client, lib_events: dict[str, Any],
+                     lib_states: dict[str, Any], active: list[str], failures: list[str]) -> dict[str, Any]:
+    """One namespace's answers and final state against the library's; what differs is added to `failures`."""
+    from rewardstack.stack import RewardState
+    from rewardstack._state import StateStore
+
+    diffs = []
+    for seq, answer in c.answers.items():
+        diffs += _differences(c.namespace, seq, answer, lib_events[c.namespace][seq - 1])
+    lost = [seq for seq in range(1, args.steps + 1) if seq not in c.answers]
+    st = RewardState(cfg)
+    st.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
+    want = lib_states[c.namespace]
+    norm_ok = all(st.normalizers[m].count == want.normalizers[m].count
+                  and same(st.normalizers[m].mean, want.normalizers[m].mean)
+                  and same(st.normalizers[m].var, want.normalizers[m].var) for m in active)
+    extra = {m: st.normalizers[m].count - want.normalizers[m].count for m in active}
+    failures += diffs[:5]
+    if lost:
+        failures.append(f"{c.namespace}: {len(lost)} steps never answered (first {lost[0]})")
+    if st.sequence != args.steps:
+        failures.append(f"{c.namespace}: the state's sequence is {st.sequence} for {args.steps} steps")
+    if not norm_ok:
+        failures.append(f"{c.namespace}: normalizer statistics differ from the library's (count excess {extra})")
+    return {"answered": len(c.answers), "lost": len(lost), "differing": len(diffs),
+            "sequence": st.sequence, "normalizers_equal": norm_ok, "count_excess": extra}
 
 
 def format_service_verdict(v: dict[str, Any]) -> str:

@@ -57,12 +57,34 @@ def plot_card(d: Any, path: Path) -> None:
         ax.text(0.5, 0.5, "no per-step card account in this run's timeline", ha="center", va="center", transform=ax.transAxes)
         save_figure(plt, fig, path)
         return
+    xs = [s["step"] for s in steps]
+    edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
+    last = steps[-1]["card"]
+    _draw_memory(ax, steps, edges, last)
+    ymax = _draw_calls(ax, d, steps)
+    ax.grid(axis="x", visible=False)
+    for e in edges:  # step boundaries
+        ax.axvline(e, color="#777777", lw=0.6, alpha=0.7)
+    every = max(1, len(xs) // 25)
+    ax.set_xticks(xs[::every])
+    ax.set_xlim(edges[0], edges[-1])
+    ax.set_ylim(0, ymax)
+    ax.set_xlabel("step (vertical lines: step boundaries; dots: each model call's peak, in call order)")
+    ax.set_ylabel("device memory (MiB)")
+    src = "simulated device (CPU)" if last.get("source") == "tracker" else "CUDA allocator" if last.get("source") == "cuda" else "host"
+    host = last.get("weights_host") or 0
+    ax.set_title(f"The card per step ({src}): weights, activations, fragmentation"
+                 + (f"; {host / MIB:,.1f} MiB of weights on the host" if host else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    save_figure(plt, fig, path)
+
+
+def _draw_memory(ax: Any, steps: list[dict[str, Any]], edges: list[float], last: dict[str, Any]) -> None:
+    """The stacked bands (each model's weights, activations, fragmentation) and the lines they must stay under."""
     bands = weight_bands([s["card"] for s in steps])
     shares = _sharing([s["card"] for s in steps])
     models = list(bands)
     colors = model_colors(models)
-    xs = [s["step"] for s in steps]
-    edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
 
     def band(values: list[float]) -> list[float]:
         return values + [values[-1]]  # drawn with step="post" over each step's full width
@@ -93,7 +115,6 @@ def plot_card(d: Any, path: Path) -> None:
         top = [b + v for b, v in zip(base, frag)]
         ax.fill_between(edges, band(base), band(top), step="post", color="#7f7f7f", alpha=0.4,
                         label="fragmentation (reserved, no tensor)")
-    last = steps[-1]["card"]
     if last.get("capacity"):
         ax.axhline(last["capacity"] / MIB, color="black", lw=1.5, label=f"card size ({last['capacity'] / MIB:,.0f} MiB)")
     if not last.get("capacity") and last.get("weight_budget"):
@@ -102,6 +123,10 @@ def plot_card(d: Any, path: Path) -> None:
     if last.get("activation_budget") is not None:
         line = [(s["card"]["weights_on_card"] + s["card"]["activation_budget"]) / MIB for s in steps]
         ax.step(edges, band(line), where="post", color="red", ls="--", lw=1.3, label="weights on card + activation budget")
+
+
+def _draw_calls(ax: Any, d: Any, steps: list[dict[str, Any]]) -> float:
+    """Each call's peak as a dot, swaps and OOMs as marks along the top; returns the chart's height (MiB)."""
     # Per-call peaks, spread across their step's width in call order.
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for c in d.calls:
@@ -127,21 +152,7 @@ def plot_card(d: Any, path: Path) -> None:
         ox = [k for k in ooms if k in woc]
         ax.scatter(ox, [ymax * 0.92] * len(ox), marker="X", s=90, color="red", edgecolor="black", zorder=6,
                    label=f"OOM ({sum(ooms[k] for k in ox)})")
-    ax.grid(axis="x", visible=False)
-    for e in edges:  # step boundaries
-        ax.axvline(e, color="#777777", lw=0.6, alpha=0.7)
-    every = max(1, len(xs) // 25)
-    ax.set_xticks(xs[::every])
-    ax.set_xlim(edges[0], edges[-1])
-    ax.set_ylim(0, ymax)
-    ax.set_xlabel("step (vertical lines: step boundaries; dots: each model call's peak, in call order)")
-    ax.set_ylabel("device memory (MiB)")
-    src = "simulated device (CPU)" if last.get("source") == "tracker" else "CUDA allocator" if last.get("source") == "cuda" else "host"
-    host = last.get("weights_host") or 0
-    ax.set_title(f"The card per step ({src}): weights, activations, fragmentation"
-                 + (f"; {host / MIB:,.1f} MiB of weights on the host" if host else ""))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    save_figure(plt, fig, path)
+    return ymax
 
 
 def _m(x: Any) -> str:

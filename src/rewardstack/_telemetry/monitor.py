@@ -65,6 +65,21 @@ class _Pending:
     """The step's completion index of each of the batch's inputs (None: not told)."""
 
 
+@dataclass
+class _StepRecords:
+    """The records made since the last step ended: they belong to the step ending now."""
+
+    calls: list[dict[str, Any]]
+    moves: list[dict[str, Any]]
+    profiles: list[dict[str, Any]]
+    pending: list[_Pending]
+
+
+def _text(completions: list[str | None], comp: int | None) -> str | None:
+    """Completion `comp`'s text; None: the prompt, or an input nobody named."""
+    return completions[comp] if comp is not None and 0 <= comp < len(completions) else None
+
+
 class Monitor(MemoryObserver, StepObserver):
     """Records model calls, steps, placement moves and OOMs; see the module docstring."""
 
@@ -300,49 +315,15 @@ class Monitor(MemoryObserver, StepObserver):
         # The step's index in the state that applied it (`step_record`): in the service, its
         # namespace's; the stack's own count never moves there.
         index = int(record.get("step", self.steps + 1))
-        name = event.get("name")
         completions: list[str | None] = event.get("completions", [])
-
-        def text(comp: int | None) -> str | None:  # None: the prompt, or an input nobody named
-            return completions[comp] if comp is not None and 0 <= comp < len(completions) else None
         with self._lock:
-            calls, self._calls = self._calls, []
-            moves, self._moves = self._moves, []
-            profiles, self._profiles = self._profiles, []
-            pending, self._pending = self._pending, []
-        models: dict[str, dict[str, Any]] = {}
-        for c in calls:
-            c["step"], c["step_name"] = index, name
-            if c["inputs"]:
-                j = max(range(len(c["inputs"])), key=lambda k: c["lengths"][k])
-                comp = c["completions"][j] if c["completions"] is not None else None
-                t = text(comp)
-                c["longest"] = {"input": c["inputs"][j], "completion": comp, "length": c["lengths"][j],
-                                "head": t[:HEAD_CHARS] if t is not None else None}
-            m = models.setdefault(owner_of(c["model"]), {"calls": 0, "seconds": 0.0, "peak_bytes": None,
-                                                       "predicted_bytes": None, "ooms": 0})
-            m["calls"] += 1
-            m["seconds"] += c["seconds"]
-            if c["peak_bytes"] is not None:
-                m["peak_bytes"] = max(m["peak_bytes"] or 0, c["peak_bytes"])
-            if c["predicted_bytes"] is not None:
-                m["predicted_bytes"] = max(m["predicted_bytes"] or 0, c["predicted_bytes"])
-            m["ooms"] += c["outcome"] in ("split", "cpu_fallback", "oom")
-        for m in moves:
-            m["step"], m["step_name"] = index, name
-        for pr in profiles:
-            pr["step"], pr["step_name"] = index, name
-            self.profiling["count"] += 1
-            self.profiling["capped"] += int(pr["capped"])
-            self.profiling["seconds"] += pr["seconds"]
-        for p in pending:
-            p.record["step"], p.record["step_name"] = index, name
-            comps = p.completions or [None] * len(p.record["indices"])
-            p.record["inputs"] = [describe_input(i, length, comp, text(comp))
-                                  for i, length, comp in zip(p.record["indices"], p.record["lengths"], comps)]
+            recs = _StepRecords(self._calls, self._moves, self._profiles, self._pending)
+            self._calls, self._moves, self._profiles, self._pending = [], [], [], []
+        models = self._attribute(recs, index, event.get("name"), completions)
         mem = getattr(stack, "memory", None)
         same = mem is not None and self.device == mem.device and self.tracker is mem.tracker
         snap = report.snapshot if same else take_snapshot(self.device, self.tracker)
+        calls, profiles = recs.calls, recs.profiles
         peaks = [c["start_bytes"] + c["peak_bytes"] for c in calls if c["peak_bytes"] is not None and c["start_bytes"] is not None]
         record.update({
             "step": index, "completions": len(completions), "models": models, "calls": len(calls),
@@ -362,8 +343,51 @@ class Monitor(MemoryObserver, StepObserver):
             record["alarms"].append(t.series)
             if self.metrics is not None:
                 self.metrics.alarms.labels(series=t.series).inc()
+        self._write(recs, trends, record, result)
+        self._aggregate(record, calls)
+        if self.metrics is not None:
+            self._count(record, calls, snap, result)
+        if self.run_dir is not None and self.steps % self.summary_every == 0:
+            self.run_dir.write_summary(self.summary())
+
+    def _attribute(self, recs: _StepRecords, index: int, name: Any, completions: list[str | None]) -> dict[str, Any]:
+        """Give the step's records its index and name (inputs: their completions); returns its calls per model."""
+        models: dict[str, dict[str, Any]] = {}
+        for c in recs.calls:
+            c["step"], c["step_name"] = index, name
+            if c["inputs"]:
+                j = max(range(len(c["inputs"])), key=lambda k: c["lengths"][k])
+                comp = c["completions"][j] if c["completions"] is not None else None
+                t = _text(completions, comp)
+                c["longest"] = {"input": c["inputs"][j], "completion": comp, "length": c["lengths"][j],
+                                "head": t[:HEAD_CHARS] if t is not None else None}
+            m = models.setdefault(owner_of(c["model"]), {"calls": 0, "seconds": 0.0, "peak_bytes": None,
+                                                       "predicted_bytes": None, "ooms": 0})
+            m["calls"] += 1
+            m["seconds"] += c["seconds"]
+            if c["peak_bytes"] is not None:
+                m["peak_bytes"] = max(m["peak_bytes"] or 0, c["peak_bytes"])
+            if c["predicted_bytes"] is not None:
+                m["predicted_bytes"] = max(m["predicted_bytes"] or 0, c["predicted_bytes"])
+            m["ooms"] += c["outcome"] in ("split", "cpu_fallback", "oom")
+        for m in recs.moves:
+            m["step"], m["step_name"] = index, name
+        for pr in recs.profiles:
+            pr["step"], pr["step_name"] = index, name
+            self.profiling["count"] += 1
+            self.profiling["capped"] += int(pr["capped"])
+            self.profiling["seconds"] += pr["seconds"]
+        for p in recs.pending:
+            p.record["step"], p.record["step_name"] = index, name
+            comps = p.completions or [None] * len(p.record["indices"])
+            p.record["inputs"] = [describe_input(i, length, comp, _text(completions, comp))
+                                  for i, length, comp in zip(p.record["indices"], p.record["lengths"], comps)]
+        return models
+
+    def _write(self, recs: _StepRecords, trends: list[Any], record: dict[str, Any], result: Any) -> None:
+        """Write the step's incidents (counted), then its records to the timeline and its event (run directory)."""
         rd = self.run_dir
-        for p in pending:
+        for p in recs.pending:
             self.incidents += 1
             if rd is not None:
                 path = rd.incident(p.record, snapshot=History.writer(p.snapshot))
@@ -373,13 +397,13 @@ class Monitor(MemoryObserver, StepObserver):
             if self.metrics is not None:
                 self.metrics.incidents.inc()
         if rd is not None:
-            for c in calls:
+            for c in recs.calls:
                 rd.timeline(c)
-            for m in moves:
+            for m in recs.moves:
                 rd.timeline(m)
-            for pr in profiles:
+            for pr in recs.profiles:
                 rd.timeline(pr)
-            for p in pending:
+            for p in recs.pending:
                 rd.timeline({"type": "oom", "step": p.record["step"], "model": p.record["model"],
                              "time": p.record["time"], "action": p.record["action"], "file": p.record.get("file"),
                              "inputs": [i.get("completion") for i in p.record["inputs"]]})
@@ -388,11 +412,6 @@ class Monitor(MemoryObserver, StepObserver):
             rd.timeline(record)
             rd.event(result.event)
             rd.flush()
-        self._aggregate(record, calls)
-        if self.metrics is not None:
-            self._count(record, calls, snap, result)
-        if rd is not None and self.steps % self.summary_every == 0:
-            rd.write_summary(self.summary())
 
     def _aggregate(self, record: dict[str, Any], calls: list[dict[str, Any]]) -> None:
         self.last_rest = record["rest"]
