@@ -54,7 +54,7 @@ from rewardstack._memory.costmodel import CostModel
 from rewardstack._memory.planner import plan_batches
 from rewardstack._planning.plan import scorer_max_batch
 from rewardstack._settings import parse_bytes
-from rewardstack._replay.workload import heavy_tailed_lengths
+from rewardstack._replay.synthetic import heavy_tailed_lengths
 
 GIB = 1024**3
 TOLERANCE = 0.15
