@@ -66,6 +66,14 @@ def make_env(where: Path, packages: list[str]) -> Path:
     return python
 
 
+def _without_pythonpath() -> dict[str, str]:
+    """This environment without PYTHONPATH: the validator's venv must see only what it holds (a
+    checkout's source folder on the path would pass for an installed client)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def build_wheel(wheels: Path) -> subprocess.CompletedProcess:
     """clients/python built into a wheel in `wheels` with this interpreter's pip and setuptools."""
     return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
@@ -85,7 +93,8 @@ def install_client(python: Path, wheels: Path) -> subprocess.CompletedProcess:
     """
     wheel = next(wheels.glob("rewardstack_client-*.whl"))
     return subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
-                           "--disable-pip-version-check", "-q", str(wheel)], capture_output=True, text=True)
+                           "--disable-pip-version-check", "-q", str(wheel)], capture_output=True, text=True,
+                          env=_without_pythonpath())
 
 
 def versions(python: Path, names: list[str]) -> dict[str, str | None]:
@@ -101,7 +110,7 @@ def versions(python: Path, names: list[str]) -> dict[str, str | None]:
     # Run outside the checkout: `-c` puts the working directory on the path, and a checkout may
     # hold rewardstack's egg-info from an editable install.
     r = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, check=True,
-                       cwd=python.parents[2])
+                       cwd=python.parents[2], env=_without_pythonpath())
     return json.loads(r.stdout)
 
 
