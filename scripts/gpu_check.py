@@ -64,7 +64,7 @@ failures: list[str] = []
 # so a package the card's image lacks is named before any GPU time is spent.
 LAZY_MODULES = [
     "rewardstack._scorers.classifier", "rewardstack._scorers.embedding", "rewardstack._scorers.encoding",
-    "rewardstack.scorers.dpo", "rewardstack._scorers.prefix", "rewardstack._memory.guard",
+    "rewardstack._scorers.dpo", "rewardstack._scorers.prefix", "rewardstack._memory.guard",
     "rewardstack._memory.placement", "rewardstack._memory.budget", "rewardstack._memory.device",
     "rewardstack._scorers.attention", "transformers",
 ]
