@@ -21,7 +21,7 @@ from rewardstack.errors import ConfigError
 from rewardstack._settings import TABLES
 
 PACKAGE = Path(modeloptions.__file__).parent
-SCORERS = PACKAGE / "scorers"
+SCORERS = PACKAGE / "_scorers"
 # Which models read options in which scorer module: the model registry's families.
 MODULE_MODELS: dict[str, list[str]] = {}
 for _m in models.MODELS:
