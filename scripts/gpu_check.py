@@ -24,7 +24,7 @@ larger than 40 GiB: `torch.cuda.set_per_process_memory_fraction` caps this proce
 7. DPO on the full-size BTLM (blocked attention, installed after its probe on the card) at
    8,192 tokens: no OOM, measured peak within 10% of the simulated one.
 8. The swap time of the largest model swapped on a 24 GiB card: pageable `.to()`, pinned copies on
-   a side stream (`memory.swapcopy`), and that copy overlapped with a DPO pass.
+   a side stream (`memory.placement.PinnedSwapper`), and that copy overlapped with a DPO pass.
 
 Each phase prints its figures as it ends; with $OUT set they are also appended, one JSON object
 a line, to $OUT/gpu-check.jsonl (flushed and synced), so a timeout keeps what was measured.
@@ -65,7 +65,7 @@ failures: list[str] = []
 LAZY_MODULES = [
     "rewardstack._scorers.classifier", "rewardstack._scorers.embedding", "rewardstack._scorers.encoding",
     "rewardstack._scorers.dpo", "rewardstack._scorers.prefix", "rewardstack._memory.guard",
-    "rewardstack._memory.placement", "rewardstack._memory.budget", "rewardstack._memory.swapcopy",
+    "rewardstack._memory.placement", "rewardstack._memory.budget", "rewardstack._memory.device",
     "rewardstack._scorers.attention", "transformers",
 ]
 
@@ -345,7 +345,7 @@ def largest_swapped(cfg: Any, card: int) -> tuple[str, int] | None:
 
 def check_swap_time(cfg: Any, mods: dict[str, tuple], dry: bool, card: int = 24 * GIB) -> None:
     """8. Swap time of the largest model swapped on a 24 GiB card: plain `.to()` from pageable host
-    memory, then from pinned copies on the copy stream (`memory.swapcopy`) alone and overlapped
+    memory, then from pinned copies on the copy stream (`memory.placement.PinnedSwapper`) alone and overlapped
     with a DPO pass (wall time of both against the pass alone)."""
     found = largest_swapped(cfg, card)
     if found is None:
@@ -356,7 +356,7 @@ def check_swap_time(cfg: Any, mods: dict[str, tuple], dry: bool, card: int = 24 
     if dry or name not in {n.split('[', 1)[0] for n in mods}:
         print("  (would measure: pageable .to(), pinned copy on a side stream, and that copy overlapped with a DPO pass)")
         return
-    from rewardstack._memory.swapcopy import PinnedSwapper  # pragma: no cover - CUDA-only path
+    from rewardstack._memory.placement import PinnedSwapper  # pragma: no cover - CUDA-only path
 
     ms = next(v for k, v in mods.items() if k.split("[", 1)[0] == name)  # pragma: no cover
     sw = PinnedSwapper(torch.device("cuda"))  # pragma: no cover

@@ -5,8 +5,8 @@ plain tensor computation whose activations are exactly `BYTES_PER_TOKEN` per pad
 simulated device sees a known peak. Class attributes switch on the behaviours under test:
 `extra_on_call` (allocate `EXTRA_BYTES` more in that call only, 1-based), `leak_per_step` (keep
 that many bytes on the device after every step), `max_batch` and `profile_in_step` (in that
-score call, 1-based, ask the manager mid-run for a profile of `SLOW_SHAPES` at `SLOW_SECONDS` a
-shape, under the manager's `profile_limit_s`, as DPO's chunk policy does under a tight budget).
+score call, 1-based, ask the manager for a profile of `SLOW_SHAPES` at `SLOW_SECONDS` a shape
+inside the step; the manager refuses it, counted in `refused`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import torch
 from rewardstack import config as config_mod
 from conftest import use_builder
 from rewardstack._memory import Profile
-from rewardstack._memory.costmodel import ProfileCapped
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 
 SLOW_SECONDS = 0.1
@@ -49,6 +48,7 @@ class HogScorer(Scorer):
         self.runtime = runtime
         self.calls = 0
         self.score_calls = 0
+        self.refused = 0
         self.kept: list[torch.Tensor] = []
         self.passes: list[tuple[list[int], int]] = []  # (indices, padded length) of every pass it ran
         runtime.memory.calibrate(Profile(name, lambda b, n: self._pass(b, n), max_length=64,
@@ -66,11 +66,10 @@ class HogScorer(Scorer):
                 time.sleep(SLOW_SECONDS)
                 return self._pass(b, n)
 
-            mem = self.runtime.memory
             try:
-                mem.calibrate(Profile(f"{self.name}[slow]", slow, max_length=64, shapes=SLOW_SHAPES, limit_s=mem.profile_limit_s))
-            except ProfileCapped:
-                pass  # the hog keeps its load-time cost model, as DPO keeps its measured chunk
+                self.runtime.memory.calibrate(Profile(f"{self.name}[slow]", slow, max_length=64, shapes=SLOW_SHAPES))
+            except RuntimeError:  # no profile inside a request: the hog keeps its load-time cost model
+                self.refused += 1
         res = ScoreResult.failed_only(request)
         live = request.live()
         lengths = [tokens(request.completions[i] or "") for i in live]

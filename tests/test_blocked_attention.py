@@ -22,7 +22,7 @@ import torch
 
 from causal_fixtures import make_runtime
 from rewardstack.config import ModelConfig
-from rewardstack._memory.tracker import TensorBytesTracker
+from rewardstack._memory.device import TensorBytesTracker
 from rewardstack._scorers import attention, dpo
 from rewardstack._scorers.prefix import PrefixRunner
 from rewardstack._standins import make_btlm_checkpoint, make_dpo_standin

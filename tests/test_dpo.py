@@ -172,7 +172,7 @@ def test_tight_budget_shrinks_the_chunk_before_cutting(dpo_folder: tuple[Path, d
     opts = {"logits_chunk": 512, "tune_logits_chunk": False}
     cfg = model_config("dpo_reward_model", folder, entry, max_length=4096, options=opts)
     # One load-time profile for the three builds (the calibration cache, as a restart reads it);
-    # the smaller chunks' fits are profiled inside the step, which is what this test is about.
+    # the smaller chunks' fits are profiled at each budgeted build's load, never inside the step.
     free = dpo.build(cfg, cached_runtime(cfg))
     cost = free.runtime.memory.cost_model("dpo_reward_model")
     for chars, share, whole in ((12_000, 0.4, True), (19_500, 0.15, False)):

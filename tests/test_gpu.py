@@ -52,7 +52,7 @@ def test_setup_reads_free_memory_and_device_memory_caps_the_allocator(tmp_path) 
     cfg = from_dict({"device": "cuda:0", "state_dir": str(tmp_path), "memory": {"device_memory": "4GiB"}})
     mm = MemoryManager(None, device="cuda:0")
     free, total = torch.cuda.mem_get_info(0)
-    assert mm.startup is not None and abs(mm.startup.device_free - free) <= 64 * 1024**2
+    assert mm.card.startup is not None and abs(mm.card.startup.device_free - free) <= 64 * 1024**2
     b = mm.setup(cfg)
     assert b.total_bytes == 4 * 1024**3 and b.activation_bytes <= int(4 * 1024**3 * cfg.gpu_utilization)
     # The hard cap: an allocation past the 4 GiB card fails even though the real card has room.

@@ -18,7 +18,7 @@ import torch
 
 from rewardstack.config import StackConfig
 from rewardstack._memory import MemoryManager
-from rewardstack._memory.snapshot import MemorySnapshot
+from rewardstack._memory.device import MemorySnapshot
 from rewardstack._settings import MemorySettings
 
 MiB = 1024**2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rewardstack._memory.allocator import ENV, configure_allocator, maybe_empty_cache
+from rewardstack._memory.device import ENV, configure_allocator, maybe_empty_cache
 
 
 def test_sets_expandable_segments_unless_user_chose() -> None:

@@ -148,13 +148,13 @@ def test_a_restart_reads_saved_cost_models_and_does_not_profile(standins, tmp_pa
 
 
 def test_calibration_key_covers_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rewardstack._memory.calibrating as manager_mod  # where the calibration key is built
+    import rewardstack._memory.calibration as calibration_mod  # where the calibration key is built
 
     calls = []
     run = lambda b, l: calls.append((b, l)) or torch.ones(b, l, 8).sum()  # noqa: E731
     model = ModelConfig(name="m", path="x", weight=1.0)
     for torch_version, want_profile in [("2.13.0", True), ("2.13.0", False), ("2.14.0", True)]:
-        monkeypatch.setattr(manager_mod, "environment", lambda d, v=torch_version: {"device": "cpu", "torch": v, "transformers": "5"})
+        monkeypatch.setattr(calibration_mod, "environment", lambda d, v=torch_version: {"device": "cpu", "torch": v, "transformers": "5"})
         mm = MemoryManager(None, calibration=CalibrationCache(tmp_path / "c.json"))
         mm.describe_model(model)
         mm.calibrate(Profile("m", run, max_length=64, max_batch=2))

@@ -8,8 +8,10 @@ import random
 import pytest
 import torch
 
-from rewardstack._memory import FaultInjector, MemoryManager, Profile
+from memory_fixtures import scale
+from rewardstack._memory import MemoryManager, Profile
 from rewardstack._memory.guard import run_guarded
+from rewardstack._replay.faults import FaultInjector
 from rewardstack._standins.memory import build
 
 
@@ -111,7 +113,7 @@ def _long_inputs_run(bert: torch.nn.Module, underfit: float = 1.0) -> MemoryMana
     """Heavy-tailed lengths up to 100k tokens: capped, planned and scored under a 600 kB budget."""
     mm = MemoryManager(None)
     cost = mm.calibrate(Profile("bert", _profile_run(bert), max_length=1024, max_batch=8))
-    cost.scale(underfit)
+    scale(cost, underfit)
     budget = 600_000  # about 600 tokens of this model: the budget, not the profile, cuts
     mm.set_budget(budget)
     rng = random.Random(0)

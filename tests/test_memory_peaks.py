@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from rewardstack.config import StackConfig
-from rewardstack._memory import FaultInjector, MemoryManager, TensorBytesTracker
-from rewardstack._memory.observers import MemoryObserver, PlacementMove
-from rewardstack._memory.peaks import use_allocator_stats
+from rewardstack._memory import MemoryManager, TensorBytesTracker
+from rewardstack._replay.faults import FaultInjector
+from rewardstack._memory.manager import MemoryObserver
+from rewardstack._memory.placement import PlacementMove
+from rewardstack._memory.device import use_allocator_stats
 from rewardstack._telemetry import PeakWindow
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on a GPU

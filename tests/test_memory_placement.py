@@ -9,7 +9,7 @@ import torch
 
 from rewardstack.config import StackConfig
 from rewardstack._memory import MemoryManager, Placement
-from rewardstack._memory.budget import compute_budget, resolve_budget, weights_bytes
+from rewardstack._memory.budget import ACTIVATION_SHARE, compute_budget, split_card, usable_bytes, weights_bytes
 
 
 def _mod(n_floats: int) -> torch.nn.Module:
@@ -80,8 +80,8 @@ def test_manager_runs_every_model_with_budget_below_weights(caplog) -> None:  # 
 
 def test_budget_resolution() -> None:
     cfg = StackConfig()
-    assert resolve_budget(cfg, "cpu", 0) is None
-    assert resolve_budget(StackConfig(memory_budget=123), "cpu", 0) == 123
+    assert compute_budget(cfg, "cpu", 0).activation_bytes is None
+    assert compute_budget(StackConfig(memory_budget=123), "cpu", 0).activation_bytes == 123
     b = compute_budget(cfg, "cuda", 10 * 1024**3, total_memory=lambda d: 80 * 1024**3)
     assert b.activation_bytes == int(80 * 1024**3 * 0.9) - 10 * 1024**3 - 512 * MiB
     assert "total" in b.describe()
@@ -122,9 +122,10 @@ def test_models_start_where_their_weights_are() -> None:
 def test_place_then_load_moves_only_resident_models_to_the_card() -> None:
     # The "card" is the meta device here: a module moved there holds no memory and says so.
     mm = MemoryManager(None, simulate=True)
-    assert mm.weights_capacity(StackConfig()) is None  # CPU: no card to fill
-    cap = mm.weights_capacity(StackConfig(headroom_bytes=0, gpu_utilization=1.0), total_memory=lambda d: 9 * MiB)
-    assert cap == int(9 * MiB * 0.8)  # 7.2 MiB
+    assert mm.card.size(StackConfig()) is None  # CPU: no card to fill
+    full = StackConfig(headroom_bytes=0, gpu_utilization=1.0)
+    cap, _ = split_card(usable_bytes(mm.card.size(full, lambda d: 9 * MiB), full), 9 * MiB, None)  # weights do not fit
+    assert cap == int(9 * MiB * (1 - ACTIVATION_SHARE)) == int(9 * MiB * 0.8)  # 7.2 MiB
     mods = {"a": _mod(MiB), "b": _mod(MiB), "c": _mod(MiB // 2)}  # 4, 4 and 2 MiB, loaded on the host
     p = Placement("meta", 7 * MiB, host="cpu")
     for name, m in mods.items():

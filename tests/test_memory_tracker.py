@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from rewardstack._memory.tracker import TensorBytesTracker
+from rewardstack._memory.device import TensorBytesTracker
 
 
 def test_counts_new_storages_and_frees() -> None:

@@ -91,7 +91,7 @@ def test_step_line_shows_the_peak_of_the_calls_inside(caplog: pytest.LogCaptureF
     # The step itself never enters the tracker; its model calls do (as the memory manager runs them).
     from types import SimpleNamespace
 
-    from rewardstack._memory.tracker import TensorBytesTracker
+    from rewardstack._memory.device import TensorBytesTracker
     from rewardstack._oplog import OperatorLog
 
     tracker = TensorBytesTracker(budget_bytes=64 * 2**20)

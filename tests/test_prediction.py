@@ -18,8 +18,8 @@ import pytest
 
 from causal_fixtures import make_runtime, model_config
 from rewardstack._memory.costmodel import CostModel, prefix_profile_shapes
-from rewardstack._memory.observers import MemoryObserver
-from rewardstack._memory.peaks import PeakWindow
+from rewardstack._memory.manager import MemoryObserver
+from rewardstack._memory.device import PeakWindow
 from rewardstack._memory.planner import padding_groups, plan_batches
 from rewardstack._scorers import dpo, reciprocate
 from rewardstack._scorers.base import ScoreRequest

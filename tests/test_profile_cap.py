@@ -1,5 +1,5 @@
-"""A profile a tight budget asks for mid-run is bounded by `[memory] profile_seconds`, told to the
-observers as a `ProfileRecord`, recorded by the telemetry as `profiling` and drawn by the report."""
+"""No profile runs inside a request: a budget met inside a step is planned within what was measured
+at load, a profile asked for there is refused, and the telemetry and the report say none ran."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from causal_fixtures import make_runtime, model_config
-from rewardstack._memory.costmodel import ProfileCapped, profile
-from rewardstack._memory.observers import MemoryObserver, ProfileRecord
+from rewardstack._memory import MemoryManager, MemoryObserver, Profile
+from rewardstack._memory.calibration import ProfileRecord
 from rewardstack._scorers import dpo
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dpo_standin
 from rewardstack._replay.synthetic import text
-from telemetry_fixtures import SLOW_SHAPES, HogScorer, hog_config, step  # noqa: F401 - fixture
+from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 
 class Recorder(MemoryObserver):
@@ -28,22 +29,17 @@ class Recorder(MemoryObserver):
         self.records.append(record)
 
 
-def test_profile_stops_before_a_shape_that_would_end_past_the_cap() -> None:
+def test_a_profile_asked_for_inside_a_request_is_refused() -> None:
     ran: list[tuple[int, int]] = []
-
-    def slow(b: int, length: int) -> None:  # 1 ms per token: the grid below needs 1.0 s in all
-        ran.append((b, length))
-        time.sleep(1e-3 * b * length)
-
-    shapes = [(1, 10), (1, 40), (2, 50), (4, 100)]  # 10, 40, 100 and 400 ms
-    t0 = time.perf_counter()
-    with pytest.raises(ProfileCapped) as e:
-        profile(slow, lambda fn: fn() or 1, shapes, limit_s=0.3)
-    seconds = time.perf_counter() - t0
-    # The 400 ms shape was predicted (4 ms per token... at the last shape's rate) to end past the cap.
-    assert (4, 100) not in ran and e.value.measured == len(ran) < len(shapes) and e.value.shapes == len(shapes)
-    assert seconds < 0.3 + 0.15  # the cap, plus at most a shape's misprediction (here none)
-    assert profile(slow, lambda fn: fn() or 1, shapes[:2], limit_s=10.0).to_dict()  # under the cap: a fit
+    mm = MemoryManager(None)
+    seen = Recorder()
+    mm.subscribe(seen)
+    with mm.serving(), pytest.raises(RuntimeError, match="no profile runs inside a request"):
+        mm.calibrate(Profile("m", lambda b, n: ran.append((b, n)), max_length=64, shapes=[(1, 8), (2, 16)]))
+    assert ran == [] and seen.records == [] and "m" not in mm.cost_models
+    mm.calibrate(Profile("m", lambda b, n: ran.append((b, n)) or torch.ones(b, n).sum(), max_length=64,
+                         shapes=[(1, 8), (2, 16)]))  # outside a request (at load): profiled
+    assert ran == [(1, 8), (2, 16)] and [r.name for r in seen.records] == ["m"]
 
 
 LENGTH = 1024  # DPO's bound here: short profiles
@@ -55,10 +51,11 @@ def dpo_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return folder, make_dpo_standin(folder)
 
 
-def test_a_mid_run_profile_past_its_cap_is_stopped_and_the_step_still_scores(dpo_folder: tuple[Path, dict]) -> None:
-    """The budget asks DPO for a smaller logits chunk inside the step; its profile is made slow
-    (0.1 s a shape, ~1.5 s in all) against a 0.35 s cap: it stops, the measured 512-row setting
-    stays, the long input is cut (never run out of memory) and the short one scores whole."""
+def test_a_budget_met_inside_a_step_profiles_nothing_and_the_step_still_scores(dpo_folder: tuple[Path, dict]) -> None:
+    """A budget set after load, too small for DPO's measured 512-row logits chunk, is met inside the
+    step: nothing is profiled there (a profile would be slow here: 0.1 s a shape), the measured
+    512-row setting stays, the long input is cut to what it holds (never run out of memory) and
+    the short one scores whole."""
     folder, entry = dpo_folder
     opts = {"logits_chunk": 512, "tune_logits_chunk": False}
     rt = make_runtime()
@@ -69,7 +66,6 @@ def test_a_mid_run_profile_past_its_cap_is_stopped_and_the_step_still_scores(dpo
     rt.memory.set_budget(int(rt.memory.cost_model("dpo_reward_model").predict(1, n) * 0.4))
     seen = Recorder()
     rt.memory.subscribe(seen)
-    rt.memory.profile_limit_s = 0.35
     fast = sc.chunks.profile
 
     def slow(b: int, length: int) -> None:
@@ -80,16 +76,14 @@ def test_a_mid_run_profile_past_its_cap_is_stopped_and_the_step_still_scores(dpo
     t0 = time.perf_counter()
     res = sc.score(ScoreRequest(prompt, [comp, comp[:200]]))
     seconds = time.perf_counter() - t0
-    [rec] = seen.records
-    assert rec.capped and rec.model == "dpo_reward_model" and "chunk=" in rec.name
-    assert 0 < rec.measured < rec.shapes and rec.limit_s == 0.35 and rec.seconds < 0.35 + 0.3
+    assert seen.records == []  # no profile inside the step
     assert sc.chunks.chunk == 512 and rt.memory.oom_log.maxlen and list(rt.memory.oom_log) == []  # the measured setting
     assert res.statuses[0] == Status.TRUNCATED and math.isfinite(res.scores[0])
     assert res.statuses[1] == Status.OK and math.isfinite(res.scores[1])
-    assert seconds < 30  # the uncapped profile of this step took minutes on a loaded 2-core machine
-    # The capped setting is not profiled again: the next step pays nothing.
+    assert seconds < 30  # a profile inside this step took minutes on a loaded 2-core machine
+    # The next step pays nothing either.
     sc.score(ScoreRequest(prompt, [comp]))
-    assert len(seen.records) == 1
+    assert seen.records == []
 
 
 def _pixels(png: Path, color: str) -> int:
@@ -102,28 +96,24 @@ def _pixels(png: Path, color: str) -> int:
     return int((np.abs(img - want).max(axis=-1) <= 2 / 255).sum())
 
 
-def test_the_telemetry_records_profiling_and_the_report_draws_and_counts_it(hog_config, tmp_path: Path) -> None:  # noqa: ANN001
+def test_the_telemetry_and_the_report_see_no_profile_inside_steps(hog_config, tmp_path: Path) -> None:  # noqa: ANN001
     from rewardstack.stack import RewardStack
     from rewardstack._telemetry import Monitor, RunDir, read_timeline
-    from rewardstack._telemetry.report import PROFILING_COLOR, write_report
+    from rewardstack._telemetry.report import write_report
 
-    HogScorer.profile_in_step = 2  # the second step's hog call asks for a profile: 0.6 s against a 0.25 s cap
-    stack = RewardStack(hog_config(memory={"profile_seconds": 0.25}), load_state=False)
-    assert stack.memory.profile_limit_s == 0.25
+    HogScorer.profile_in_step = 2  # the second step's hog call asks for a profile: refused
+    stack = RewardStack(hog_config(), load_state=False)
     mon = Monitor.attach(stack, run_dir=RunDir(tmp_path / "run"))
     for k in range(3):
         stack.score_step(step(k), save=False)
     mon.close()
+    hog = stack.scorers[HOG]
+    assert hog.refused == 1 and "rlhf_reward_model[slow]" not in stack.memory.cost_models
     records = list(read_timeline(tmp_path / "run"))
-    [prof] = [r for r in records if r["type"] == "profiling"]
-    assert prof["step"] == 2 and prof["capped"] and prof["model"] == "rlhf_reward_model"
-    assert 0 < prof["measured"] < prof["shapes"] == len(SLOW_SHAPES) and prof["limit_s"] == 0.25
+    assert [r for r in records if r["type"] == "profiling"] == []
     steps = {r["step"]: r for r in records if r["type"] == "step"}
-    assert steps[2]["profiles"] == 1 and 0 < steps[2]["profiling_seconds"] <= steps[2]["seconds"]
-    assert steps[1]["profiling_seconds"] == steps[3]["profiling_seconds"] == 0
+    assert sorted(steps) == [1, 2, 3] and all(s["profiles"] == 0 and s["profiling_seconds"] == 0 for s in steps.values())
+    assert all(r["outcome"] == "ok" for r in records if r["type"] == "call")  # the step scored as usual
     page, text = write_report(tmp_path / "run")
     html = page.read_text(encoding="utf-8")
-    assert "Profiling inside steps" in html and "1 profiles inside steps" in html and "stopped at its 0.25 s cap" in html
-    assert "rlhf_reward_model[slow]" in text
-    # Drawn as its own band (not the grey "outside model calls") in the step-time timeline.
-    assert _pixels(page.parent / "step_time_by_model.png", PROFILING_COLOR) > 50
+    assert "Profiling inside steps" in html and "none: every cost model came from the load-time calibration" in html

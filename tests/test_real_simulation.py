@@ -20,7 +20,7 @@ import torch
 
 from real_fixtures import real_models
 from rewardstack._planning import simulate as S
-from rewardstack._memory.tracker import TensorBytesTracker
+from rewardstack._memory.device import TensorBytesTracker
 
 pytestmark = pytest.mark.real
 

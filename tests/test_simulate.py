@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rewardstack._planning import simulate as S
-from rewardstack._memory.tracker import TensorBytesTracker
+from rewardstack._memory.device import TensorBytesTracker
 
 GIB = 1024**3
 REPORT_ALLOC = 4.40 * GIB  # "Tried to allocate 4.40 GiB"

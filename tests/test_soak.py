@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from rewardstack.cli import main
-from rewardstack._memory import FaultInjector, MemoryManager
+from rewardstack._memory import MemoryManager
+from rewardstack._replay.faults import FaultInjector
 from rewardstack._memory.guard import InjectedOOM
 from rewardstack._replay.comparison import compare, memory_slope
 from rewardstack._replay.workload import LONG_CHARS, soak_steps

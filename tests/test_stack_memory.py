@@ -21,7 +21,8 @@ import pytest
 from conftest import standin_config
 from rewardstack import RewardStack
 from rewardstack.config import ALL_MODELS
-from rewardstack._memory import FaultInjector
+from memory_fixtures import scale
+from rewardstack._replay.faults import FaultInjector
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._scorers.base import Status
 from rewardstack._replay.synthetic import text
@@ -56,7 +57,7 @@ def real_ooms(stack: RewardStack) -> list:
 def underfit(stack: RewardStack, factor: float = 0.3) -> None:
     """Shrink every fitted cost model: its plans now pack batches that do not fit."""
     for cost in stack.memory.cost_models.values():
-        cost.scale(factor)
+        scale(cost, factor)
 
 
 BUDGET = 48 * 1024**2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from rewardstack._memory import FaultInjector
+from rewardstack._replay.faults import FaultInjector
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry import Monitor, RunDir, read_incidents, read_timeline
 from telemetry_fixtures import BYTES_PER_TOKEN, HOG, HogScorer, hog_config, step  # noqa: F401 - fixture

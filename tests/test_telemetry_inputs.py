@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from conftest import standin_config
-from rewardstack._memory import FaultInjector
+from rewardstack._replay.faults import FaultInjector
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry import Monitor, RunDir, read_incidents, read_timeline
 from rewardstack._telemetry.report import summarize, RunData

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstack._memory import FaultInjector
+from rewardstack._replay.faults import FaultInjector
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry import Telemetry, read_timeline, render
 from rewardstack._telemetry.metrics import metrics_for, serve

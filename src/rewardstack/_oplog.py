@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from rewardstack._memory.budget import weights_bytes
-from rewardstack._memory.peaks import PeakWindow
+from rewardstack._memory.device import PeakWindow
 from rewardstack._stepobservers import ScoringStack, StepObserver
 from rewardstack._stepresult import StepResult
 

@@ -174,8 +174,6 @@ class MemorySettings:
 
     device_memory: int | None = byte_field(None)
     """Behave as on a card of this size (e.g. "40GiB"): budget, placement and a hard cap on CUDA; on CPU the simulated device's size. Unset: the real card (CUDA) or `memory_budget` (CPU)."""
-    profile_seconds: float = field(default=30.0, metadata={"check": _positive})
-    """Time cap of a profile a tight budget asks for mid-run, inside a step (DPO's smaller logits chunk): past it the profile stops, the setting is not used and the inputs it would have saved are cut (status `truncated`). Load-time profiles have none."""
     calibration_file: str | None = None
     """The calibration cache: fitted cost models reused at start (relative to the config file). Unset: $REWARDSTACK_HOME/calibration/cache.json (rewardstack._paths), one for every config, its fits keyed by checkpoint content; none for a config built in code."""
 

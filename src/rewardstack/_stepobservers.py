@@ -29,7 +29,7 @@ import torch
 
 from rewardstack.config import StackConfig
 from rewardstack._memory import MemoryManager
-from rewardstack._memory.snapshot import MemorySnapshot
+from rewardstack._memory.device import MemorySnapshot
 from rewardstack._stepresult import StepResult
 
 

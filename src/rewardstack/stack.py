@@ -31,7 +31,7 @@ from rewardstack.config import ALL_MODELS, MASKS, REWARD_MODELS, StackConfig
 from rewardstack.errors import StateError
 from rewardstack._memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack._memory.manager import check_device
-from rewardstack._memory.snapshot import take_snapshot
+from rewardstack._memory.device import take_snapshot
 from rewardstack import _models as models
 from rewardstack._normalize import RunningNormalizer
 from rewardstack._oplog import OperatorLog, log_models
@@ -447,14 +447,17 @@ class RewardStack:
         return [ForwardResult(view.step, res, emb, started) for view, res, emb in zip(views, results, embeddings)]
 
     def run_scorer(self, name: str, request: ScoreRequest) -> ScoreResult:
-        """One scorer on one request; a scorer that raises marks every live completion ERROR."""
-        return _checked(name, request, self.scorers[name].score)
+        """One scorer on one request; a scorer that raises marks every live completion ERROR. No
+        profile runs inside it (`MemoryManager.serving`)."""
+        with self.memory.serving():
+            return _checked(name, request, self.scorers[name].score)
 
     def run_stateless_part(self, name: str, request: ScoreRequest) -> list[Embedding] | None:
         """A stateful mask's forward pass (`Scorer.stateless_part`: diversity's embeddings, None for
         the blacklist); one that raises gives ERROR for every live completion."""
         try:
-            return self.scorers[name].stateless_part(request)
+            with self.memory.serving():
+                return self.scorers[name].stateless_part(request)
         except Exception:  # noqa: BLE001 - the scoring loop must not crash
             log.exception("%s failed; its completions are marked '%s'", name, Status.ERROR)
             return [(None, Status.ERROR)] * len(request.live())

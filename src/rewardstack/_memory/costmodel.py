@@ -7,17 +7,15 @@ with the square of the length (DeBERTa's disentangled attention). The three extr
 ones measured on real architectures that the first three cannot express: `d` per-sequence tensors
 whose size does not depend on the length (DeBERTa's relative-position embeddings projected per
 batch row), `e` and `f` batch-independent tensors (position ids, DeBERTa's L x L relative-position
-bucket matrix). They default to 0, so `CostModel(a, b, c)` means what it always meant. A scorer
-that computes logits in chunks of `chunk` positions (the causal-LM scorers) sets `chunk`, adding a
+bucket matrix). They default to 0. A scorer that computes logits in chunks of `chunk` positions (the causal-LM scorers) sets `chunk`, adding a
 term g*B*min(L, chunk): the logit chunk grows with L up to the chunk size and then stays flat.
 A scorer whose chunks run over the rows of the whole batch (DPO) sets `chunk_rows`, and the term
 becomes g*min(B*L, chunk).
 
 A pass whose peak is the larger of two phases is fitted as the maximum of two such sums (`alt`):
 DPO's peak is either in its body (activations growing with B*L) or in the logits phase after it
-(the flat [chunk, V] buffer, the per-row seen-count table, the penalty's bookkeeping). One sum
-charged the logits phase on top of the body's growth: 21% worst error on the DPO stand-in's grid
-and 29% mean error over the bench workload's calls; as two pieces, 3% and 10%.
+(the flat [chunk, V] buffer, the per-row seen-count table, the penalty's bookkeeping); one sum
+would charge the logits phase on top of the body's growth.
 
 The coefficients are fitted by exact non-negative least squares on relative error to peaks measured
 in a short profile run (`profile`); `trust` (<= 1) shrinks the budget a model may plan against
@@ -33,18 +31,19 @@ one-token prefix (the largest case for a length), so `predict(B, L)` is that upp
 largest seen in passes profiled with long prefixes, `fit_prefix`) is
 min(bytes(B, L), bytes(B, S) + prefix_rate*B*(L - S)), S = L - P but never below the shortest
 profiled length: never above the bound, never below what the prefixed profile passes measured,
-and never a fit extrapolated below the lengths it measured. Charging the bound to every call over-predicted
-Reciprocate's calls by 1.5-2.6x on a 100-token prompt.
+and never a fit extrapolated below the lengths it measured: charging the bound to every call
+over-predicts a long shared prompt's calls several times over.
 
 A lone input is never padded, so an encoder runs it without an attention mask (sdpa drops an
 all-ones mask), while the profile's batches carry one padded position so that the mask is built as
 in real batches. With a `lone` model (fitted to unpadded single-input passes, `profile(lone_run=)`)
-`predict(1, L)` is that pass's: the padded profile charged a 512-token NSFW input 20% more than
-it took (its [1, 1, L, L] mask).
+`predict(1, L)` is that pass's, without the padded batches' [B, 1, L, L] mask.
 
-A fit is only trusted where it was measured: `admits(B, L)` is false for a batch longer, wider or
-with more tokens than the largest profiled shape (as vLLM sizes its cache from a profile run at the
-maximum batched shape), and the planner never builds such a batch.
+The profile (`profile`) measures a grid of shapes (`profile_shapes`), the prefixed passes
+(`prefix_profile_shapes`) and the lone inputs, and fits the model. A fit is only trusted where it
+was measured: `admits(B, L)` is false for a batch longer, wider or with more tokens than the
+largest profiled shape (as vLLM sizes its cache from a profile run at the maximum batched shape),
+and the planner never builds such a batch.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -62,7 +60,7 @@ import torch
 log = logging.getLogger("rewardstack.memory")
 
 TERMS = ("a", "b", "c", "d", "e", "f", "g", "h")
-_TERM_NAMES = ("1", "B*L", "B*L^2", "B", "L", "L^2", "chunk", "penalty")
+_TERM_NAMES = ("1", "B*L", "B*L^2", "B", "L", "L^2", "chunk", "penalty")  # `describe`
 TWO_PIECE_MIN_SAMPLES = 8  # fewer samples cannot support two pieces of up to eight terms
 TWO_PIECE_ABOVE = 0.05  # a single sum fitting within 5% everywhere is kept as it is
 
@@ -121,17 +119,6 @@ class CostModel:
         """The coefficients in the order of `TERMS`."""
         return [self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h]
 
-    def scale(self, factor: float) -> "CostModel":
-        """Multiply every coefficient (tests under-fit a model on purpose with this)."""
-        self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (v * factor for v in self.coefficients())
-        if self.alt is not None:
-            self.alt = [v * factor for v in self.alt]
-        if self.prefix_rate is not None:
-            self.prefix_rate *= factor
-        if self.lone is not None:
-            self.lone.scale(factor)
-        return self
-
     def predict(self, batch: int, length: int, prefix: int = 0) -> float:
         """Predicted peak bytes of one forward pass over a (batch, length) padded rectangle.
 
@@ -171,11 +158,6 @@ class CostModel:
         self.prefix_samples = [tuple(int(v) for v in s) for s in samples]  # type: ignore[misc]
         return self
 
-    def prefix_error(self) -> float:
-        """The largest relative error of the prefixed prediction over the prefixed passes measured."""
-        errs = [abs(self.predict(b, l, p) - m) / max(m, 1) for b, l, p, m in self.prefix_samples]
-        return max(errs) if errs else 0.0
-
     def fit(self, samples: Sequence[tuple[int, int, int]]) -> "CostModel":
         """Non-negative least-squares fit of the coefficients to measured (B, L, bytes) samples.
 
@@ -185,9 +167,7 @@ class CostModel:
         Where one sum of terms fits badly (worst relative error over `TWO_PIECE_ABOVE`), the fit
         tries the maximum of two sums (`alt`, see `_fit_two_pieces`) and keeps it when it halves
         the squared error: a pass whose peak is the larger of two phases (DPO: the body's
-        activations, or the logits chunk with the penalty's bookkeeping after it) is a max, and a
-        single sum charged the flat logits phase on top of the body's growth (21% worst error on
-        the stand-in's grid, 3% as two pieces).
+        activations, or the logits chunk with the penalty's bookkeeping after it) is a max.
         """
         if not samples:
             raise ValueError("cannot fit a cost model to no samples")
@@ -232,46 +212,26 @@ class CostModel:
 
     def describe(self) -> str:
         """One line for logs."""
-        extra = "".join(
-            f" + {v:.3g}*{t}" for v, t in ((self.d, "B"), (self.e, "L"), (self.f, "L^2"), (self.g, f"min(B*L,{self.chunk})" if self.chunk_rows else f"B*min(L,{self.chunk})"), (self.h, f"min(B*L,{self.chunk})*(L-{self.chunk})+")) if v
-        )
-        shapes = sorted({(b, l) for b, l, _ in self.samples})
-        prefixed = (f"; shared prefix P: min(bytes(B, L), bytes(B, L-P) + {self.prefix_rate:.3g}*B*P), "
-                    f"{len(self.prefix_samples)} prefixed passes, max error {self.prefix_error():.1%}"
-                    if self.prefix_rate is not None else "")
-        if self.lone is not None:
-            prefixed += f"; alone (unpadded): {self.lone.describe().split(' (trust')[0]}, max error {self.lone.max_error():.1%}"
-        if self.alt is not None:
-            extra += " or, where larger, " + " + ".join(f"{v:.3g}*{t}" for v, t in zip(self.alt, _TERM_NAMES) if v)
-        return (
-            f"bytes = {self.a:.3g} + {self.b:.3g}*B*L + {self.c:.3g}*B*L^2{extra} "
-            f"(trust {self.trust:.2f}, {len(self.samples)} shapes {shapes}, "
-            f"max fit error {self.max_error():.1%}{prefixed})"
-        )
+        def terms(coef: Sequence[float]) -> str:
+            return " + ".join(f"{v:.3g}*{t}" for v, t in zip(coef, _TERM_NAMES) if v) or "0"
+
+        alt = f" or, where larger, {terms(self.alt)}" if self.alt is not None else ""
+        prefixed = f"; {self.prefix_rate:.3g} bytes per row per shared-prefix token" if self.prefix_rate is not None else ""
+        lone = f"; alone (unpadded): {terms(self.lone.coefficients())}" if self.lone is not None else ""
+        return (f"bytes = {terms(self.coefficients())}{alt} (chunk {self.chunk}, trust {self.trust:.2f}, "
+                f"{len(self.samples)} shapes, max fit error {self.max_error():.1%}{prefixed}{lone})")
 
     def to_dict(self) -> dict:
-        """JSON-able form (for logs and telemetry)."""
-        return {
-            "a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e, "f": self.f,
-            "g": self.g, "h": self.h, "chunk": self.chunk, "chunk_rows": self.chunk_rows,
-            "trust": self.trust, "samples": self.samples, "prefix_rate": self.prefix_rate,
-            "prefix_samples": self.prefix_samples, "lone": self.lone.to_dict() if self.lone is not None else None,
-            "alt": self.alt,
-        }
+        """JSON-able form (the calibration cache, logs and telemetry)."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        """The inverse of `to_dict` (the calibration cache stores fits this way); trust starts at 1."""
-        return cls(
-            a=float(d["a"]), b=float(d["b"]), c=float(d["c"]), d=float(d.get("d", 0.0)), e=float(d.get("e", 0.0)),
-            f=float(d.get("f", 0.0)), g=float(d.get("g", 0.0)), h=float(d.get("h", 0.0)), chunk=d.get("chunk"),
-            chunk_rows=bool(d.get("chunk_rows", False)),
-            samples=[(int(b), int(l), int(m)) for b, l, m in d.get("samples", [])],
-            prefix_rate=float(d["prefix_rate"]) if d.get("prefix_rate") is not None else None,
-            prefix_samples=[(int(b), int(l), int(p), int(m)) for b, l, p, m in d.get("prefix_samples", [])],
-            lone=cls.from_dict(d["lone"]) if d.get("lone") else None,
-            alt=[float(v) for v in d["alt"]] if d.get("alt") else None,
-        )
+        """The inverse of `to_dict`; trust starts at 1."""
+        d = {**d, "trust": 1.0, "clean": 0, "lone": cls.from_dict(d["lone"]) if d.get("lone") else None}
+        d["samples"] = [tuple(int(v) for v in s) for s in d.get("samples", [])]
+        d["prefix_samples"] = [tuple(int(v) for v in s) for s in d.get("prefix_samples", [])]
+        return cls(**d)
 
 
 def _identifiable_terms(
@@ -399,8 +359,8 @@ def profile_shapes(
     """
     top = max(1, int(max_length))
     # Every halving of the bound down to 1/512 of it (at least 16 tokens): a heavy-tailed workload
-    # lives mostly far below the bound, and a grid of 256, 1024, ... 8192 (DPO) left its inputs
-    # of 100-600 tokens to a fit across a 4x gap; the short shapes cost little to profile. The
+    # lives mostly far below the bound, and a grid of only long lengths would leave its short
+    # inputs to a fit across a wide gap; the short shapes cost little to profile. The
     # shortest length also bounds how short a prefixed prediction's suffix may be taken.
     picks = [max(8, top // 32)] + [top >> k for k in range(10) if (top >> k) >= 16]
     if chunk and chunk < top:
@@ -408,14 +368,6 @@ def profile_shapes(
     lengths = sorted({max(1, min(top, v)) for v in picks})
     batches = sorted({1, max(1, max_batch // 2), max(1, max_batch)})
     return [(b, l) for l in lengths for b in batches if b == 1 or max_tokens is None or b * l <= max_tokens]
-
-
-class ProfileCapped(RuntimeError):
-    """A profile stopped by its time cap before its last shape (`profile(..., limit_s=)`)."""
-
-    def __init__(self, measured: int, shapes: int, seconds: float, limit_s: float) -> None:
-        super().__init__(f"profile stopped after {measured} of {shapes} shapes ({seconds:.1f}s; cap {limit_s:g}s)")
-        self.measured, self.shapes, self.seconds, self.limit_s = measured, shapes, seconds, limit_s
 
 
 def prefix_profile_shapes(shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
@@ -444,10 +396,12 @@ def prefix_profile_shapes(shapes: Sequence[tuple[int, int]]) -> list[tuple[int, 
 
 
 def _measure_all(items: Sequence[tuple[int, ...]], make: Callable[..., Callable[[], object]],
-                 measure: Callable[[Callable[[], object]], int]) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """Peaks of `measure(make(*item))` per item: (items with their peak appended, items that ran
-    out of memory). `make` runs before the measurement (a shared prefix's pass) and returns what
-    is measured."""
+                 measure: Callable[[Callable[[], object]], int], what: str) -> list[tuple[int, ...]]:
+    """Each item (B, L, ...) with the peak of `measure(make(*item))` appended. `make` runs before
+    the measurement (a shared prefix's pass) and returns what is measured. An item that runs out
+    of (real) memory is skipped and logged: a profile must not crash the load on a device that is
+    already tight; the plan then never reaches that size.
+    """
     samples: list[tuple[int, ...]] = []
     skipped: list[tuple[int, ...]] = []
     for item in items:
@@ -460,7 +414,9 @@ def _measure_all(items: Sequence[tuple[int, ...]], make: Callable[..., Callable[
             gc.collect()
             continue
         samples.append((*item, int(peak)))
-    return samples, skipped
+    if skipped:
+        log.warning("profile: %s %s ran out of memory and were skipped", what, skipped)
+    return samples
 
 
 def profile(
@@ -470,7 +426,6 @@ def profile(
     chunk: int | None = None,
     chunk_rows: bool = False,
     *,
-    limit_s: float | None = None,
     prefix_run: Callable[[int, int, int], Callable[[], object]] | None = None,
     lone_run: Callable[[int], object] | None = None,
 ) -> CostModel:
@@ -478,55 +433,21 @@ def profile(
 
     `prefix_run(B, L, P)`: runs a shared prefix of P tokens and returns the pass over the rest of
     the B x L batch; that pass is measured at `prefix_profile_shapes(shapes)` to fit the model's
-    `prefix_rate`. `lone_run(L)`: one unpadded input of L tokens, measured at every length
-    profiled alone, fitted as the model's `lone`.
-    A shape that runs out of (real) memory is skipped and logged: the profile must not crash the
-    load on a device that is already tight; the plan then simply never reaches that shape's size.
-
-    `limit_s` caps the profile's wall time: before each shape its time is predicted from the last
-    shape's seconds per token (the grid grows, so the last shape is the closest in size), and the
-    profile raises `ProfileCapped` rather than start a shape that would end past the cap (or once
-    the cap has passed). A shape already running is never interrupted, so the bound is the cap
-    plus one shape's misprediction. A capped profile fits nothing: the planner admits nothing past
-    the largest measured shape, so a half grid would silently cut the long inputs it was run for.
+    `prefix_rate` (only the suffix pass is measured, as scoring runs the prefix before its batches
+    are planned). `lone_run(L)`: one unpadded input of L tokens, measured at every length profiled
+    alone, fitted as the model's `lone`.
     """
-    samples: list[tuple[int, int, int]] = []
-    skipped: list[tuple[int, int]] = []
-    started = time.perf_counter()
-    rate: float | None = None  # seconds per token of the last shape
-    for k, (b, l) in enumerate(shapes):
-        if limit_s is not None and k > 0:
-            elapsed = time.perf_counter() - started
-            predicted = rate * b * l if rate is not None else 0.0
-            if elapsed + predicted > limit_s:
-                raise ProfileCapped(len(samples), len(shapes), elapsed, limit_s)
-        t0 = time.perf_counter()
-        peak: int | None = None
-        try:
-            peak = measure(lambda b=b, l=l: run(b, l))
-        except torch.OutOfMemoryError:
-            skipped.append((b, l))
-        rate = (time.perf_counter() - t0) / max(1, b * l)
-        if peak is None:  # outside the except block: its frames no longer pin the tensors
-            gc.collect()
-            continue
-        samples.append((b, l, int(peak)))
-    if skipped:
-        log.warning("profile: shapes %s ran out of memory and were skipped", skipped)
+    samples = _measure_all(shapes, lambda b, l: lambda: run(b, l), measure, "shapes")
     if not samples:
-        raise torch.OutOfMemoryError(f"profile: every shape ran out of memory ({skipped})")
+        raise torch.OutOfMemoryError(f"profile: every shape ran out of memory ({list(shapes)})")
     cost = CostModel(chunk=chunk, chunk_rows=chunk_rows).fit(samples)  # type: ignore[arg-type]
     if prefix_run is not None:
         kept = [(b, l) for b, l, _ in samples]
-        # `prefix_run` runs the prefix and hands back the suffix pass: only that pass is measured,
-        # as scoring runs the prefix (`run(prepare=)`) before its batches are planned and measured.
-        prefixed, skipped = _measure_all(prefix_profile_shapes(kept), prefix_run, measure)
-        if skipped:
-            log.warning("profile: prefixed passes %s ran out of memory and were skipped", skipped)
+        prefixed = _measure_all(prefix_profile_shapes(kept), prefix_run, measure, "prefixed passes")
         cost.fit_prefix(prefixed)  # type: ignore[arg-type]
     if lone_run is not None:
         alone = sorted({(1, l) for b, l, _ in samples if b == 1})
-        measured, skipped = _measure_all(alone, lambda b, l: lambda: lone_run(l), measure)
+        measured = _measure_all(alone, lambda b, l: lambda: lone_run(l), measure, "lone inputs")
         if measured:
             cost.lone = CostModel().fit(measured)  # type: ignore[arg-type]  # `admits` is the main fit's
     return cost

@@ -1,27 +1,43 @@
-"""The OOM guard: runs a batch, and on out-of-memory frees, splits and retries, then falls back.
+"""The OOM guard: runs planned batches, and on out-of-memory frees, splits and retries, then falls back.
 
 The except block only records the error: the retry happens after leaving it, because a live
 exception's traceback pins the frames that hold the failed pass's tensors. A batch that runs out of
 memory is split in half until single inputs remain; a single input that still does not fit is run
-by the fallback (CPU) if there is one, else it gets an explicit OOM status. Nothing is dropped.
+by the fallback (the model's weights lent to the host for that input) if there is one, else it gets
+an explicit `oom` status. A batch that raises anything else is split the same way until the input
+that fails is found, which gets the `error` status. Nothing is dropped.
+
+Where the passes run: on the device (inside the simulated device's tracker on CPU), or in host
+memory for a model that placement put on the CPU (`untracked`: outside every dispatch mode, so
+invisible to the simulated device, with no device budget and no fallback).
+
+`injector` (the soak's `rewardstack._replay.faults.FaultInjector`) is any object whose
+`during(model, batch)` context raises an `InjectedOOM` inside a pass: the guard counts an injected
+OOM like a real one but does not lower the cost model's trust for it.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import random
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _disable_current_modes
 
-from rewardstack._memory.tracker import tensors_in
+from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.device import TensorBytesTracker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack._memory.placement import Placement
 
 log = logging.getLogger("rewardstack.memory")
+
+Forward = Callable[[list[int]], Sequence[Any]]
+"""A scorer's pass: one value per input index it is given, in that order."""
 
 
 @dataclass
@@ -53,90 +69,7 @@ class OomRecord:
 
 
 class InjectedOOM(torch.OutOfMemoryError):
-    """An OOM raised on purpose by a `FaultInjector` (tests, soak runs)."""
-
-
-class FaultInjector:
-    """Fails a device forward pass with an injected OOM with probability `rate`.
-
-    `run_guarded` runs each pass inside `during`, which raises the OOM inside the pass after its
-    first allocations; `maybe_raise` raises before a pass (for callers without a pass to enter).
-
-    Deterministic: the same seed and the same sequence of calls inject at the same passes.
-    `models` limits injection to those model names (None: all). `calls` and `injected` count
-    passes seen and OOMs raised, per model in `by_model`.
-    """
-
-    def __init__(self, rate: float, seed: int = 0, *, models: Sequence[str] | None = None) -> None:
-        self.rate = rate
-        self.seed = seed
-        self.models = set(models) if models is not None else None
-        self.rng = random.Random(seed)
-        self.calls = 0
-        self.injected = 0
-        self.by_model: dict[str, list[int]] = {}  # name -> [calls, injected]
-        self.max_after = 8  # `during` fails a pass after 1..max_after tensor-creating ops
-
-    def reset(self) -> None:
-        """Start the same sequence of injections again."""
-        self.rng = random.Random(self.seed)
-        self.calls = self.injected = 0
-        self.by_model.clear()
-
-    def _draw(self, model: str) -> bool:
-        """Count a pass and decide whether it gets an OOM."""
-        if self.models is not None and model not in self.models:
-            return False
-        self.calls += 1
-        counts = self.by_model.setdefault(model, [0, 0])
-        counts[0] += 1
-        if self.rate > 0 and self.rng.random() < self.rate:
-            self.injected += 1
-            counts[1] += 1
-            return True
-        return False
-
-    @contextmanager
-    def during(self, model: str, batch: Sequence[int]) -> Iterator[None]:
-        """Run one forward pass that, with probability `rate`, fails with an `InjectedOOM` inside it.
-
-        The OOM is raised after the pass's first 1..`max_after` tensor-creating ops (drawn from the
-        seed), so the tensors it already allocated are live when it fails, as in a real OOM; a pass
-        with fewer ops fails at its end. Other passes run untouched.
-        """
-        if not self._draw(model):
-            yield
-            return
-        message = f"injected OOM in {model} (batch of {len(batch)})"
-        mode = _RaiseAfter(self.rng.randint(1, self.max_after), message)
-        with mode:
-            yield
-        raise InjectedOOM(message)
-
-    def maybe_raise(self, model: str, batch: Sequence[int]) -> None:
-        """Raise an `InjectedOOM` with probability `rate`."""
-        if self._draw(model):
-            raise InjectedOOM(f"injected OOM in {model} (batch of {len(batch)})")
-
-
-class _RaiseAfter(TorchDispatchMode):
-    """Raises an injected OOM once `after` aten ops have returned tensors (allocations made)."""
-
-    def __init__(self, after: int, message: str) -> None:
-        super().__init__()
-        self.after = after
-        self.message = message
-        self.seen = 0
-        self.fired = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        if not self.fired and tensors_in(out):
-            self.seen += 1
-            if self.seen >= self.after:
-                self.fired = True
-                raise InjectedOOM(self.message)
-        return out
+    """An OOM raised on purpose inside a pass (the soak's fault injector, tests)."""
 
 
 def free_device_memory(device: torch.device) -> None:
@@ -146,16 +79,48 @@ def free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+@contextmanager
+def untracked() -> Iterator[None]:
+    """Run outside every dispatch mode: host memory, invisible to the simulated device."""
+    with _disable_current_modes():
+        yield
+
+
+def _where(on_host: bool, tracker: TensorBytesTracker | None) -> AbstractContextManager[Any]:
+    """Where a model's passes run: host memory, the simulated device, or the real one."""
+    if on_host:
+        return untracked()
+    return tracker if tracker is not None else nullcontext()
+
+
+def _attempt(model: str, batch: list[int], forward: Forward, injector: Any
+             ) -> tuple[Sequence[Any] | None, str | None, bool, str | None]:
+    """(values, OOM message, injected, other error) of one pass. Returning leaves the except block,
+    so the failed pass's frames and tensors are freed before the caller frees memory and retries."""
+    try:
+        if injector is None:
+            return forward(batch), None, False, None
+        # The injected OOM strikes inside the pass, after its first allocations, so the path that
+        # frees a failed pass's tensors runs as after a real OOM.
+        with injector.during(model, batch):
+            values = forward(batch)
+        return values, None, False, None
+    except torch.OutOfMemoryError as e:
+        return None, str(e).splitlines()[0] if str(e) else "out of memory", isinstance(e, InjectedOOM), None
+    except Exception as e:  # noqa: BLE001 - one bad input must not take the loop down
+        return None, None, False, f"{type(e).__name__}: {e}"
+
+
 def run_guarded(
     model: str,
     batches: list[list[int]],
     lengths: Sequence[int],
-    forward: Callable[[list[int]], Sequence[Any]],
+    forward: Forward,
     *,
     device: torch.device,
-    fallback: Callable[[list[int]], Sequence[Any]] | None,
+    fallback: Forward | None,
     on_oom: Callable[[OomRecord], None],
-    injector: FaultInjector | None = None,
+    injector: Any = None,
     on_ok: Callable[[list[int]], None] | None = None,
 ) -> dict[int, Outcome]:
     """Run every batch; return one Outcome per input index. Never raises for OOM or model errors.
@@ -166,63 +131,27 @@ def run_guarded(
     stack = list(reversed(batches))
     while stack:
         batch = stack.pop()
-        oom_message: str | None = None
-        injected = False
-        other_error: str | None = None
-        values: Sequence[Any] | None = None
-        try:
-            if injector is not None:
-                # The injected OOM strikes inside the pass, after its first allocations, so the
-                # path that frees a failed pass's tensors runs as after a real OOM.
-                with injector.during(model, batch):
-                    out = forward(batch)
-                values = out
-            else:
-                values = forward(batch)
-        except torch.OutOfMemoryError as e:
-            oom_message = str(e).splitlines()[0] if str(e) else "out of memory"
-            injected = isinstance(e, InjectedOOM)
-        except Exception as e:  # noqa: BLE001 - one bad input must not take the loop down
-            other_error = f"{type(e).__name__}: {e}"
-        # Out of the except block: the traceback and its frames are gone now.
+        values, oom, injected, error = _attempt(model, batch, forward, injector)
         if values is not None:
             if len(values) != len(batch):
                 raise RuntimeError(f"{model}: forward returned {len(values)} values for {len(batch)} inputs")
-            for i, v in zip(batch, values):
-                results[i] = Outcome(value=v)
+            results.update((i, Outcome(value=v)) for i, v in zip(batch, values))
             if on_ok is not None:
                 on_ok(batch)
             continue
-        if other_error is not None:
-            if len(batch) > 1:  # isolate the input that fails
-                half = len(batch) // 2
-                stack.extend([batch[half:], batch[:half]])
-            else:
-                log.error("%s: input %d failed: %s", model, batch[0], other_error)
-                results[batch[0]] = Outcome(status="error", error=other_error)
-            continue
-        free_device_memory(device)
-        shape_len = max(lengths[i] for i in batch)
-        if len(batch) > 1:
-            action = "split"
+        if len(batch) > 1:  # isolate the input that fails, or halve what did not fit
             half = len(batch) // 2
             stack.extend([batch[half:], batch[:half]])
-        elif fallback is not None:
-            action = "cpu_fallback"
-        else:
-            action = "gave_up"
-        on_oom(
-            OomRecord(
-                model=model,
-                batch=len(batch),
-                length=shape_len,
-                lengths=[int(lengths[i]) for i in batch],
-                message=oom_message or "",
-                action=action,
-                injected=injected,
-                indices=list(batch),
-            )
-        )
+        if error is not None:
+            if len(batch) == 1:
+                log.error("%s: input %d failed: %s", model, batch[0], error)
+                results[batch[0]] = Outcome(status="error", error=error)
+            continue
+        free_device_memory(device)
+        action = "split" if len(batch) > 1 else "cpu_fallback" if fallback is not None else "gave_up"
+        on_oom(OomRecord(model=model, batch=len(batch), length=max(lengths[i] for i in batch),
+                         lengths=[int(lengths[i]) for i in batch], message=oom or "", action=action,
+                         injected=injected, indices=list(batch)))
         if action == "cpu_fallback":
             assert fallback is not None
             try:
@@ -231,5 +160,69 @@ def run_guarded(
             except Exception as e:  # noqa: BLE001
                 results[batch[0]] = Outcome(status="oom", error=f"cpu fallback failed: {e}")
         elif action == "gave_up":
-            results[batch[0]] = Outcome(status="oom", error=oom_message)
+            results[batch[0]] = Outcome(status="oom", error=oom)
     return results
+
+
+def run_batches(
+    name: str,
+    batches: list[list[int]],
+    lengths: Sequence[int],
+    forward: Forward,
+    *,
+    cost: CostModel,
+    device: torch.device,
+    on_host: bool,
+    tracker: TensorBytesTracker | None,
+    injector: Any,
+    fallback: Forward | None,
+    on_oom: Callable[[OomRecord], None],
+) -> dict[int, Outcome]:
+    """Run `batches` under the guard where the model runs (`on_host`: in host memory, with no
+    device budget, no injected device OOMs and no fallback). Every OOM goes to `on_oom`; a real
+    one also lowers `cost`'s trust, which clean batches bring back."""
+
+    def oom(rec: OomRecord) -> None:
+        on_oom(rec)
+        if not rec.injected:
+            cost.distrust()
+        log.warning("OOM in %s: batch %d x %d (lengths %s) -> %s: %s",
+                    rec.model, rec.batch, rec.length, rec.lengths[:8], rec.action, rec.message)
+
+    with torch.inference_mode(), _where(on_host, tracker):
+        if on_host:
+            return run_guarded(name, batches, lengths, forward, device=torch.device("cpu"), fallback=None, on_oom=oom)
+        return run_guarded(name, batches, lengths, forward, device=device, fallback=fallback, on_oom=oom,
+                           injector=injector, on_ok=lambda batch: cost.record_clean())
+
+
+def prepare_batches(name: str, prepare: Callable[[], Any], *, device: torch.device, on_host: bool,
+                    tracker: TensorBytesTracker | None) -> None:
+    """Run `prepare` where the batches will run; an OOM here is left to the guarded batches."""
+    failed = False
+    with torch.inference_mode():
+        try:
+            with _where(on_host, tracker):
+                prepare()
+        except torch.OutOfMemoryError as e:
+            log.warning("%s: out of memory preparing the batches (%s); each batch retries it", name, e)
+            failed = True
+    if failed:  # outside the except block: the traceback no longer pins the tensors
+        free_device_memory(device)
+
+
+def cpu_fallback(owner: str, forward: Forward, placement: "Placement | None", counted: Callable[[], None]) -> Forward:
+    """A fallback that runs `forward` with `owner`'s weights on the host, then moves them back;
+    `counted()` is called once per input so scored."""
+
+    def fallback(idx: list[int]) -> Sequence[Any]:
+        started = time.perf_counter()
+        lent = placement.lent_to_host(owner) if placement is not None and owner in placement.names() else nullcontext(0)
+        with lent as moved, untracked():
+            out = forward(idx)
+        counted()
+        log.warning("CPU fallback: %s scored input %s on the host (%d bytes of weights moved, %.3fs)",
+                    owner, idx, moved, time.perf_counter() - started)
+        return out
+
+    return fallback

@@ -1,15 +1,10 @@
-"""The memory manager: the one object scorers ask to run their forward passes.
+"""The memory manager: the one object scorers ask to run their forward passes, and what it tells subscribers.
 
-One class composed of helpers that own their own state: the card it sizes the budget on
-(`sizing.Card`: the device at start and now, memory outside torch, `setup`'s budget), the
-calibrator (`calibrating.Calibrator`: model keys, the deferred queue, profiles or cache reads)
-and the guarded run's passes (`guarded`: plain functions given what they use). This module holds
-the manager's own state: budget, tracker, cost models, placement, OOM log and observers.
-
-It owns the budget, the tracker (simulated device on CPU), the per-model cost models, the OOM log
-and (when the stack's weights do not fit) the placement. `run` plans batches from token lengths,
-makes sure the model is on its device, runs the batches under the OOM guard and returns outcomes in
-input order. `length_cap` tells a scorer how long one input may be and still fit alone.
+It owns the budget (sized on the `Card`), the tracker (the simulated device on CPU), the per-model
+cost models, the OOM log, the calibrator and (when the stack's weights do not fit) the placement.
+`run` plans batches from token lengths, makes sure the model is where it runs, runs the batches
+under the OOM guard and returns outcomes in input order. `length_cap` tells a scorer how long one
+input may be and still fit alone.
 
 The stack's order of calls (place, then load onto the card, then profile):
   configure_allocator(); mm = MemoryManager(None, device=...)   # CUDA: free memory read now
@@ -24,32 +19,93 @@ One accounting on every device: a batch is planned against the activation budget
 live now (`live_bytes`: the tracker's count on the simulated device; on CUDA the allocator's
 allocated bytes minus the resident weights), so a prefix cache or another model's buffers are never
 counted as free.
+
+The memory layer knows nothing of who listens (telemetry, replay, a benchmark): a subscriber
+derives from `MemoryObserver`, overrides the hooks it needs and is added with `subscribe`. Hooks
+run inside the scoring loop and must never raise into it.
+
+- `run(name, lengths)`: a context manager around one `MemoryManager.run` call (placement, the
+  shared prefix, every batch): replay's per-model peak.
+- `batch(name, lengths, forward, cost, on_host, prefix=, completions=)`: returns the forward function
+  to run for each batch the guard runs (split halves and CPU fallbacks included), e.g. `forward`
+  timed and measured: the telemetry's call records. `completions` names each input by the step's
+  completion index (the scorer's own numbering skips and merges inputs), None for the prompt.
+- `oom(record)`: an out-of-memory error the guard handled (`guard.OomRecord`, with what it did next).
+- `moved(move)`: placement moved a model's weights onto the device or off it (`placement.PlacementMove`).
+- `profiled(record)`: a profile ran (`calibration.ProfileRecord`, with how long it took): at load,
+  never inside a request (`serving`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from rewardstack._memory.budget import Budget, weights_bytes
-from rewardstack._memory.calibrating import Calibrator, Profile, measure_peak
-from rewardstack._memory.calibration import CalibrationCache
+from rewardstack._memory.budget import Budget, Card, weights_bytes
+from rewardstack._memory.calibration import CalibrationCache, Calibrator, Profile, ProfileRecord, cache_path_for, measure_peak
 from rewardstack._memory.costmodel import CostModel
-from rewardstack._memory.guard import FaultInjector, OomRecord, Outcome
-from rewardstack._memory.guarded import Forward, cpu_fallback, prepare_batches, run_batches
-from rewardstack._memory.observers import MemoryObserver, PlacementMove, ProfileRecord
-from rewardstack._memory.placement import Decision, Placement
+from rewardstack._memory.device import MemorySnapshot, TensorBytesTracker
+from rewardstack._memory.guard import Forward, OomRecord, Outcome, cpu_fallback, prepare_batches, run_batches
+from rewardstack._memory.placement import Decision, Placement, PlacementMove
 from rewardstack._memory.planner import max_fitting_length, plan_batches
-from rewardstack._memory.sizing import Card
-from rewardstack._memory.snapshot import MemorySnapshot
-from rewardstack._memory.tracker import TensorBytesTracker
 from rewardstack._models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
+
+
+class MemoryObserver:
+    """A subscriber of the memory layer; every hook does nothing unless overridden."""
+
+    def run(self, name: str, lengths: Sequence[int]) -> AbstractContextManager[Any]:
+        """Context around one `MemoryManager.run` call of model run `name`."""
+        return nullcontext()
+
+    def batch(self, name: str, lengths: Sequence[int], forward: Forward, cost: CostModel,
+              on_host: bool, prefix: int = 0, completions: Sequence[int | None] | None = None) -> Forward:
+        """The forward function to run each batch of this run with (default: `forward` as is).
+
+        `prefix`: the inputs' shared prefix tokens, run before the batches (the prediction of a
+        batch is `cost.predict(B, L, prefix)`). `completions`: input j is the step's completion
+        `completions[j]` (None: the prompt); None when the caller did not say."""
+        return forward
+
+    def oom(self, record: OomRecord) -> None:
+        """An OOM the guard handled."""
+
+    def moved(self, move: PlacementMove) -> None:
+        """A placement move."""
+
+    def profiled(self, record: ProfileRecord) -> None:
+        """A profile ran (at load: never inside a request)."""
+
+
+@dataclass
+class Allowance:
+    """What the budget allows one pass (`MemoryManager.run_pass`): inputs of at most `cap` tokens
+    (the longest predicted to fit alone), planned with the cost model of `setting`."""
+
+    cap: int
+    setting: str
+
+
+@dataclass
+class Pass:
+    """The inputs a scorer builds within an `Allowance`: their token lengths, the forward function
+    that scores a batch of them, and what `MemoryManager.run` takes with them."""
+
+    lengths: Sequence[int]
+    forward: Forward
+    max_batch: int | None = None
+    prepare: Callable[[], Any] | None = None
+    slack: float | None = None
+    prefix: int = 0
+    completions: Sequence[int | None] | None = None
+
 
 # OOM records kept in memory (a ring buffer); totals are counted without limit.
 OOM_LOG_SIZE = 256
@@ -68,18 +124,16 @@ class MemoryManager:
         *,
         device: torch.device | str = "cpu",
         margin: float = 0.9,
-        injector: FaultInjector | None = None,
+        injector: Any = None,
         simulate: bool | None = None,
         calibration: CalibrationCache | None = None,
         snapshot: Callable[[torch.device], MemorySnapshot] | None = None,
-        profile_limit_s: float | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.profile_limit_s = profile_limit_s
-        """Time cap of a profile asked for mid-run (`[memory] profile_seconds`; None: none)."""
         self.budget_bytes = budget_bytes
         self.margin = margin
         self.injector = injector
+        """Raises OOMs inside passes on purpose (the soak's `replay.faults.FaultInjector`; None: none)."""
         self.cost_models: dict[str, CostModel] = {}
         # The last OOM_LOG_SIZE records; `ooms_total` / `ooms_injected` count every one.
         self.oom_log: deque[OomRecord] = deque(maxlen=OOM_LOG_SIZE)
@@ -90,12 +144,15 @@ class MemoryManager:
         # CUDA (or a simulated card in tests): the device as it was before any model loaded.
         self.card = Card(self.device, snapshot)
         self.fallbacks_total = 0  # inputs scored by a CPU fallback
+        self.cut_to_fit: dict[str, int] = {}
+        """Per scorer, the passes whose inputs were cut to what its measured cost models hold (`run_pass`)."""
         self.placement: Placement | None = None
         self._up_next: str | None = None  # set only inside `prefetching`
+        self._serving = False  # inside `serving`: a request is being scored, no profile may run
         self.budget: Budget | None = None
         self.observers: list[MemoryObserver] = []
         """Subscribers told of runs, batches, OOMs, profiles and placement moves (`subscribe`)."""
-        self.calibrator = Calibrator(self.device, self._publish_profile)
+        self.calibrator = Calibrator(self.device, lambda record: self._publish("profiled", record))
         self._registered: dict[str, tuple[list[torch.nn.Module], float, bool]] = {}
         if simulate is None:
             simulate = self.device.type != "cuda"
@@ -106,18 +163,10 @@ class MemoryManager:
         """The manager a stack built from `cfg` uses: its device and margin, and the config's
         calibration cache (`[memory] calibration_file`, else in the config's home folder,
         `rewardstack._paths.calibration_file`; none for a config built in code)."""
-        from rewardstack._memory.calibration import cache_path_for
-
         memory = getattr(cfg, "memory", None)
         path = cache_path_for(getattr(cfg, "source", None), getattr(memory, "calibration_file", None))
         cache = CalibrationCache(path, recalibrate=recalibrate) if path is not None or recalibrate else None
-        return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache,
-                   profile_limit_s=getattr(memory, "profile_seconds", None))
-
-    @property
-    def startup(self) -> MemorySnapshot | None:
-        """The device as it was before any model loaded (None: no card to read)."""
-        return self.card.startup
+        return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache)
 
     @property
     def profiled(self) -> list[str]:
@@ -144,13 +193,9 @@ class MemoryManager:
         if observer in self.observers:
             self.observers.remove(observer)
 
-    def _publish_move(self, move: PlacementMove) -> None:
+    def _publish(self, hook: str, *args: Any) -> None:
         for o in list(self.observers):
-            o.moved(move)
-
-    def _publish_profile(self, record: ProfileRecord) -> None:
-        for o in list(self.observers):
-            o.profiled(record)
+            getattr(o, hook)(*args)
 
     # -- budget and placement ---------------------------------------------------------------
     def set_budget(self, budget_bytes: int | None) -> None:
@@ -173,7 +218,7 @@ class MemoryManager:
         if move is None and self.card.injected:
             move = False  # an injected (simulated) card: account, move nothing
         self.placement = Placement(self.device, weights_budget, move=move)
-        self.placement.listeners.append(self._publish_move)
+        self.placement.listeners.append(lambda move: self._publish("moved", move))
         for name, (mods, prio, cpu_ok) in self._registered.items():
             self.placement.register(name, mods, priority=prio, cpu_ok=cpu_ok)
         return self.placement.plan()
@@ -198,8 +243,14 @@ class MemoryManager:
         """The longest input (alone) that the budget is predicted to hold, at most `upper`."""
         if self.budget_bytes is None:
             return upper
-        budget = max(0.0, float(self.budget_bytes) - self.live_bytes())  # as `run` plans: live bytes are not free
-        return max(1, max_fitting_length(self.cost_model(name), budget, self.margin, upper))
+        return max(1, max_fitting_length(self.cost_model(name), self.free_bytes(), self.margin, upper))
+
+    def free_bytes(self) -> float:
+        """What a plan may fill now: the activation budget minus the bytes live on the device (kept
+        outputs, prefix caches are not free); unlimited without a budget."""
+        if self.budget_bytes is None:
+            return float("inf")
+        return max(0.0, float(self.budget_bytes) - self.live_bytes())
 
     def summary(self) -> dict:
         """Budget, cost models, OOM counts and placement, JSON-able (for logs and telemetry)."""
@@ -209,12 +260,12 @@ class MemoryManager:
             "ooms": self.ooms_total,
             "ooms_injected": self.ooms_injected,
             "cpu_fallbacks": self.fallbacks_total,
+            "cut_to_fit": dict(self.cut_to_fit),
             "profiled": list(self.profiled),
             "calibration_seconds": self.calibration_seconds,
             "cost_models": {n: c.to_dict() for n, c in self.cost_models.items()},
             "placement": self.placement.summary() if self.placement is not None else None,
         }
-
 
     # -- sizing the card --------------------------------------------------------------------
     def live_bytes(self) -> int:
@@ -245,27 +296,28 @@ class MemoryManager:
             self.place(weights_budget)
         return budget
 
-    def weights_capacity(self, cfg: Any, *, total_memory: Callable[[torch.device], int] | None = None) -> int | None:
-        """Device bytes the weights may hold when they do not all fit (None: no card to fill)."""
-        return self.card.weights_capacity(cfg, total_memory=total_memory)
-
     # -- calibration ------------------------------------------------------------------------
     def calibrate(self, profile: Profile) -> CostModel:
-        """Fit `profile`'s cost model (a scorer's whole side of calibration: `calibrating.Profile`)
+        """Fit `profile`'s cost model (a scorer's whole side of calibration: `calibration.Profile`)
         from measured peaks of its passes, and use it to plan that scorer's batches.
 
         Every profile that runs is told to the observers (`ProfileRecord`: the telemetry's
         `profiling` records). With a calibration cache and a known model (`describe_model`), a
         fit saved under the same key is reused without profiling. Inside `deferred_calibration()`
         the work is queued until `run_calibrations()`, after placement has put the models where
-        they will run.
+        they will run. Never inside a request (`serving`): a profile there would stall the step for
+        its duration, so one asked for is refused (RuntimeError).
         """
+        if self._serving:
+            raise RuntimeError(f"{profile.name}: no profile runs inside a request; calibrate at load")
         name = profile.name
 
         def work() -> CostModel:
             # The cache and the tracker as they are when the work runs (the queue runs after setup).
             cost = self.calibrator.fit(profile, self.calibration, self.tracker)
             self.set_cost_model(name, cost)
+            if profile.then is not None:
+                profile.then()
             return cost
 
         if self.calibrator.queue(name, work):
@@ -314,6 +366,35 @@ class MemoryManager:
         return measure_peak(fn, name, self.tracker, self.device)
 
     # -- running ----------------------------------------------------------------------------
+    def run_pass(self, name: str, build: Callable[[Allowance], Pass], *, upper: int,
+                 settings: Sequence[str] = ()) -> list[Outcome]:
+        """A scorer's one call for a pass: what the budget allows (`Allowance`), the inputs the
+        scorer builds within it (`build`, a `Pass`), planned and run under the guard (`run`).
+
+        `upper`: the longest input the scorer has (already within its own bound). `settings`: the
+        names of the scorer's other cost models, measured at load for other settings of its pass
+        (DPO's smaller logits chunks), tried in order when `name`'s cannot hold `upper`: the first
+        that can is used, else the one that holds the longest. Nothing is profiled here: a setting
+        not measured at load is never tried, and what no measured one holds is cut by the scorer
+        to `cap` (its `truncated` status says so).
+        """
+        allowance = Allowance(self.length_cap(name, upper), name)
+        for setting in settings:
+            if allowance.cap >= upper:
+                break
+            cap = self.length_cap(setting, upper)
+            if cap > allowance.cap:
+                allowance = Allowance(cap, setting)
+        p = build(allowance)
+        if not p.lengths:
+            return []
+        if allowance.cap < upper and max(p.lengths) >= allowance.cap:  # inputs cut to what was measured holds
+            self.cut_to_fit[name] = self.cut_to_fit.get(name, 0) + 1
+            log.info("%s: inputs cut to %d tokens, what the measured cost models hold under the budget (longest %d)",
+                     name, allowance.cap, upper)
+        return self.run(name, p.lengths, p.forward, max_batch=p.max_batch, prepare=p.prepare, slack=p.slack,
+                        prefix=p.prefix, completions=p.completions, cost_of=allowance.setting)
+
     def run(
         self,
         name: str,
@@ -326,6 +407,7 @@ class MemoryManager:
         slack: float | None = None,
         prefix: int = 0,
         completions: Sequence[int | None] | None = None,
+        cost_of: str | None = None,
     ) -> list[Outcome]:
         """Plan batches for `lengths`, run `forward(indices)` on each under the guard.
 
@@ -343,7 +425,8 @@ class MemoryManager:
         are a shared prefix `prepare` runs once (`CostModel.predict(prefix=)`). `completions`:
         the step's completion index of each input (None: the prompt), for the observers' records,
         which would otherwise know only the scorer's own numbering (DPO skips empty completions,
-        the classifiers merge identical texts and cut long ones into windows).
+        the classifiers merge identical texts and cut long ones into windows). `cost_of`: the
+        cost model to plan with when not `name`'s (one of the scorer's settings, `run_pass`).
         """
         if completions is not None and len(completions) != len(lengths):
             raise ValueError(f"{name}: {len(completions)} completion indices for {len(lengths)} inputs")
@@ -355,13 +438,10 @@ class MemoryManager:
             # A run named `model[k]` (one of a scorer's several models) is placed with its scorer.
             owner = owner_of(name)
             on_host = self._bring_in(owner)
-            cost = self.cost_model(name)
+            cost = self.cost_model(cost_of or name)
             if prepare is not None:
                 prepare_batches(name, prepare, device=self.device, on_host=on_host, tracker=self.tracker)
-            budget = float("inf") if (self.budget_bytes is None or on_host) else float(self.budget_bytes)
-            if budget != float("inf"):
-                # Bytes already live on the device (kept outputs, prefix caches) are not free.
-                budget = max(0.0, budget - self.live_bytes())
+            budget = float("inf") if on_host else self.free_bytes()
             batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True,
                                    slack=slack, prefix=prefix)
             for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
@@ -372,6 +452,17 @@ class MemoryManager:
                                   tracker=self.tracker, injector=self.injector, fallback=fallback,
                                   on_oom=self._record_oom)
             return [results[i] for i in range(len(lengths))]
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Inside: a request is being scored (the stack opens it around a step's forward passes), so
+        `calibrate` refuses: what a pass meets that was not measured is planned within what was
+        (the planner admits no shape past the profiled ones; DPO keeps its measured chunks)."""
+        saved, self._serving = self._serving, True
+        try:
+            yield
+        finally:
+            self._serving = saved
 
     @property
     def up_next(self) -> str | None:
@@ -408,8 +499,7 @@ class MemoryManager:
         self.oom_log.append(rec)
         self.ooms_total += 1
         self.ooms_injected += int(rec.injected)
-        for o in list(self.observers):
-            o.oom(rec)
+        self._publish("oom", rec)
 
     def _count_fallback(self) -> None:
         self.fallbacks_total += 1

@@ -16,9 +16,22 @@ moved once, and never evicted while another model on the device still uses them.
 so per model: its whole size (`bytes`), the bytes counted for it once across the stack
 (`counted_bytes`, summing to the stack's weights) and the models it shares modules with.
 
-On CUDA with `pinned=True` (CUDA-only, isolated in `swapcopy.py`), swapped models move from pinned
-host copies on a separate stream, swap out without a copy back, and `prefetch(name)` starts the
-next model's copy while the current one computes (`ensure` waits for it).
+On CUDA with `pinned=True` (`PinnedSwapper`, CUDA-only: every other placement, the CPU path and the
+tests' simulated placement, moves modules with `.to()`), swapped models move from pinned host
+copies on a separate stream, swap out without a copy back, and `prefetch(name)` starts the next
+model's copy while the current one computes (`ensure` waits for it):
+
+- **Pinned host copies.** `pin(module)` replaces each parameter's and buffer's host data by a
+  page-locked copy once. A host-to-device copy from pinned memory runs at the link's speed and can
+  be asynchronous; from pageable memory the driver stages it through a bounce buffer, synchronously.
+- **No copy back.** Inference never writes weights, so swapping a model out only points its
+  tensors back at their pinned host copies (`to_host`): the device memory is freed and nothing
+  crosses the link.
+- **A separate stream.** `to_device(module, wait=False)` issues the copies on the swapper's own
+  stream and records an event; the current stream keeps computing while the next model's weights
+  move. `ready(module)` makes the current stream wait for that event before the model runs, and
+  marks the new device tensors as used by the current stream so the caching allocator never hands
+  their memory out early.
 
 On a machine whose device is the host (CPU), placement is simulated: residency and swaps are
 accounted exactly the same way but modules are not moved (`move=False`), so the logic is testable
@@ -37,12 +50,25 @@ from typing import Callable, Iterator, Literal
 import torch
 
 from rewardstack._memory.budget import weights_bytes
-from rewardstack._memory.observers import PlacementMove
 
 log = logging.getLogger("rewardstack.memory")
 
 Where = Literal["resident", "cpu", "swap"]
 SWAP_LOG_SIZE = 256  # swap events kept in memory (a ring buffer); `swaps`/`evictions` count all
+
+
+@dataclass
+class PlacementMove:
+    """One model's weights moved by placement."""
+
+    model: str
+    direction: str
+    """`in` (swapped onto the device) or `out` (evicted for another)."""
+    bytes: int
+    seconds: float | None
+    """Wall time of the swap that moved it in (None for an eviction, timed with its swap-in)."""
+    time: float
+    """When the swap began (seconds since the epoch)."""
 
 
 @dataclass
@@ -104,12 +130,8 @@ class Placement:
         self.swaps = 0  # totals: the log below keeps only the last SWAP_LOG_SIZE events
         self.evictions = 0
         self.swap_log: deque[SwapEvent] = deque(maxlen=SWAP_LOG_SIZE)
-        # CUDA-only, isolated (memory/swapcopy.py): swapped models move from pinned host copies on
-        # a side stream, and swap out without a copy back. Everywhere else: `.to()` as before.
-        self._swapper = None
+        self._swapper: PinnedSwapper | None = None
         if pinned and self.move and self.device.type == "cuda":  # pragma: no cover - CUDA-only
-            from rewardstack._memory.swapcopy import PinnedSwapper
-
             self._swapper = PinnedSwapper(self.device)
         self.listeners: list[Callable[[PlacementMove], None]] = []
         """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
@@ -351,3 +373,72 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 def _mib(n: float) -> str:
     return f"{n / 1024**2:.1f} MiB"
+
+
+def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Each distinct parameter and buffer of `module` (a tied tensor once)."""
+    seen: set[int] = set()
+    out = []
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+class PinnedSwapper:  # pragma: no cover - CUDA-only
+    """Moves modules between pinned host copies and a CUDA device on a side stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError("PinnedSwapper is CUDA-only")
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self._host: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._events: dict[int, torch.cuda.Event] = {}
+
+    def pin(self, module: torch.nn.Module) -> None:
+        """Give every host tensor of `module` a pinned copy (once; the module must be on the host)."""
+        if id(module) in self._host:
+            return
+        pairs = []
+        for t in _tensors(module):
+            if t.device.type != "cpu":
+                raise ValueError("pin a module while it is on the host")
+            if not t.is_pinned():
+                t.data = t.data.pin_memory()
+            pairs.append((t, t.data))
+        self._host[id(module)] = pairs
+
+    def to_device(self, module: torch.nn.Module, *, wait: bool = True) -> None:
+        """Copy `module`'s weights onto the device on the side stream; `wait`: the current stream waits."""
+        self.pin(module)
+        with torch.cuda.stream(self.stream):
+            for t, host in self._host[id(module)]:
+                t.data = host.to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self._events[id(module)] = event
+        if wait:
+            self.ready(module)
+
+    def ready(self, module: torch.nn.Module) -> None:
+        """Make the current stream wait for `module`'s copy (a no-op when none is pending)."""
+        event = self._events.pop(id(module), None)
+        if event is None:
+            return
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)
+        for t, _ in self._host.get(id(module), []):
+            if t.device.type == "cuda":
+                t.data.record_stream(current)
+
+    def to_host(self, module: torch.nn.Module) -> None:
+        """Point `module`'s tensors back at their pinned host copies (weights are never written)."""
+        self.ready(module)
+        if id(module) not in self._host:  # never swapped in through here: an ordinary move, then pin
+            module.to("cpu")
+            self.pin(module)
+            return
+        for t, host in self._host[id(module)]:
+            t.data = host

@@ -9,7 +9,7 @@ profiled shape). Predictions are only used inside the profiled range, never extr
 With `slack`, a batch is also closed when its padded rectangle would waste more than that share
 of it on padding (`padding_groups`' rule): a scorer that runs each batch in such padding groups
 then runs exactly the batch that was planned and predicted, not a smaller rectangle inside it
-(charging the whole rectangle over-predicted DPO's and Reciprocate's calls by 1.5-5x).
+(charging the whole rectangle would over-predict the calls several times over).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from rewardstack._memory.costmodel import CostModel
 
 
-def usable_bytes(budget_bytes: float, cost: CostModel, margin: float) -> float:
+def plan_limit(budget_bytes: float, cost: CostModel, margin: float) -> float:
     """The share of the budget a plan may fill for this cost model."""
     return budget_bytes * margin * cost.trust
 
@@ -29,7 +29,7 @@ def max_fitting_length(cost: CostModel, budget_bytes: float, margin: float, uppe
 
     Never longer than the longest profiled length: past it the prediction would be a guess.
     """
-    limit = usable_bytes(budget_bytes, cost, margin)
+    limit = plan_limit(budget_bytes, cost, margin)
     ext = cost.extents()
     if ext is not None:
         upper = min(upper, ext[1])
@@ -104,7 +104,7 @@ def plan_batches(
     whose padding would pass that share (see the module docstring). `prefix`: the inputs' shared
     prefix, run before the batches (`CostModel.predict(prefix=)`).
     """
-    limit = usable_bytes(budget_bytes, cost, margin)
+    limit = plan_limit(budget_bytes, cost, margin)
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
 
     def closes(count: int, longest: int, tokens: int) -> bool:

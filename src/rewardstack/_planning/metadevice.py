@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from rewardstack._memory.tracker import TensorBytesTracker, storage_of, tensors_in
+from rewardstack._memory.device import TensorBytesTracker, storage_of, tensors_in
 from rewardstack._planning.archs import SimulationError
 
 

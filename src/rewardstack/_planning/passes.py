@@ -34,7 +34,7 @@ def encoder_pass(model: str, mods: tuple, rows: list[list[int]], pair: bool) -> 
     types = [[0] * len(r) for r in rows] if pair else None
 
     def run() -> Any:
-        batch = _to_meta(enc.pad_batch(m, rows, 0, types))  # as `encoding.run_rows` builds a pass
+        batch = _to_meta(enc.pad_batch(m, rows, 0, types))  # as `encoding.rows_pass` builds a pass
         return head(m(**batch), batch["attention_mask"]).float()
 
     return run

@@ -48,8 +48,8 @@ import torch
 from rewardstack.config import load_config
 from rewardstack.errors import RewardStackError
 from rewardstack._fileio import merge_json_section
-from rewardstack._memory.observers import MemoryObserver
-from rewardstack._memory.peaks import PeakWindow
+from rewardstack._memory.manager import MemoryObserver
+from rewardstack._memory.device import PeakWindow
 from rewardstack._replay.readers import RunStep, read_run
 from rewardstack._replay.recorded_cut import KeepCut
 from rewardstack._replay.reference import reference_figure, reference_need_of

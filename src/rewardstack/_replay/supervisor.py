@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack.stack import Step
-from rewardstack._memory.snapshot import host_memory
+from rewardstack._memory.device import process_rss
 
 MAX_CRASHES = 3
 POLL_S = 0.02
@@ -58,7 +58,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     from rewardstack.config import load_config
-    from rewardstack._memory import FaultInjector
+    from rewardstack._replay.faults import FaultInjector
     from rewardstack._runner import score_file
     from rewardstack._settings import parse_bytes
     from rewardstack.stack import RewardStack
@@ -93,7 +93,7 @@ def worker(args: argparse.Namespace) -> int:
             # Committed with the event: OOM counts are exact per committed step, kills or not.
             result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in reversed(new)]
             rest.write(json.dumps({"pid": os.getpid(), "steps": stack.steps_scored, "rest_bytes": rest_bytes(stack),
-                                   "rss_bytes": host_memory()[0], "history_rows": history_rows(stack)}) + "\n")
+                                   "rss_bytes": process_rss()[0], "history_rows": history_rows(stack)}) + "\n")
             rest.flush()
 
         report = score_file(stack, args.input, args.output, on_result=on_result, progress=False,

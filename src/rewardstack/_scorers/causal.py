@@ -20,7 +20,7 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack._hub import load_source
-from rewardstack._memory.calibrating import Profile
+from rewardstack._memory.calibration import Profile
 from rewardstack._memory.guard import Outcome
 from rewardstack._scorers.base import Runtime, Scorer, ScoreResult, Status
 from rewardstack._scorers.prefix import PrefixRunner, dummy_ids, profile_runner

@@ -20,6 +20,7 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack._hub import load_source
+from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.charbound import head_for_tokens
@@ -115,19 +116,26 @@ class OpenAssistantScorer(_Classifier):
         if not live:
             return result
         texts = list(dict.fromkeys(request.completions[i] for i in live))  # identical texts scored once
-        bound = min(self.max_length, self.runtime.memory.length_cap(self.name, self.max_length))
-        try:
-            ids, types, cut = self.encode(request.prompt, texts, bound)  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001 - a tokenizer failure must not take the step down
+        first = enc.first_completion(request.completions, live)
+        cut: list[bool] = []
+        failed: list[Exception] = []
+
+        def inputs(allowance: Allowance) -> Pass:
+            """The texts encoded within the bound the budget allows (their `cut` flags kept)."""
+            try:
+                bound = min(self.max_length, allowance.cap)
+                ids, types, cut[:] = self.encode(request.prompt, texts, bound)  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - a tokenizer failure must not take the step down
+                failed.append(e)
+                return Pass([], lambda idx: [])
+            return enc.rows_pass(self.model, ids, first_logit, pad_id=self.pad_id, types=types, max_tokens=self.max_tokens,
+                                 max_batch=self.max_batch, completions=[first[t] for t in texts])
+
+        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=self.max_length)
+        if failed:
             for i in live:
                 result.statuses[i] = Status.ERROR
             return result
-        first = enc.first_completion(request.completions, live)
-        outcomes = enc.run_rows(
-            self.runtime, self.name, self.model, ids, first_logit,
-            pad_id=self.pad_id, types=types, max_tokens=self.max_tokens, max_batch=self.max_batch,
-            completions=[first[t] for t in texts],
-        )
         by_text = {t: (o, c) for t, o, c in zip(texts, outcomes, cut)}
         for i in live:
             o, c = by_text[request.completions[i]]  # type: ignore[index]
@@ -158,26 +166,30 @@ class NSFWMask(_Classifier):
         if not live:
             return result
         texts = list(dict.fromkeys(request.completions[i] for i in live))
-        # A budget that cannot hold one window re-cuts the ids into shorter windows (TRUNCATED).
-        width = min(self.window, self.runtime.memory.length_cap(self.name, self.window))
         try:
             all_ids = self.tokenizer(texts)["input_ids"]
         except Exception:  # noqa: BLE001
             for i in live:
                 result.statuses[i] = Status.ERROR
             return result
-        rows: list[list[int]] = []
-        owner: list[int] = []
-        for t, ids in enumerate(all_ids):
-            for start in range(0, max(len(ids), 1), width):
-                rows.append(list(ids[start : start + width]))
-                owner.append(t)
         first = enc.first_completion(request.completions, live)
-        outcomes = enc.run_rows(
-            self.runtime, self.name, self.model, rows, hate_value,
-            pad_id=self.pad_id, max_tokens=self.max_tokens, max_batch=self.max_batch,
-            completions=[first[texts[t]] for t in owner],
-        )
+        owner: list[int] = []
+        width = self.window
+
+        def inputs(allowance: Allowance) -> Pass:
+            """The ids in windows the budget holds: one that cannot hold a whole window re-cuts the ids
+            into shorter windows (TRUNCATED)."""
+            nonlocal width
+            width = min(self.window, allowance.cap)
+            rows: list[list[int]] = []
+            for t, ids in enumerate(all_ids):
+                for start in range(0, max(len(ids), 1), width):
+                    rows.append(list(ids[start : start + width]))
+                    owner.append(t)
+            return enc.rows_pass(self.model, rows, hate_value, pad_id=self.pad_id, max_tokens=self.max_tokens,
+                                 max_batch=self.max_batch, completions=[first[texts[t]] for t in owner])
+
+        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=self.window)
         worst = [-math.inf] * len(texts)
         status = [Status.OK] * len(texts)
         for t, o in zip(owner, outcomes):

@@ -34,6 +34,7 @@ from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.charbound import head_for_tokens
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
+from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.planner import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, padding_groups, split_prefix
 from rewardstack._models import DAHOAS
@@ -141,40 +142,45 @@ class DahoasScorer(CausalScorer):
         if not live:
             return res
         comps = [request.completions[i] for i in live]
-        cap = min(self.max_len, self.runtime.memory.length_cap(self.name, self.max_len))
-        # Only the first `cap` ids count: read a head that provably gives them (charbound.py).
-        def head(t: str) -> str:
-            return head_for_tokens(t, self.tokenizer, cap)
-
-        texts = [wrap(head(request.prompt + c)) for c in comps] + [wrap(head(c)) for c in comps]  # type: ignore[operator]
-        enc = self.tokenizer(texts).input_ids
-        ids: list[list[int]] = []
-        cut = [False] * len(texts)
-        for k, x in enumerate(enc):
-            x = x[: read_position(x, self.eos_id) + 1]  # positions after it cannot change its value
-            cut[k] = len(x) > cap
-            ids.append(x[:cap])
         n = len(live)
-        runners = []
-        for group in (ids[:n], ids[n:]):  # with-prompt texts share more than without
-            prefix, _ = split_prefix(group, self.use_prefix)
-            runners.append(PrefixRunner(self.body, prefix, pad_id=self.fill_id))
+        cut = [False] * (2 * n)
 
-        def forward(batch: list[int]) -> list[float]:
-            out = [math.nan] * len(batch)
-            for part in (0, 1):
-                sel = [g for g, j in enumerate(batch) if (j >= n) == bool(part)]
-                if not sel:
-                    continue
-                for group in padding_groups([len(ids[batch[g]]) for g in sel]):
-                    members = [sel[g] for g in group]
-                    vals = self._forward(runners[part], [ids[batch[m]] for m in members])
-                    for m, v in zip(members, vals):
-                        out[m] = v
-            return out
+        def inputs(allowance: Allowance) -> Pass:
+            """Both groups of texts, tokenized within what the budget allows."""
+            cap = min(self.max_len, allowance.cap)
 
-        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch, slack=PADDING_SLACK,
-                                           prepare=lambda: [r.state() for r in runners], completions=live + live)
+            # Only the first `cap` ids count: read a head that provably gives them (charbound.py).
+            def head(t: str) -> str:
+                return head_for_tokens(t, self.tokenizer, cap)
+
+            texts = [wrap(head(request.prompt + c)) for c in comps] + [wrap(head(c)) for c in comps]  # type: ignore[operator]
+            ids: list[list[int]] = []
+            for k, x in enumerate(self.tokenizer(texts).input_ids):
+                x = x[: read_position(x, self.eos_id) + 1]  # positions after it cannot change its value
+                cut[k] = len(x) > cap
+                ids.append(x[:cap])
+            runners = []
+            for group in (ids[:n], ids[n:]):  # with-prompt texts share more than without
+                prefix, _ = split_prefix(group, self.use_prefix)
+                runners.append(PrefixRunner(self.body, prefix, pad_id=self.fill_id))
+
+            def forward(batch: list[int]) -> list[float]:
+                out = [math.nan] * len(batch)
+                for part in (0, 1):
+                    sel = [g for g, j in enumerate(batch) if (j >= n) == bool(part)]
+                    if not sel:
+                        continue
+                    for group in padding_groups([len(ids[batch[g]]) for g in sel]):
+                        members = [sel[g] for g in group]
+                        vals = self._forward(runners[part], [ids[batch[m]] for m in members])
+                        for m, v in zip(members, vals):
+                            out[m] = v
+                return out
+
+            return Pass([len(x) for x in ids], forward, max_batch=self.max_batch, slack=PADDING_SLACK,
+                        prepare=lambda: [r.state() for r in runners], completions=live + live)
+
+        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=self.max_len)
         # Each completion's two runs: with the prompt (first n), alone (next n); reward = the difference.
         return self._fill(res, live, outcomes, lambda a, b: float(a) - float(b), parts=2,
                           cut=[cut[k] or cut[n + k] for k in range(n)])

@@ -56,6 +56,7 @@ from rewardstack._scorers.dpo_numerics import (  # noqa: F401 - re-exported: the
     lse_inplace,
 )
 from rewardstack._scorers.kvcache import choose_path
+from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.planner import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 
@@ -106,14 +107,10 @@ class DpoScorer(CausalScorer):
         self._calibrate(
             max_batch=16, prefixed=True, chunk=self.chunks.chunk, chunk_rows=True,
             tune=(lambda: {"chunk": tune_chunk(self.logit_head, device_of(), max_chunk, self.chunks.timings)}) if tune else None,
-            apply=self.chunks.apply)
+            apply=self.chunks.apply, then=self.chunks.measure_for_budget)
 
     def attention_info(self) -> str:
         return self.attention.describe()
-
-    def _fit_chunk(self, longest: int) -> int:
-        """The length cap the budget leaves after shrinking the chunk and block (`ChunkPolicy.fit`)."""
-        return self.chunks.fit(longest)
 
     def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
         # The shared prefix is the prompt (not scored), as a step's prompt is its completions'
@@ -155,39 +152,44 @@ class DpoScorer(CausalScorer):
         # Only the first max_len ids are kept: read a head that provably gives them (charbound.py).
         enc = self.tokenizer([head_for_tokens(request.prompt + request.completions[i], self.tokenizer, self.max_len)  # type: ignore[operator]
                               for i in todo]).input_ids
-        cap = self._fit_chunk(min(self.max_len, max(len(x) for x in enc)))
-        ids: list[list[int]] = []
         keep: list[int] = []
-        for i, x in zip(todo, enc):
-            if len(x) > self.max_len:
-                res.statuses[i] = Status.TRUNCATED
-            if len(x) > cap:  # the budget cannot hold it whole: cut further (not the spec's number)
-                res.statuses[i] = Status.TRUNCATED
-            if cap <= p < len(x):
-                # The budget cannot hold one completion token after the prompt: not scored (a -11
-                # here would be our budget's number, not the spec's, and would enter the statistics).
-                res.statuses[i] = Status.OOM
-                continue
-            x = x[: min(self.max_len, cap)]
-            if len(x) <= p:  # no scored row: the reference's 0/0 = NaN gives -11
-                res.scores[i] = LOW
-                continue
-            ids.append(x)
-            keep.append(i)
-        if not keep:
-            return res
-        prefix, _ = split_prefix(ids, self.use_prefix)
-        runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id)
-        # The cost model's prefix: profiled as shared tokens that are also unscored prompt rows, so
-        # never more than the prompt (rows past it are scored even where completions share them).
 
-        lengths = [len(x) for x in ids]
+        def inputs(allowance: Allowance) -> Pass:
+            """The inputs within what the budget allows: cut to its cap, at its chunk setting."""
+            self.chunks.use(allowance.setting)
+            cap = min(self.max_len, allowance.cap)
+            ids: list[list[int]] = []
+            for i, x in zip(todo, enc):
+                if len(x) > self.max_len:
+                    res.statuses[i] = Status.TRUNCATED
+                if len(x) > cap:  # the budget cannot hold it whole: cut further (not the spec's number)
+                    res.statuses[i] = Status.TRUNCATED
+                if cap <= p < len(x):
+                    # The budget cannot hold one completion token after the prompt: not scored (a -11
+                    # here would be our budget's number, not the spec's, and would enter the statistics).
+                    res.statuses[i] = Status.OOM
+                    continue
+                x = x[:cap]
+                if len(x) <= p:  # no scored row: the reference's 0/0 = NaN gives -11
+                    res.scores[i] = LOW
+                    continue
+                ids.append(x)
+                keep.append(i)
+            prefix, _ = split_prefix(ids, self.use_prefix)
+            runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id)
+            lengths = [len(x) for x in ids]
 
-        def forward(batch: list[int]) -> list[float]:
-            return run_in_groups(batch, lengths, lambda sel: self._forward(runner, [ids[j] for j in sel], [p] * len(sel)))
+            def forward(batch: list[int]) -> list[float]:
+                return run_in_groups(batch, lengths,
+                                     lambda sel: self._forward(runner, [ids[j] for j in sel], [p] * len(sel)))
 
-        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
-                                          slack=PADDING_SLACK, prefix=min(runner.length, p), completions=keep)
+            # The cost model's prefix: profiled as shared tokens that are also unscored prompt rows, so
+            # never more than the prompt (rows past it are scored even where completions share them).
+            return Pass(lengths, forward, max_batch=self.max_batch, prepare=runner.state, slack=PADDING_SLACK,
+                        prefix=min(runner.length, p), completions=keep)
+
+        longest = min(self.max_len, max(len(x) for x in enc))
+        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=longest, settings=self.chunks.settings())
         return self._fill(res, keep, outcomes, _finite_or_low)
 
 

@@ -6,13 +6,14 @@ to float32 rounding): the logits chunk (rows of the reused `[rows, V]` float32 b
 (`scorers.attention`), the attention block (query rows scored against all keys at once; per layer
 `heads x rows x L` float32 instead of `heads x L x L`).
 
-At load the fastest logits chunk up to the `logits_chunk` cap is measured (`tune_chunk`). Per call,
-`ChunkPolicy.fit(longest)` keeps both at their load-time values while the budget holds the longest
-input; otherwise it halves the attention block first (at long inputs it is the larger term), down
-to `attention.MIN_BLOCK` rows, then the logits chunk, down to 16 rows; only then are inputs cut. A
-setting is only used with a cost model measured at it: each is profiled the first time it would be
-chosen (and cached with the calibration); the fit measured at the load-time setting, with the
-smaller chunk put in, is only a first guess that decides which settings to skip.
+At load the fastest logits chunk up to the `logits_chunk` cap is measured (`tune_chunk`) and
+profiled; when the budget cannot hold the longest admitted input at it, the smaller settings it
+needs are profiled too, still at load (`ChunkPolicy.measure_for_budget`: the attention block
+halved first, down to `attention.MIN_BLOCK` rows, then the logits chunk, down to 16 rows; cached
+with the calibration). Per step the memory manager keeps the tuned setting while the budget holds
+the longest input, else takes the first measured smaller one that does (`MemoryManager.run_pass`);
+nothing is profiled inside a step: what no measured setting holds is cut (`truncated`). A setting
+is only used with a cost model measured at it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from rewardstack._memory.calibrating import Profile
-from rewardstack._memory.costmodel import CostModel, ProfileCapped
+from rewardstack._memory.calibration import Profile
+from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.planner import max_fitting_length
 from rewardstack._scorers.attention import MIN_BLOCK, AttentionChoice
 from rewardstack._scorers.dpo_numerics import LogitHead, chunked_logprobs
 
@@ -74,7 +76,9 @@ class ChunkPolicy:
 
     `memory` is the runtime's memory manager; `profile(b, length)` is the scorer's profile pass
     (it reads `chunk` and the attention's rows when it runs). `costs[(chunk, rows)]` is the cost
-    model measured at that setting (`rows` None: the model's own attention).
+    model measured at that setting (`rows` None: the model's own attention); `names` maps the
+    calibration's name of each smaller setting measured, under which the memory manager keeps its
+    cost model, to the setting.
     """
 
     def __init__(self, name: str, memory: Any, profile: Callable[[int, int], None], *, max_chunk: int,
@@ -86,88 +90,69 @@ class ChunkPolicy:
         self.tuned_rows = attention.rows
         self.timings: dict[int, float] = {}
         self.costs: dict[tuple[int, int | None], CostModel] = {}
-        self.capped: set[tuple[int, int | None]] = set()
-        """Settings whose mid-run profile hit `memory.profile_limit_s`: never profiled again in this process."""
+        self.names: dict[str, tuple[int, int | None]] = {}
 
     def apply(self, settings: dict) -> None:
         """The tuned logits chunk, measured now or read from the calibration cache."""
         self.chunk = self.tuned_chunk = int(settings.get("chunk", self.max_chunk))
 
     def calibration_name(self, chunk: int, rows: int | None) -> str:
-        """The calibration's name of a setting (the load-time attention block keeps the old name)."""
+        """The calibration's name of a setting (at the load-time attention block, the chunk alone)."""
         if rows == self.tuned_rows:
             return f"{self.name}[chunk={chunk}]"
         return f"{self.name}[chunk={chunk},block={rows}]"
 
-    def fit(self, longest: int) -> int:
-        """Shrink the attention block, then the logits chunk, not the input, while the budget
-        cannot hold `longest` tokens. Returns the length cap that remains."""
-        memory = self.memory
-        if memory.budget_bytes is None:  # nothing to fit: the tuned setting, inputs cut at max_len only
-            self.chunk = self.tuned_chunk
-            if self.tuned_rows is not None:
-                self.attention.set_rows(self.tuned_rows)
-            return self.max_len
-        self.use(self.tuned_chunk, self.tuned_rows)
-        cap = self._cap()
+    def ladder(self) -> Iterator[tuple[int, int | None]]:
+        """The settings below the tuned one, in the order they are tried: the attention block
+        halved first (at long inputs it is the larger term), down to `attention.MIN_BLOCK` rows,
+        then the logits chunk, down to `MIN_CHUNK` rows."""
         chunk, rows = self.tuned_chunk, self.tuned_rows
-        good = (chunk, rows)  # the smallest setting tried that has a measured cost model
-        base = self.costs[(self.tuned_chunk, self.tuned_rows)]
-        while cap < longest and (chunk > MIN_CHUNK or (rows is not None and rows > MIN_BLOCK)):
+        while chunk > MIN_CHUNK or (rows is not None and rows > MIN_BLOCK):
             if rows is not None and rows > MIN_BLOCK:
                 rows //= 2
             else:
                 chunk //= 2
-            # The load-time fit with this chunk's terms: a cheap first guess (the block's effect
-            # is not in it, so a smaller block is always profiled).
-            memory.cost_models[self.name] = CostModel.from_dict({**base.to_dict(), "chunk": chunk})
-            if rows == self.tuned_rows and self._cap() < longest and chunk > MIN_CHUNK:
-                continue  # even the guess says no: try the next chunk without profiling this one
-            if (chunk, rows) in self.capped or not self.use(chunk, rows):
-                break  # its profile hit the time cap (now or before): smaller ones cost as much
-            good = (chunk, rows)
-            cap = self._cap()
-        self.use(*good)
-        return self._cap()
+            yield chunk, rows
 
-    def _cap(self) -> int:
-        return min(self.max_len, self.memory.length_cap(self.name, self.max_len))
-
-    def use(self, chunk: int, rows: int | None) -> bool:
-        """Run with `chunk` logits rows and `rows` attention rows, and the cost model measured at them.
-
-        A setting without one is profiled now, inside the step, under the manager's time cap
-        (`profile_limit_s`, `[memory] profile_seconds`). Why a cap rather than profiling every
-        setting at load: which settings a budget needs depends on the step's longest input and on
-        what is live then (the shared prefix), so profiling them all at load would spend the worst
-        case's minutes (three profiles, 880 s on a loaded 2-core CPU) at every cold start for
-        settings most runs never need; the cap bounds the step instead, and a profile that ends is
-        cached like the load-time ones, so it is paid once per machine. Returns False (nothing
-        changed: the previous setting stays) when the cap stopped the profile."""
+    def measure_for_budget(self) -> None:
+        """Profile, at load, the smaller settings the budget needs to hold one input of `calib_len`
+        tokens (the calibration queue runs after the budget is set): the first setting whose fit
+        holds it ends the ladder. A setting whose cost is guessed (the tuned fit with the smaller
+        chunk put in) not to hold it either is skipped unprofiled; the last one is always
+        profiled. A step then only chooses among the settings measured here (`settings`)."""
         memory = self.memory
-        key0 = (self.tuned_chunk, self.tuned_rows)
-        if key0 not in self.costs:  # the calibration's fit, however it was made
-            self.costs[key0] = memory.cost_model(self.name)
+        self.costs[(self.tuned_chunk, self.tuned_rows)] = base = memory.cost_model(self.name)
+        self.names = {}
+        if memory.budget_bytes is None:
+            return
+        cap = memory.length_cap(self.name, self.calib_len)
+        for chunk, rows in self.ladder():
+            if cap >= self.calib_len:
+                break
+            guess = CostModel.from_dict({**base.to_dict(), "chunk": chunk})
+            if rows == self.tuned_rows and chunk > MIN_CHUNK and max_fitting_length(
+                    guess, memory.free_bytes(), memory.margin, self.calib_len) < self.calib_len:
+                continue  # even the guess says no: the next setting, without profiling this one
+            name = self.calibration_name(chunk, rows)
+            log.info("%s: profiling the %d-row logits chunk%s the budget needs", self.name, chunk,
+                     f" and {rows}-row attention blocks" if rows is not None else "")
+            self.use((chunk, rows))
+            self.costs[(chunk, rows)] = memory.calibrate(Profile(name, self.profile, max_length=self.calib_len,
+                                                                 max_batch=16, chunk=chunk, chunk_rows=True))
+            self.names[name] = (chunk, rows)
+            cap = max(cap, memory.length_cap(name, self.calib_len))
+        self.use((self.tuned_chunk, self.tuned_rows))
+
+    def settings(self) -> list[str]:
+        """The measured settings below the tuned one, in the order a step tries them."""
+        return list(self.names)
+
+    def use(self, setting: str | tuple[int, int | None]) -> None:
+        """Run with a setting: its logits chunk and attention rows, by value or by calibration name
+        (the scorer's own name: the tuned setting)."""
+        if setting == self.name:
+            setting = (self.tuned_chunk, self.tuned_rows)
+        chunk, rows = self.names[setting] if isinstance(setting, str) else setting
         self.chunk = chunk
         if rows is not None:
             self.attention.set_rows(rows)
-        if (chunk, rows) not in self.costs:
-            what = f"the {chunk}-row logits chunk" + (f" and {rows}-row attention blocks" if rows is not None else "")
-            limit = getattr(memory, "profile_limit_s", None)
-            log.info("%s: profiling %s the budget needs%s", self.name, what,
-                     f" (at most {limit:g}s)" if limit is not None else "")
-            previous = memory.cost_models.get(self.name)
-            try:
-                self.costs[(chunk, rows)] = memory.calibrate(Profile(
-                    self.calibration_name(chunk, rows), self.profile, max_length=self.calib_len, max_batch=16,
-                    chunk=chunk, chunk_rows=True, limit_s=limit))
-            except ProfileCapped as e:
-                self.capped.add((chunk, rows))
-                log.warning("%s: profiling %s stopped at its %gs cap ([memory] profile_seconds) after %d of %d "
-                            "shapes: not used; inputs the budget cannot hold at the larger setting are cut",
-                            self.name, what, e.limit_s, e.measured, e.shapes)
-                if previous is not None:
-                    memory.cost_models[self.name] = previous
-                return False
-        memory.cost_models[self.name] = self.costs[(chunk, rows)]
-        return True

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from rewardstack.config import ModelConfig
 from rewardstack._hub import load_source
+from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.charbound import head_for_tokens
@@ -117,50 +118,66 @@ class Embedder:
     def embed(self, texts: list[str], completions: Sequence[int | None] | None = None) -> list[Embedding]:
         """One (vector, status) per text; texts already embedded at this length come from the cache.
         `completions`: the step's completion index of each text (None: the prompt), for the telemetry."""
-        length = min(self.max_length, self.runtime.memory.length_cap(self.name, self.max_length))
-        keys = [(self.key, length, _digest(t)) for t in texts]
-        found = {k: self.cache.get(k) for k in keys}
-        missing = [k for k, v in found.items() if v is None]
-        if missing:
-            text_of = dict(zip(keys, texts))
-            label_of = dict(zip(reversed(keys), reversed(list(completions)))) if completions is not None else None  # first wins
-            labels = [label_of[k] for k in missing] if label_of is not None else None
-            for k, value in zip(missing, self._compute([text_of[k] for k in missing], length, labels)):
-                found[k] = value
-                if value[1] in Status.SCORED:  # failures are retried next time, not cached
-                    self.cache.put(k, value)
+        label_of = dict(zip(reversed(texts), reversed(list(completions)))) if completions is not None else None  # first wins
+        todo: list[Any] = []  # (key, text) of each text not cached at the length the budget allows
+        found: dict[tuple, Embedding | None] = {}
+        rows: list[list[int]] | None = []
+        owner: list[int] = []
+        keys: list[tuple] = []
+        length = self.max_length
+
+        def inputs(allowance: Allowance) -> Pass:
+            """The texts not cached at the length the budget allows, as rows of at most that length."""
+            nonlocal rows, length
+            length = min(self.max_length, allowance.cap)
+            keys[:] = [(self.key, length, _digest(t)) for t in texts]
+            found.update({k: self.cache.get(k) for k in keys})
+            todo.extend((k, t) for k, t in dict(zip(keys, texts)).items() if found[k] is None)
+            rows, types = self._rows([t for _, t in todo], length, owner) if todo else ([], None)
+            labels = [label_of[todo[t][1]] for t in owner] if label_of is not None else None
+            return enc.rows_pass(self.model, rows or [], pooled, pad_id=self.pad_id, types=types, max_tokens=self.max_tokens,
+                                 completions=labels)
+
+        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=self.max_length)
+        for (k, _), value in zip(todo, self._combine(len(todo), length, rows, owner, outcomes)):
+            found[k] = value
+            if value[1] in Status.SCORED:  # failures are retried next time, not cached
+                self.cache.put(k, value)
         return [found[k] for k in keys]  # type: ignore[misc]
 
-    def _compute(self, texts: list[str], length: int, completions: Sequence[int | None] | None = None) -> list[Embedding]:
+    def _rows(self, texts: list[str], length: int, owner: list[int]) -> tuple[list[list[int]] | None, list | None]:
+        """Token-id rows of `texts` at `length` (and their token types), each row's text in `owner`;
+        None when the tokenizer failed (the texts fail, not the step)."""
         try:
             if self.windowed:
                 # Overflow windows of `length` (length - 2 content tokens each), no stride.
                 encd = self.tokenizer(texts, truncation=True, max_length=length, return_overflowing_tokens=True)
-                owner = list(encd["overflow_to_sample_mapping"])
+                owner.extend(encd["overflow_to_sample_mapping"])
             else:  # the first `length` ids only: read a head that provably gives them (charbound.py)
                 encd = self.tokenizer([head_for_tokens(t, self.tokenizer, length) for t in texts], truncation=True,
                                       max_length=length)
-                owner = list(range(len(texts)))
+                owner.extend(range(len(texts)))
         except Exception as e:  # noqa: BLE001 - a tokenizer failure fails the texts, not the step
             log.error("%s: tokenizer failed: %s", self.name, e)
-            return [(None, Status.ERROR)] * len(texts)
-        rows = list(encd["input_ids"])
+            return None, None
         types = encd.get("token_type_ids")
-        outcomes = enc.run_rows(
-            self.runtime, self.name, self.model, rows, pooled, pad_id=self.pad_id,
-            types=list(types) if types is not None else None, max_tokens=self.max_tokens,
-            completions=[completions[t] for t in owner] if completions is not None else None,
-        )
+        return list(encd["input_ids"]), list(types) if types is not None else None
+
+    def _combine(self, n: int, length: int, rows: list[list[int]] | None, owner: list[int],
+                 outcomes: Sequence[Any]) -> list[Embedding]:
+        """Each of `n` texts' embedding: the mean of its rows' vectors, with the worst row's status."""
+        if rows is None:
+            return [(None, Status.ERROR)] * n
         # The budget cut below the spec's length: a full row may have lost tokens.
         cut = length < self.max_length
-        parts: list[list[torch.Tensor]] = [[] for _ in texts]
-        statuses: list[list[str]] = [[] for _ in texts]
+        parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        statuses: list[list[str]] = [[] for _ in range(n)]
         for t, row, o in zip(owner, rows, outcomes):
             statuses[t].append(Status.TRUNCATED if o.status == Status.OK and cut and len(row) >= length else o.status)
             if o.status == Status.OK:
                 parts[t].append(o.value)
         result: list[Embedding] = []
-        for t in range(len(texts)):
+        for t in range(n):
             st = Status.worst(statuses[t])  # of its windows
             if st not in Status.SCORED:
                 result.append((None, st))

@@ -1,9 +1,9 @@
 """Shared machinery of the encoder scorers (OpenAssistant, NSFW, relevance, diversity).
 
 Length bounds that never trust an absurd tokenizer `model_max_length`, right-padded batches built
-from token-id rows, the load-time calibration of a model's cost model, and `run_rows`: every row of
-a step through the memory manager in as few forward passes as the budget (and a per-pass token cap
-that keeps peak memory flat for very long inputs) allows.
+from token-id rows, the load-time calibration of a model's cost model, and `rows_pass`: every row of
+a step as one pass of the memory manager, in as few forward passes as the budget (and a per-pass
+token cap that keeps peak memory flat for very long inputs) allows.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from rewardstack._memory.calibrating import Profile
-from rewardstack._memory.guard import Outcome
+from rewardstack._memory.calibration import Profile
+from rewardstack._memory.manager import Pass
 from rewardstack._scorers.base import Runtime
 from rewardstack._scorers.common import pad_rows
 
@@ -209,9 +209,7 @@ def token_groups(order: list[int], lengths: Sequence[int], max_tokens: int) -> l
     return groups
 
 
-def run_rows(
-    runtime: Runtime,
-    name: str,
+def rows_pass(
     model: torch.nn.Module,
     rows: Sequence[Sequence[int]],
     head: Callable[[Any, torch.Tensor], torch.Tensor],
@@ -221,10 +219,10 @@ def run_rows(
     max_tokens: int,
     max_batch: int | None = None,
     completions: Sequence[int | None] | None = None,
-) -> list[Outcome]:
-    """One Outcome per row: `head(model output, attention mask)` row j, on CPU, in input order.
-
-    `completions`: the step's completion index of each row (None: the prompt), for the telemetry.
+) -> Pass:
+    """The `Pass` of token-id rows: a batch's value for row j is `head(model output, attention
+    mask)` row j, on CPU. `completions`: the step's completion index of each row (None: the prompt),
+    for the telemetry.
 
     The memory manager plans batches against the budget; inside a planned batch, passes are cut
     so that no pass pads more than `max_tokens` tokens, which keeps the peak of a step with one
@@ -245,7 +243,7 @@ def run_rows(
                 values[i] = out[j]
         return [values[i] for i in idx]
 
-    return runtime.memory.run(name, lengths, forward, max_batch=max_batch, completions=completions)
+    return Pass(lengths, forward, max_batch=max_batch, completions=completions)
 
 
 def first_completion(completions: Sequence[str | None], live: Sequence[int]) -> dict[str, int]:

