@@ -184,20 +184,20 @@ def test_a_second_writer_is_fenced_as_the_service_fences_it(urls) -> None:  # no
     answers = []
     for http in (service, ray_client):
         def session(name: str) -> dict:
-            r = http.post("/v1/namespaces/carol/sessions", json={"client": name, "host": "h", "pid": 1})
+            r = http.post("/v1/namespaces/erin/sessions", json={"client": name, "host": "h", "pid": 1})
             assert r.status_code == 200, r.text
             return r.json()
 
         first = session("first-writer")
-        assert post(http, ss[0] | {"namespace": "carol", "sequence": 1, "epoch": first["epoch"]})[0] == 200
+        assert post(http, ss[0] | {"namespace": "erin", "sequence": 1, "epoch": first["epoch"]})[0] == 200
         second = session("second-writer")  # fences the first
         assert second["next"] == 2 and second["previous"]["client"] == "first-writer"
-        code, stale, _ = post(http, ss[1] | {"namespace": "carol", "sequence": 2, "epoch": first["epoch"]})
+        code, stale, _ = post(http, ss[1] | {"namespace": "erin", "sequence": 2, "epoch": first["epoch"]})
         assert code == 409 and stale["error"]["type"] == "fenced" and "second-writer" in stale["error"]["message"]
-        code, unknown, _ = post(http, ss[1] | {"namespace": "carol", "sequence": 2, "epoch": second["epoch"] + 1})
+        code, unknown, _ = post(http, ss[1] | {"namespace": "erin", "sequence": 2, "epoch": second["epoch"] + 1})
         assert code == 409 and unknown["error"]["type"] == "session_unknown"
-        assert post(http, ss[2] | {"namespace": "carol", "sequence": 2, "epoch": second["epoch"]})[0] == 200
-        answers.append(http.get("/v1/namespaces/carol").json())
+        assert post(http, ss[2] | {"namespace": "erin", "sequence": 2, "epoch": second["epoch"]})[0] == 200
+        answers.append(http.get("/v1/namespaces/erin").json())
     assert [a["holder"]["client"] for a in answers] == ["second-writer"] * 2
     assert [a["next"] for a in answers] == [3, 3]
 
