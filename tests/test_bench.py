@@ -8,12 +8,27 @@ full run on a quiet machine, never from a test).
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def process_logging() -> Iterator[None]:
+    """The bench is a program and quiets logging for good (`logging.disable`, transformers' verbosity);
+    run in this process, it must leave the tests after it the logging they started with."""
+    from transformers.utils import logging as hf_logging
+
+    disabled, verbosity, bars = logging.root.manager.disable, hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    yield
+    logging.disable(disabled)
+    hf_logging.set_verbosity(verbosity)
+    (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
 
 
 @pytest.mark.slow

@@ -112,6 +112,16 @@ def test_a_broken_import_in_serve_is_not_a_missing_extra(tmp_path: Path, monkeyp
         main(_serve(tmp_path))
 
 
+def _importers_of(module: str) -> list[str]:
+    """rewardstack's loaded modules that hold a name from `module` (they imported it at the top)."""
+    def imported(value: object) -> bool:
+        origin = getattr(value, "__module__", None) or getattr(value, "__name__", None)
+        return isinstance(origin, str) and (origin == module or origin.startswith(module + "."))
+
+    return [name for name, m in list(sys.modules.items())
+            if name.startswith("rewardstack.") and m is not None and any(imported(v) for v in vars(m).values())]
+
+
 @pytest.mark.parametrize("argv, module, extra", [
     (_report_run, "matplotlib", "report"),
     (_serve, "fastapi", "service"),
@@ -121,6 +131,8 @@ def test_a_missing_extra_is_one_line_and_one_exit_code(argv, module: str, extra:
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # `import <module>` raises ModuleNotFoundError
+    for name in _importers_of(module):  # an earlier test in this process imported them: as a fresh one would
+        monkeypatch.delitem(sys.modules, name)
     rc = main(argv(tmp_path))
     line = _one_line(capsys.readouterr().err)
     assert rc == EXIT_MISSING_EXTRA and f"pip install 'rewardstack[{extra}]'" in line and module in line, (rc, line)

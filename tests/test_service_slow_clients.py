@@ -179,6 +179,20 @@ def test_a_repeated_message_is_logged_once_per_window() -> None:
     assert "9999 more like this" in messages[2]  # the next one that passes says how many were held back
 
 
+def test_serve_takes_its_filter_off_the_process_handlers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`serve` run in a process that has logging of its own (here pytest's capture handler on the
+    root) leaves no RepeatFilter behind: it held back the warnings of the tests after it (CI)."""
+    from rewardstack.cli import main
+
+    config = tmp_path / "stack.toml"  # the default models: the 3B one needs `rewardstack download` and fails at load
+    config.write_text(f'device = "cpu"\nstate_dir = "{tmp_path / "state"}"\n')
+    handlers = list(logging.getLogger().handlers)
+    assert handlers  # pytest's
+    assert main(["serve", "--config", str(config), "--port", str(free_port())]) == 1
+    assert "the stack failed to load" in capsys.readouterr().err
+    assert [f for h in handlers for f in h.filters if isinstance(f, RepeatFilter)] == []
+
+
 def _fd_limit(n: int) -> Any:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))

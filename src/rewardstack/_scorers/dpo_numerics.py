@@ -166,6 +166,29 @@ class PenaltyShapes(PenaltyValues):
         return self._nvalid(c0) > 0
 
 
+def _penalize(logits: torch.Tensor, cols: torch.Tensor, s_seq: torch.Tensor, s_src: torch.Tensor, seen: torch.Tensor,
+              seq_start: torch.Tensor, penalty: torch.Tensor, narrow: torch.dtype | None) -> None:
+    """The repetition penalty on one chunk's logits, in place, at the columns `cols` only.
+
+    A row's count of a token is what its sequence saw before the chunk (`seen`) plus what the chunk
+    saw before that row within the same sequence (`seq_start`: where the row's sequence begins,
+    relative to the chunk). `narrow`: the logits' dtype when it is not float32 (the penalized logit
+    is rounded to it: in float16 |x| * 1.2^c past 65,504 saturates to -inf, as in the reference).
+    """
+    r = logits.shape[0]
+    onehot = (s_src.unsqueeze(1) == cols.unsqueeze(0)).to(torch.int32)
+    csum = torch.cat([onehot.new_zeros(1, cols.numel()), onehot.cumsum(0)])
+    # Segmented cumsum: subtract what the chunk counted before each row's sequence began.
+    cnt = csum[1:] - csum[seq_start.clamp(min=0)] + seen[s_seq.unsqueeze(1), cols.unsqueeze(0)]
+    idx = cols.unsqueeze(0).expand(r, -1)
+    x = logits.gather(1, idx)
+    f = torch.pow(penalty, cnt.float())
+    pen = torch.where(cnt > 0, torch.where(x < 0, x * f, x / f), x)
+    if narrow is not None:
+        pen = pen.to(narrow).float()
+    logits.scatter_(1, idx, pen)
+
+
 def chunked_logprobs(
     hidden_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     head: LogitHead,
@@ -194,13 +217,10 @@ def chunked_logprobs(
     the logits are not provably bounded, see `LogitHead.bound`); the penalty only
     gathers and scatters the columns of tokens that the chunk's sequences have seen.
 
-    `values`: how the value-dependent sizes are read (default `PenaltyValues`; `PenaltyShapes` is
-    the simulation's shape-only mode).
+    `values`: how value-dependent sizes are read (`PenaltyShapes`: the simulation's shape-only mode).
     """
     values = values if values is not None else PenaltyValues()
-    device = ids.device
-    b = ids.shape[0]
-    vocab = head.vocab
+    device, b, vocab = ids.device, ids.shape[0], head.vocab
     counts = lengths - prompt_lens  # rows per sequence: P-1 .. n-2
     seq = values.rows(counts)
     starts = torch.cumsum(counts, 0) - counts  # first flat row of each sequence
@@ -233,18 +253,7 @@ def chunked_logprobs(
         # unpenalized in every row (so each row keeps a term >= exp(-SAFE_EXP)).
         bounded = cols.numel() < vocab and values.bounded(head, h)
         if cols.numel():
-            onehot = (s_src.unsqueeze(1) == cols.unsqueeze(0)).to(torch.int32)
-            csum = torch.cat([onehot.new_zeros(1, cols.numel()), onehot.cumsum(0)])
-            # Segmented cumsum: subtract what the chunk counted before each row's sequence began.
-            seg0 = (starts[s_seq] - c0).clamp(min=0)
-            cnt = csum[1:] - csum[seg0] + seen[s_seq.unsqueeze(1), cols.unsqueeze(0)]
-            idx = cols.unsqueeze(0).expand(r, -1)
-            x = logits.gather(1, idx)
-            f = torch.pow(penalty, cnt.float())
-            pen = torch.where(cnt > 0, torch.where(x < 0, x * f, x / f), x)
-            if narrow:  # float16: |x| * 1.2^c past 65,504 saturates to -inf, as in the reference
-                pen = pen.to(dtype).float()
-            logits.scatter_(1, idx, pen)
+            _penalize(logits, cols, s_seq, s_src, seen, starts[s_seq] - c0, penalty, dtype if narrow else None)
             if values.any(valid, c0):
                 v_src = values.select(s_src, valid, c0)
                 seen.index_put_((values.select(s_seq, valid, c0), v_src), torch.ones_like(v_src, dtype=torch.int32),

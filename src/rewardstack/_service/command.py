@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from rewardstack._service.app import create_app
-        from rewardstack._service.connections import limit_log_rate, server_config
+        from rewardstack._service.connections import log_rate_limited, server_config
         from rewardstack._service.namespaces import Access, is_loopback
     except ImportError as e:  # depends on the install: one line and the exit code of a missing extra
         missing = MissingExtraError.of(e)
@@ -105,7 +105,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     level = "warning" if getattr(args, "verbose", 0) == 0 else "info"
     # Header and body timeouts, a cap on open connections, a drain bounded by drain_timeout_s.
     server = Server(server_config(app, settings, log_level=level))
-    limit_log_rate()  # after uvicorn set up its loggers: a flood of refusals or accept errors logs a few lines
     worker.on_fatal = lambda: setattr(server, "should_exit", True)
     # uvicorn re-raises the signal it caught once it has shut down; a no-op handler installed
     # before it makes that re-raise harmless, so a drained shutdown returns and exits 0.
@@ -113,7 +112,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: None)
     print(f"rewardstack serve: http://{settings.host}:{settings.port} (namespaces in {config.state_dir}/namespaces)",
           file=sys.stderr, flush=True)
-    server.run()
+    with log_rate_limited():  # after uvicorn set up its loggers: a flood of refusals or accept errors logs a few lines
+        server.run()
     if worker.error:
         print(f"rewardstack: error: the stack failed to load: {worker.error}", file=sys.stderr)
         return 1

@@ -18,7 +18,7 @@ So, around uvicorn's own HTTP protocol (whichever it picked, h11 or httptools):
   files and one lock per namespace need descriptors too).
 - `answer_of`: a queued request's answer, withdrawn if its deadline passes or its client goes away
   before the worker starts it (the score, session and trainer routes alike).
-- `RepeatFilter` / `limit_log_rate`: a message repeated (same logger, same text before its
+- `RepeatFilter` / `log_rate_limited`: a message repeated (same logger, same text before its
   arguments) is logged at most once per window, the next one saying how
   many were held back, so a flood of refused connections or accept errors writes a few lines,
   not gigabytes.
@@ -31,6 +31,8 @@ import logging
 import resource
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 from rewardstack._service.errors import ServiceError
@@ -184,18 +186,24 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def limit_log_rate(window_s: float = 10.0) -> RepeatFilter:
-    """Put one `RepeatFilter` on every handler of the root and uvicorn loggers (asyncio's accept
-    errors and rewardstack's own lines reach the root's); call after uvicorn set up its logging."""
+@contextmanager
+def log_rate_limited(window_s: float = 10.0) -> Iterator[RepeatFilter]:
+    """Inside: one `RepeatFilter` on every handler of the root and uvicorn loggers (asyncio's accept
+    errors and rewardstack's own lines reach the root's); enter after uvicorn set up its logging.
+    The handlers are the process's: the filter comes off on the way out."""
     repeat = RepeatFilter(window_s)
-    for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access"):
-        for handler in logging.getLogger(name).handlers:
-            if not any(isinstance(f, RepeatFilter) for f in handler.filters):
-                handler.addFilter(repeat)
-    return repeat
+    handlers = [h for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access") for h in logging.getLogger(name).handlers
+                if not any(isinstance(f, RepeatFilter) for f in h.filters)]
+    for handler in handlers:
+        handler.addFilter(repeat)
+    try:
+        yield repeat
+    finally:
+        for handler in handlers:
+            handler.removeFilter(repeat)
 
 
-__all__ = ["CutAtShutdown", "FD_RESERVE", "RepeatFilter", "connection_cap", "guarded_protocol", "limit_log_rate", "server_config"]
+__all__ = ["CutAtShutdown", "FD_RESERVE", "RepeatFilter", "connection_cap", "guarded_protocol", "log_rate_limited", "server_config"]
 
 
 async def answer_of(request: Any, job: Any, deadline: float) -> Any:

@@ -340,14 +340,8 @@ class Worker:
                 if verdict == sessions.GO and ns is None:  # a new namespace, made for a step that will be scored
                     self.namespaces.get(job.namespace)
                     created.append(job.namespace)
-            except ServiceError as e:
-                job.answer(e)
-                continue
-            except NamespaceLimitError as e:
-                job.answer(namespace_limit(e.limit))
-                continue
-            except (StateError, OSError) as e:
-                job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
+            except (ServiceError, NamespaceLimitError, StateError, OSError) as e:
+                job.answer(_refusal(e))
                 continue
             if verdict == sessions.GO:
                 job.applied_as = exp
@@ -381,11 +375,8 @@ class Worker:
         """Open a session on the job's namespace, after every step admitted before it committed."""
         try:
             ns = self.namespaces.get(job.namespace)
-        except NamespaceLimitError as e:
-            job.answer(namespace_limit(e.limit))
-            return
-        except (StateError, OSError) as e:
-            job.answer(ServiceError(500, "state_error", str(e), field="namespace"))
+        except (NamespaceLimitError, StateError, OSError) as e:
+            job.answer(_refusal(e))
             return
         answer = sessions.open_session(ns.state, job.client or {})
         try:
@@ -472,3 +463,13 @@ class Worker:
         per = elapsed / max(1, len(jobs))
         self.step_seconds = per if not self.step_seconds else 0.8 * self.step_seconds + 0.2 * per
         self._beat(None)
+
+
+def _refusal(e: Exception) -> ServiceError:
+    """The answer to a step or session its namespace refused: a limit, a state it cannot read, or a
+    ServiceError the admission raised."""
+    if isinstance(e, ServiceError):
+        return e
+    if isinstance(e, NamespaceLimitError):
+        return namespace_limit(e.limit)
+    return ServiceError(500, "state_error", str(e), field="namespace")
