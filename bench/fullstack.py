@@ -27,7 +27,8 @@ from bench import floors
 from bench.common import timed
 from rewardstack.config import load_config
 from rewardstack._scorers.base import ScoreRequest
-from rewardstack.stack import RewardStack, RewardState, Step
+from rewardstack.stack import RewardStack, Step
+from rewardstack._rewardstate import RewardState
 
 
 @dataclass

@@ -18,7 +18,8 @@ from pathlib import Path
 from rewardstack.config import from_dict
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.sessions import admit
-from rewardstack.stack import RECENT_BYTES, RECENT_RESULTS, RewardState
+from rewardstack._rewardstate import RewardState
+from rewardstack._wire import RECENT_BYTES, RECENT_RESULTS
 from rewardstack._state import FORMAT_VERSION, StateStore
 
 EMOJI = "\U0001F600"  # 4 bytes in UTF-8, 12 in an ASCII-escaped JSON string

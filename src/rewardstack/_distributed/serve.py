@@ -48,7 +48,8 @@ from rewardstack._service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLim
                                           namespace_for, namespace_limit, parse_score, parse_session, score_responses)
 from rewardstack._service import sessions
 from rewardstack._settings import ServiceSettings
-from rewardstack.stack import ForwardResult, RewardState, Step
+from rewardstack.stack import Step
+from rewardstack._rewardstate import ForwardResult, RewardState
 from rewardstack._wire import RECENT_RESULTS
 
 log = logging.getLogger("rewardstack.distributed")

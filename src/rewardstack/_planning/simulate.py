@@ -56,17 +56,8 @@ from rewardstack._fileio import atomic_write_text
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._models import HF_REWARD, MODELS, checkpoint_index, is_user_model, owner_of, spec
 from rewardstack._planning import passes
-from rewardstack._planning.archs import (  # noqa: F401 - the simulation's public names, re-exported
-    DTYPE_NAMES,
-    DTYPES,
-    Arch,
-    SimulationError,
-    depth,
-    load_arch,
-    meta_modules,
-    shipped_archs,
-)
-from rewardstack._planning.metadevice import SimTracker, measure_meta  # noqa: F401 - re-exported
+from rewardstack._planning.archs import DTYPES, Arch, SimulationError, depth, load_arch, meta_modules
+from rewardstack._planning.metadevice import measure_meta
 
 # -- which model each scorer runs, and how -------------------------------------------------------
 

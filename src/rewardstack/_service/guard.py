@@ -10,7 +10,7 @@ same contract; both install these, so a refusal reads the same from either.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,7 +21,6 @@ from starlette.requests import ClientDisconnect
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import Access, is_loopback
-from rewardstack._service.protocol import namespace_for  # noqa: F401 - the namespace rule, re-exported
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError, RewardStackError, StateError
-from rewardstack.stack import RewardState
+from rewardstack._rewardstate import RewardState
 from rewardstack._state import StateLock, StateStore
 
 log = logging.getLogger("rewardstack.service")

@@ -33,7 +33,7 @@ from rewardstack._fileio import event_line
 from rewardstack._jsonio import canonical_chunks
 from rewardstack._readview import ReadView
 from rewardstack._service.errors import ServiceError
-from rewardstack.stack import ForwardResult, RewardState
+from rewardstack._rewardstate import ForwardResult, RewardState
 from rewardstack._stepresult import StepResult
 from rewardstack._wire import RECENT_RESULTS, Step
 

@@ -38,7 +38,8 @@ from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import Namespace, NamespaceLimitError, Namespaces
 from rewardstack._service import sessions
 from rewardstack._service.protocol import memory_summary, namespace_limit, step_work
-from rewardstack.stack import ForwardResult, RewardStack, RewardState, Step
+from rewardstack.stack import RewardStack, Step
+from rewardstack._rewardstate import ForwardResult, RewardState
 
 log = logging.getLogger("rewardstack.service")
 
