@@ -147,7 +147,6 @@ class MemoryManager:
         self.cut_to_fit: dict[str, int] = {}
         """Per scorer, the passes whose inputs were cut to what its measured cost models hold (`run_pass`)."""
         self.placement: Placement | None = None
-        self._up_next: str | None = None  # set only inside `prefetching`
         self._serving = False  # inside `serving`: a request is being scored, no profile may run
         self.budget: Budget | None = None
         self.observers: list[MemoryObserver] = []
@@ -464,36 +463,12 @@ class MemoryManager:
         finally:
             self._serving = saved
 
-    @property
-    def up_next(self) -> str | None:
-        """The model the stack runs after the current one (inside `prefetching`; else None)."""
-        return self._up_next
-
-    @contextmanager
-    def prefetching(self, up_next: str | None) -> Iterator[None]:
-        """Inside: the model the caller runs next is `up_next`, prefetched once each current model
-        is placed (so its weights' copy overlaps the current one's passes). Scoped, so a pass
-        outside (a profile between steps) prefetches nothing."""
-        saved, self._up_next = self._up_next, up_next
-        try:
-            yield
-        finally:
-            self._up_next = saved
-
     def _bring_in(self, owner: str) -> bool:
-        """Put `owner` where it runs and start prefetching the model up next; True when it runs on
-        the host (placed on the CPU)."""
+        """Put `owner` where it runs; True when it runs on the host (placed on the CPU)."""
         if self.placement is None or owner not in self.placement.names():
             return False
         self.placement.ensure(owner)
-        on_host = self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
-        nxt = self._up_next
-        if nxt is not None and nxt != owner and nxt in self.placement.names():
-            # After this model is on the card, so the copy cannot evict it: on CUDA with pinned
-            # host copies the next model's weights move on the side stream while this one
-            # computes; elsewhere `prefetch` declines and `ensure` moves it when it runs.
-            self.placement.prefetch(nxt)
-        return on_host
+        return self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
 
     def _record_oom(self, rec: OomRecord) -> None:
         self.oom_log.append(rec)
