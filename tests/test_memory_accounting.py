@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from memory_fixtures import FakeCard
 from rewardstack.config import StackConfig
 from rewardstack._memory import MemoryManager
 from rewardstack._memory.device import MemorySnapshot
@@ -23,17 +24,6 @@ from rewardstack._settings import MemorySettings
 
 MiB = 1024**2
 GiB = 1024**3
-
-
-class FakeCard:
-    """A card whose free memory and torch counters the test sets."""
-
-    def __init__(self, total: int, free: int) -> None:
-        self.total, self.free, self.reserved, self.allocated = total, free, 0, 0
-
-    def __call__(self, device: torch.device) -> MemorySnapshot:
-        return MemorySnapshot(time=0.0, source="cuda", device_total=self.total, device_free=self.free,
-                              reserved=self.reserved, allocated=self.allocated)
 
 
 def _mod(nbytes: int) -> torch.nn.Module:

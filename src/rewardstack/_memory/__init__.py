@@ -14,7 +14,7 @@ input. Everything here runs on CPU against a simulated budget, so it is tested w
 - `manager`: the `MemoryManager` that composes them, and what it tells subscribers (`MemoryObserver`).
 """
 
-from rewardstack._memory.budget import Budget, compute_budget
+from rewardstack._memory.budget import Budget
 from rewardstack._memory.calibration import Profile
 from rewardstack._memory.costmodel import CostModel
 from rewardstack._memory.device import TensorBytesTracker, configure_allocator, maybe_empty_cache, simulated_oom
@@ -35,7 +35,6 @@ __all__ = [
     "Placement",
     "Profile",
     "TensorBytesTracker",
-    "compute_budget",
     "configure_allocator",
     "maybe_empty_cache",
     "plan_batches",

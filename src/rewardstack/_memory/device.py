@@ -417,17 +417,6 @@ def cuda_snapshot(device: torch.device, *, nvml: bool = False) -> MemorySnapshot
     return snap
 
 
-def cuda_allocated(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-    """Bytes in live tensors now (a snapshot's `allocated`, read alone: once per guarded run)."""
-    return int(torch.cuda.memory_allocated(device))
-
-
-def cuda_total_memory(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-    """The card's size (a snapshot's `device_total`, read alone)."""
-    _free, total = torch.cuda.mem_get_info(device)
-    return int(total)
-
-
 def take_snapshot(
     device: torch.device | str = "cpu", tracker: TensorBytesTracker | None = None, *, nvml: bool = True
 ) -> MemorySnapshot:

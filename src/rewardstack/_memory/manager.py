@@ -278,16 +278,15 @@ class MemoryManager:
             return self.tracker.live_bytes
         return self.card.allocated_since_start(self.placement.device_bytes() if self.placement is not None else 0)
 
-    def setup(self, cfg: Any, *, total_memory: Callable[[torch.device], int] | None = None) -> Budget:
+    def setup(self, cfg: Any) -> Budget:
         """Resolve the budget from a StackConfig (`Card.resolve`, where the rule is written) and
-        place the registered models under the weights' share. `total_memory` stands for the card's
-        size in tests."""
+        place the registered models under the weights' share."""
         seen: dict[int, torch.nn.Module] = {}
         for mods, _, _ in self._registered.values():
             for m in mods:
                 seen[id(m)] = m
         weights = weights_bytes(list(seen.values()))
-        budget, weights_budget = self.card.resolve(cfg, weights, total_memory=total_memory)
+        budget, weights_budget = self.card.resolve(cfg, weights)
         self.budget = budget
         log.info("memory budget: %s (stack weights %d bytes)", budget.describe(), weights)
         self.set_budget(budget.activation_bytes)
