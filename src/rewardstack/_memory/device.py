@@ -22,8 +22,8 @@
   opened, nestable (the step's window around each call's, replay's around a model's run). On CPU a
   window of the tracker; on CUDA the allocator has one peak counter per device, so every reset goes
   through one `PeakLedger` per process, which first folds the counter into every open window: a
-  reset never loses an outer window's peak. The counters are read through an injectable
-  `AllocatorStats` (`use_allocator_stats`), so the CUDA path is testable without a GPU.
+  reset never loses an outer window's peak. The counters are read through `torch.cuda`'s functions
+  at call time, so tests stand a fake allocator in for them without a GPU.
 - **Allocator settings**: `configure_allocator()` sets `expandable_segments:True` before CUDA
   starts (PyTorch reads PYTORCH_CUDA_ALLOC_CONF once; a user's own setting is left alone), and
   `maybe_empty_cache()` returns cached blocks only when measured fragmentation crosses a threshold
@@ -40,7 +40,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
@@ -73,7 +73,6 @@ class Window:
     name: str
     start_bytes: int = 0
     peak_bytes: int = 0
-    end_bytes: int = 0
 
     @property
     def peak_increase(self) -> int:
@@ -128,7 +127,6 @@ class TensorBytesTracker(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.oom_count = 0
-        self.charged_total = 0  # bytes ever charged (a cheap activity counter for logs)
         # id(storage object) -> (weakref to it, bytes charged). PyTorch keeps one Python object per
         # live storage, so the id is stable while the storage lives and survives reallocation.
         self._refs: dict[int, tuple[weakref.ref, int]] = {}
@@ -221,7 +219,6 @@ class TensorBytesTracker(TorchDispatchMode):
             for key, nbytes in grow.items():
                 self._refs[key] = (self._refs[key][0], nbytes)
             self.live_bytes += extra
-            self.charged_total += extra
             self._bump_peak()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -253,10 +250,6 @@ class TensorBytesTracker(TorchDispatchMode):
         return {"oom_count": self.oom_count, "requested_bytes": requested, "requested_by": str(op),
                 "live_bytes": self.live_bytes, "budget_bytes": self.budget_bytes, "largest": self.largest_live()}
 
-    def live_storages(self) -> int:
-        """How many storages are charged now (for leak checks in tests)."""
-        return len(self._refs)
-
     @contextmanager
     def window(self, name: str = "window") -> Iterator[Window]:
         """Run the body with tracking on and record its own peak (nested windows are independent)."""
@@ -279,7 +272,6 @@ class TensorBytesTracker(TorchDispatchMode):
             with self._lock:
                 # by identity: two windows may compare equal as dataclasses
                 self._open[:] = [o for o in self._open if o is not w]
-                w.end_bytes = self.live_bytes
 
 
 @dataclass
@@ -439,32 +431,6 @@ def take_snapshot(
     return snap
 
 
-class AllocatorStats(Protocol):
-    """The three counters of a device allocator a peak window needs."""
-
-    def allocated(self, device: torch.device) -> int:
-        """Bytes held by live tensors now."""
-
-    def peak(self, device: torch.device) -> int:
-        """Highest allocated bytes since the peak was last reset."""
-
-    def reset_peak(self, device: torch.device) -> None:
-        """Start the peak again from what is allocated now."""
-
-
-class CudaAllocatorStats:
-    """`AllocatorStats` of PyTorch's CUDA caching allocator."""
-
-    def allocated(self, device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-        return int(torch.cuda.memory_allocated(device))
-
-    def peak(self, device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-        return int(torch.cuda.max_memory_allocated(device))
-
-    def reset_peak(self, device: torch.device) -> None:  # pragma: no cover - CUDA-only path
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 @dataclass
 class _Open:
     device: str
@@ -475,15 +441,14 @@ class _Open:
 class PeakLedger:
     """Owns the allocator's peak counter: the windows open on each device and the only resets."""
 
-    def __init__(self, stats: AllocatorStats) -> None:
-        self.stats = stats
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, list[_Open]] = {}
 
     def _fold(self, device: torch.device) -> None:
         windows = self._open.get(str(device))
         if windows:
-            peak = self.stats.peak(device)
+            peak = int(torch.cuda.max_memory_allocated(device))
             for w in windows:
                 w.peak = max(w.peak, peak)
 
@@ -491,8 +456,8 @@ class PeakLedger:
         """Open a window on `device`: fold the counter into the open ones, then reset it."""
         with self._lock:
             self._fold(device)
-            self.stats.reset_peak(device)
-            start = self.stats.allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start = int(torch.cuda.memory_allocated(device))
             w = _Open(str(device), start, start)
             self._open.setdefault(str(device), []).append(w)
             return w
@@ -506,24 +471,7 @@ class PeakLedger:
             return w.peak
 
 
-_ledger = PeakLedger(CudaAllocatorStats())
-
-
-def ledger() -> PeakLedger:
-    """The process's peak ledger (every CUDA peak window and measurement goes through it)."""
-    return _ledger
-
-
-@contextmanager
-def use_allocator_stats(stats: AllocatorStats) -> Iterator[PeakLedger]:
-    """Read the allocator through `stats` inside (tests: a fake allocator on a machine without CUDA)."""
-    global _ledger
-    saved = _ledger
-    _ledger = PeakLedger(stats)
-    try:
-        yield _ledger
-    finally:
-        _ledger = saved
+_ledger = PeakLedger()  # the process's one: every CUDA peak window and measurement goes through it
 
 
 class PeakWindow:
@@ -543,7 +491,6 @@ class PeakWindow:
         self.peak: int | None = None
         self._cm: Any = None
         self._window: Any = None
-        self._ledger: PeakLedger | None = None
         self._open: _Open | None = None
 
     @property
@@ -564,8 +511,7 @@ class PeakWindow:
                 self._window = self._cm.__enter__()
                 self.start = self._window.start_bytes
         elif self.device.type == "cuda":
-            self._ledger = ledger()
-            self._open = self._ledger.open(self.device)
+            self._open = _ledger.open(self.device)
             self.start = self._open.start
         return self
 
@@ -573,8 +519,8 @@ class PeakWindow:
         if self._cm is not None:
             self._cm.__exit__(*exc)
             self.peak = self._window.peak_bytes
-        elif self._ledger is not None and self._open is not None:
-            self.peak = self._ledger.close(self.device, self._open)
+        elif self._open is not None:
+            self.peak = _ledger.close(self.device, self._open)
 
 
 def configure_allocator(environ: dict[str, str] | None = None) -> str | None:
