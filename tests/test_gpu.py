@@ -78,10 +78,9 @@ def test_empty_cache_only_on_fragmentation() -> None:
     stats = torch.cuda.memory_stats(0)
     slack = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
     assert slack >= 256 * 1024**2
-    kept = maybe_empty_cache("cuda:0", threshold=slack + 1, split_threshold=1 << 40)
-    assert not kept.emptied and kept.fragmentation == slack
+    assert maybe_empty_cache("cuda:0", threshold=slack + 1, split_threshold=1 << 40) is None
     emptied = maybe_empty_cache("cuda:0", threshold=slack // 2, split_threshold=1 << 40)
-    assert emptied.emptied
+    assert emptied is not None and f"reserved-allocated {slack} >" in emptied
     after = torch.cuda.memory_stats(0)
     assert after["reserved_bytes.all.current"] - after["allocated_bytes.all.current"] < slack // 2
 

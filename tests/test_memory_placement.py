@@ -34,9 +34,9 @@ def test_over_budget_small_to_cpu_big_swapped_lru(caplog) -> None:  # noqa: ANN0
     caplog.set_level(logging.INFO, "rewardstack.memory")
     p = Placement("cpu", 10 * MiB)
     p.register("filter", [_mod(MiB // 8)], cpu_ok=True)  # 0.5 MiB, small
-    p.register("big1", [_mod(MiB)], priority=3)  # 4 MiB each
-    p.register("big2", [_mod(MiB)], priority=2)
-    p.register("big3", [_mod(MiB)], priority=1)
+    p.register("big1", [_mod(MiB)])  # 4 MiB each
+    p.register("big2", [_mod(MiB)])
+    p.register("big3", [_mod(MiB)])
     p.register("huge", [_mod(3 * MiB)])  # 12 MiB > budget
     dec = p.plan()
     assert dec["filter"].where == "cpu" and dec["huge"].where == "cpu"
@@ -75,7 +75,7 @@ def test_manager_runs_every_model_with_budget_below_weights(caplog) -> None:  # 
         for n in ("a", "b", "c", "tiny"):
             out = mm.run(n, [3, 4], lambda idx: [float(i) for i in idx])
             assert [o.value for o in out] == [0.0, 1.0]
-    summ = mm.summary()["placement"]
+    summ = mm.placement.summary()
     assert summ["swaps"] >= 3 and summ["models"]["tiny"]["where"] == "cpu"
     assert "placement:" in caplog.text
 
@@ -99,7 +99,7 @@ def test_budget_resolution() -> None:
 
 
 def test_setup_on_simulated_cuda_places_when_weights_do_not_fit() -> None:
-    mm = MemoryManager(None, simulate=True, snapshot=FakeCard(8 * MiB, 8 * MiB))
+    mm = MemoryManager(None, snapshot=FakeCard(8 * MiB, 8 * MiB))
     for n in ("a", "b"):
         mm.register_model(n, [_mod(MiB)])  # 4 MiB each
     b = mm.setup(StackConfig(headroom_bytes=1))
@@ -109,7 +109,7 @@ def test_setup_on_simulated_cuda_places_when_weights_do_not_fit() -> None:
 
 def test_setup_on_simulated_cuda_with_a_fixed_activation_budget() -> None:
     # memory_budget fixes the activations; the card's size still decides what the weights get.
-    mm = MemoryManager(None, simulate=True, snapshot=FakeCard(8 * MiB, 8 * MiB))
+    mm = MemoryManager(None, snapshot=FakeCard(8 * MiB, 8 * MiB))
     for n in ("a", "b"):
         mm.register_model(n, [_mod(MiB)])  # 4 MiB each
     b = mm.setup(StackConfig(headroom_bytes=1, memory_budget=MiB))
@@ -129,16 +129,16 @@ def test_models_start_where_their_weights_are() -> None:
 
 def test_place_then_load_moves_only_resident_models_to_the_card() -> None:
     # The "card" is the meta device here: a module moved there holds no memory and says so.
-    mm = MemoryManager(None, simulate=True)
+    mm = MemoryManager(None)
     assert mm.card.size(StackConfig()) is None  # CPU: no card to fill
     full = StackConfig(headroom_bytes=0, gpu_utilization=1.0)
     card = Card(torch.device("cpu"), FakeCard(9 * MiB, 9 * MiB)).size(full)
     cap, _ = split_card(usable_bytes(card, full), 9 * MiB, None)  # weights do not fit
     assert cap == int(9 * MiB * (1 - ACTIVATION_SHARE)) == int(9 * MiB * 0.8)  # 7.2 MiB
     mods = {"a": _mod(MiB), "b": _mod(MiB), "c": _mod(MiB // 2)}  # 4, 4 and 2 MiB, loaded on the host
-    p = Placement("meta", 7 * MiB, host="cpu")
+    p = Placement("meta", 7 * MiB)
     for name, m in mods.items():
-        p.register(name, [m], priority={"a": 2.0, "b": 1.0, "c": 1.0}[name])
+        p.register(name, [m])
     assert p.device_bytes() == 0  # nothing on the card before placement decides
     p.plan()
     on_card = {n for n, m in mods.items() if next(m.parameters()).device.type == "meta"}

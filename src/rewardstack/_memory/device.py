@@ -543,22 +543,6 @@ def configure_allocator(environ: dict[str, str] | None = None) -> str | None:
     return DEFAULT_CONF
 
 
-@dataclass
-class CacheDecision:
-    """What `maybe_empty_cache` measured and did (bytes)."""
-
-    emptied: bool
-    reserved: int = 0
-    allocated: int = 0
-    inactive_split: int = 0
-    reason: str = ""
-
-    @property
-    def fragmentation(self) -> int:
-        """Reserved bytes not holding a live tensor."""
-        return self.reserved - self.allocated
-
-
 def _cuda_stats(device: torch.device) -> Mapping[str, int]:  # pragma: no cover - CUDA-only path
     return torch.cuda.memory_stats(device)
 
@@ -575,29 +559,27 @@ def maybe_empty_cache(
     split_threshold: int | None = None,
     stats: Callable[[torch.device], Mapping[str, int]] | None = None,
     empty: Callable[[torch.device], None] | None = None,
-) -> CacheDecision:
-    """Empty the CUDA cache only if reserved-allocated > `threshold` or inactive split bytes > `split_threshold`.
+) -> str | None:
+    """Empty the CUDA cache only if reserved-allocated > `threshold` or inactive split bytes > `split_threshold`;
+    returns why it did (None: the cache was kept).
 
     `split_threshold` defaults to half of `threshold`. `stats`/`empty` replace the CUDA calls (tests).
     On a non-CUDA device without injected stats nothing is done.
     """
     dev = torch.device(device)
     if dev.type != "cuda" and stats is None:
-        return CacheDecision(False, reason="not a CUDA device")
+        return None
     s = (stats or _cuda_stats)(dev)
     reserved = int(s.get("reserved_bytes.all.current", 0))
     allocated = int(s.get("allocated_bytes.all.current", 0))
     inactive = int(s.get("inactive_split_bytes.all.current", 0))
     split_limit = threshold // 2 if split_threshold is None else split_threshold
-    d = CacheDecision(False, reserved, allocated, inactive)
     if reserved - allocated > threshold:
-        d.reason = f"reserved-allocated {reserved - allocated} > {threshold}"
+        reason = f"reserved-allocated {reserved - allocated} > {threshold}"
     elif inactive > split_limit:
-        d.reason = f"inactive split {inactive} > {split_limit}"
+        reason = f"inactive split {inactive} > {split_limit}"
     else:
-        d.reason = "below thresholds"
-        return d
+        return None
     (empty or _cuda_empty)(dev)
-    d.emptied = True
-    log.info("allocator: emptied the cache (%s)", d.reason)
-    return d
+    log.info("allocator: emptied the cache (%s)", reason)
+    return reason

@@ -6,7 +6,7 @@ not, `plan()` decides per model, and logs each decision with its reason:
 - `cpu`: small models that are allowed to (filters) run on the host, because swapping them in and
   out every step costs more transfer than their CPU forward pass; and models larger than the whole
   weight budget, which could never be on the device.
-- `resident`: by priority (then size, smallest first), as many as fit while leaving a swap slot
+- `resident`: smallest first, as many as fit while leaving a swap slot
   big enough for the largest model that is swapped.
 - `swap`: the rest, moved onto the device on demand by `ensure(name)`, evicting the least recently
   used swapped-in models until they fit. Every swap is counted and logged.
@@ -66,7 +66,6 @@ class Decision:
 class _Model:
     name: str
     modules: list[torch.nn.Module]
-    priority: float
     cpu_ok: bool
     size: int
 
@@ -75,8 +74,8 @@ class Placement:
     """Decides and enforces where each registered model's weights live.
 
     `budget_bytes` is the device memory the weights may take (None: unlimited, all resident).
-    `small_bytes`: models allowed on CPU (`cpu_ok`) at most this big go to CPU when the stack does
-    not fit (default: 1/16 of the budget).
+    Models allowed on CPU (`cpu_ok`) of at most 1/16 of the budget go to CPU when the stack does
+    not fit.
     """
 
     def __init__(
@@ -84,16 +83,13 @@ class Placement:
         device: torch.device | str,
         budget_bytes: int | None,
         *,
-        host: torch.device | str = "cpu",
         move: bool | None = None,
-        small_bytes: int | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.host = torch.device(host)
+        self.host = torch.device("cpu")
         self.budget_bytes = budget_bytes
         # Moving only makes sense between two different memories; on a CPU-only box we simulate.
         self.move = (self.device != self.host) if move is None else move
-        self.small_bytes = small_bytes
         self._models: dict[str, _Model] = {}
         self._sizes: dict[int, int] = {}  # id(module) -> bytes
         self._mods: dict[int, torch.nn.Module] = {}
@@ -106,16 +102,8 @@ class Placement:
         """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
 
     # -- registration -----------------------------------------------------------------------
-    def register(
-        self,
-        name: str,
-        modules: list[torch.nn.Module],
-        *,
-        priority: float = 1.0,
-        cpu_ok: bool = False,
-        size: int | None = None,
-    ) -> None:
-        """Add a model (its torch modules); higher `priority` stays resident first."""
+    def register(self, name: str, modules: list[torch.nn.Module], *, cpu_ok: bool = False) -> None:
+        """Add a model (its torch modules)."""
         for m in modules:
             self._mods[id(m)] = m
             self._sizes.setdefault(id(m), weights_bytes([m]))
@@ -123,8 +111,8 @@ class Placement:
             # `_apply` moves an offloaded model off the device instead of assuming it is not there.
             if any(_same_device(p.device, self.device) for p in m.parameters()):
                 self._on_device.add(id(m))
-        total = size if size is not None else sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
-        self._models[name] = _Model(name, list(modules), priority, cpu_ok, int(total))
+        total = sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
+        self._models[name] = _Model(name, list(modules), cpu_ok, int(total))
         self.decisions.pop(name, None)
 
     def names(self) -> list[str]:
@@ -152,7 +140,7 @@ class Placement:
             why = "no weight budget" if budget is None else f"whole stack {_mib(total)} fits {_mib(budget)}"
             dec = {m.name: Decision("resident", why, m.size) for m in models}
         else:
-            small = self.small_bytes if self.small_bytes is not None else budget // 16
+            small = budget // 16
             rest: list[_Model] = []
             for m in models:
                 if m.cpu_ok and m.size <= small:
@@ -164,7 +152,7 @@ class Placement:
                     rest.append(m)
             resident: set[int] = set()
             chosen: list[_Model] = []
-            order = sorted(rest, key=lambda m: (-m.priority, m.size, m.name))
+            order = sorted(rest, key=lambda m: (m.size, m.name))
             for m in order:
                 trial = resident | self._ids(m.name)
                 others = [o for o in rest if o is not m and o not in chosen]
@@ -175,7 +163,7 @@ class Placement:
                     chosen.append(m)
             for m in rest:
                 if m in chosen:
-                    dec[m.name] = Decision("resident", f"priority {m.priority:g}: fits with a swap slot left ({_mib(self._bytes_of(resident))} resident of {_mib(budget)})", m.size)
+                    dec[m.name] = Decision("resident", f"fits with a swap slot left ({_mib(self._bytes_of(resident))} resident of {_mib(budget)})", m.size)
                 else:
                     dec[m.name] = Decision("swap", f"{_mib(total)} of weights exceed {_mib(budget)}: swapped in on demand (LRU)", m.size)
         self.decisions = dec
