@@ -14,7 +14,7 @@
   `rewardstack._planning.simulate` measures full-size models on a laptop. Memory a kernel allocates
   and frees internally (a fused attention's workspace) is invisible, as are tensors made outside
   any aten op.
-- **Snapshots** (`MemorySnapshot`, `take_snapshot`): one subtractable record of where memory stands:
+- **Snapshots** (`MemorySnapshot`, `take_snapshot`): one record of where memory stands:
   on CUDA the caching allocator's statistics, the device's free and total bytes and, with
   `nvidia-ml-py`, the driver's view; on CPU the tracker's figures; the process's resident set on
   both. A figure that cannot be measured is None, never guessed.
@@ -235,10 +235,6 @@ class TensorBytesTracker(TorchDispatchMode):
         return out
 
     # -- windows ----------------------------------------------------------------------------
-    def reset_peak(self) -> None:
-        """Start a new global peak from the bytes live now (open windows keep their own)."""
-        self.peak_bytes = self.live_bytes
-
     def largest_live(self, n: int = 10) -> list[dict[str, Any]]:
         """The `n` largest storages charged now: bytes and the aten op that made each."""
         with self._lock:
@@ -280,7 +276,6 @@ class MemorySnapshot:
 
     `source` says where the device figures come from: `cuda` (the caching allocator), `tracker`
     (the simulated device on CPU) or `host` (no device figures, only the process's memory).
-    Subtracting two snapshots of the same source gives the change of every figure both have.
     """
 
     time: float
@@ -327,20 +322,6 @@ class MemorySnapshot:
         if not self.reserved or self.inactive_split is None:
             return None
         return self.inactive_split / self.reserved
-
-    def __sub__(self, other: "MemorySnapshot") -> "MemorySnapshot":
-        """The change from `other` to this one: every figure both snapshots have, and the seconds."""
-        if not isinstance(other, MemorySnapshot):
-            return NotImplemented
-        if other.source != self.source:
-            raise ValueError(f"cannot subtract a {other.source} snapshot from a {self.source} one")
-        out: dict[str, Any] = {"time": self.time - other.time, "source": self.source}
-        for f in fields(self):
-            if f.name in ("time", "source"):
-                continue
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            out[f.name] = a - b if a is not None and b is not None else None
-        return MemorySnapshot(**out)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form; figures not measured are left out."""
