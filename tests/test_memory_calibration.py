@@ -164,9 +164,10 @@ def test_calibration_key_covers_the_environment(tmp_path: Path, monkeypatch: pyt
 def test_a_damaged_cache_is_ignored(tmp_path: Path) -> None:
     (tmp_path / "c.json").write_text("{not json")
     cache = CalibrationCache(tmp_path / "c.json")
-    assert len(cache) == 0 and cache.get("k") is None
+    assert cache.get("k") is None
     cache.put("k", {"cost": {}})
-    assert json.loads((tmp_path / "c.json").read_text())["entries"]["k"]["cost"] == {}
+    entries = json.loads((tmp_path / "c.json").read_text())["entries"]
+    assert set(entries) == {"k"} and entries["k"]["cost"] == {}
 
 
 def test_the_planner_admits_only_profiled_shapes() -> None:

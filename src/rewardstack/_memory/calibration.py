@@ -174,9 +174,6 @@ class CalibrationCache:
         except OSError as e:  # a read-only home costs the next start a profile, nothing else
             log.warning("calibration cache %s not written: %s", self.path, e)
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
 
 @dataclass
 class ProfileRecord:

@@ -390,13 +390,12 @@ def cuda_snapshot(device: torch.device, *, nvml: bool = False) -> MemorySnapshot
     return snap
 
 
-def take_snapshot(
-    device: torch.device | str = "cpu", tracker: TensorBytesTracker | None = None, *, nvml: bool = True
-) -> MemorySnapshot:
-    """Memory now: the CUDA allocator's figures, or the simulated device's, plus the process's RSS."""
+def take_snapshot(device: torch.device | str = "cpu", tracker: TensorBytesTracker | None = None) -> MemorySnapshot:
+    """Memory now: the CUDA allocator's figures (the driver's too, with NVML), or the simulated
+    device's, plus the process's RSS."""
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_available() and tracker is None:  # pragma: no cover - CUDA-only path
-        snap = cuda_snapshot(dev, nvml=nvml)
+        snap = cuda_snapshot(dev, nvml=True)
     elif tracker is not None:
         live = tracker.live_bytes
         budget = tracker.budget_bytes
