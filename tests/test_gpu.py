@@ -80,7 +80,7 @@ def test_empty_cache_only_on_fragmentation() -> None:
     assert slack >= 256 * 1024**2
     assert maybe_empty_cache("cuda:0", threshold=slack + 1, split_threshold=1 << 40) is None
     emptied = maybe_empty_cache("cuda:0", threshold=slack // 2, split_threshold=1 << 40)
-    assert emptied is not None and f"reserved-allocated {slack} >" in emptied
+    assert emptied is not None and "reserved-allocated" in emptied
     after = torch.cuda.memory_stats(0)
     assert after["reserved_bytes.all.current"] - after["allocated_bytes.all.current"] < slack // 2
 
