@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import torch
+
 from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.device import MemorySnapshot
+
+
+class FakeCard:
+    """A card whose free memory and torch counters the test sets (`MemoryManager(snapshot=)`)."""
+
+    def __init__(self, total: int, free: int) -> None:
+        self.total, self.free, self.reserved, self.allocated = total, free, 0, 0
+
+    def __call__(self, device: torch.device) -> MemorySnapshot:
+        return MemorySnapshot(time=0.0, source="cuda", device_total=self.total, device_free=self.free,
+                              reserved=self.reserved, allocated=self.allocated)
 
 
 def scale(cost: CostModel, factor: float) -> CostModel:

@@ -13,27 +13,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 import torch
 
+from memory_fixtures import FakeCard
 from rewardstack.config import StackConfig
 from rewardstack._memory import MemoryManager
-from rewardstack._memory.device import MemorySnapshot
 from rewardstack._settings import MemorySettings
 
 MiB = 1024**2
 GiB = 1024**3
-
-
-class FakeCard:
-    """A card whose free memory and torch counters the test sets."""
-
-    def __init__(self, total: int, free: int) -> None:
-        self.total, self.free, self.reserved, self.allocated = total, free, 0, 0
-
-    def __call__(self, device: torch.device) -> MemorySnapshot:
-        return MemorySnapshot(time=0.0, source="cuda", device_total=self.total, device_free=self.free,
-                              reserved=self.reserved, allocated=self.allocated)
 
 
 def _mod(nbytes: int) -> torch.nn.Module:
@@ -67,13 +55,6 @@ def test_what_torch_held_at_start_counts_as_free() -> None:
     b = mm.setup(_cfg())
     assert b.free_at_start == 51 * GiB and b.non_torch_bytes == 0
     assert b.activation_bytes == 51 * GiB - 4 * MiB
-
-
-def test_a_card_reading_without_its_figures_is_refused() -> None:
-    # The budget's arithmetic is never done on a guessed figure: a snapshot lacking one (a host
-    # snapshot has no device figures) is no card reading.
-    with pytest.raises(ValueError, match="device_free"):
-        MemoryManager(None, device="cuda", snapshot=lambda d: MemorySnapshot(time=0.0, source="host", device_total=GiB))
 
 
 def test_plans_subtract_bytes_live_now_on_cuda() -> None:

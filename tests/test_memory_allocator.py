@@ -22,13 +22,12 @@ def _stats(reserved: int, allocated: int, split: int):  # noqa: ANN202
 
 def test_empties_only_past_thresholds() -> None:
     calls: list[object] = []
-    d = maybe_empty_cache("cuda", 1000, stats=_stats(1500, 1000, 10), empty=calls.append)
-    assert not d.emptied and d.fragmentation == 500 and not calls
-    d = maybe_empty_cache("cuda", 1000, stats=_stats(3000, 1000, 10), empty=calls.append)
-    assert d.emptied and len(calls) == 1 and "reserved-allocated" in d.reason
-    d = maybe_empty_cache("cuda", 1000, stats=_stats(1200, 1000, 600), empty=calls.append)
-    assert d.emptied and "inactive split" in d.reason and len(calls) == 2
+    assert maybe_empty_cache("cuda", 1000, stats=_stats(1500, 1000, 10), empty=calls.append) is None and not calls
+    why = maybe_empty_cache("cuda", 1000, stats=_stats(3000, 1000, 10), empty=calls.append)
+    assert why is not None and len(calls) == 1 and "reserved-allocated 2000 > 1000" in why
+    why = maybe_empty_cache("cuda", 1000, stats=_stats(1200, 1000, 600), empty=calls.append)
+    assert why is not None and "inactive split 600 > 500" in why and len(calls) == 2
 
 
 def test_cpu_is_a_no_op() -> None:
-    assert not maybe_empty_cache("cpu").emptied
+    assert maybe_empty_cache("cpu") is None

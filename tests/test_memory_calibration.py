@@ -164,9 +164,10 @@ def test_calibration_key_covers_the_environment(tmp_path: Path, monkeypatch: pyt
 def test_a_damaged_cache_is_ignored(tmp_path: Path) -> None:
     (tmp_path / "c.json").write_text("{not json")
     cache = CalibrationCache(tmp_path / "c.json")
-    assert len(cache) == 0 and cache.get("k") is None
+    assert cache.get("k") is None
     cache.put("k", {"cost": {}})
-    assert json.loads((tmp_path / "c.json").read_text())["entries"]["k"]["cost"] == {}
+    entries = json.loads((tmp_path / "c.json").read_text())["entries"]
+    assert set(entries) == {"k"} and entries["k"]["cost"] == {}
 
 
 def test_the_planner_admits_only_profiled_shapes() -> None:
@@ -204,9 +205,9 @@ def test_tuning_runs_on_the_simulated_device_it_tunes_for() -> None:
     seen: list[tuple[bool, int]] = []
 
     def tune() -> dict[str, int]:
-        before = mm.tracker.charged_total
-        x = torch.ones(1024) * 2  # two 4 KiB storages (the ones, the product) if the tracker counts
-        seen.append((mm.tracker.is_active(), mm.tracker.charged_total - before))
+        with mm.tracker.watch("tune") as w:
+            x = torch.ones(1024) * 2  # two 4 KiB storages live at once (the ones, the product) if the tracker counts
+        seen.append((mm.tracker.is_active(), w.peak_increase))
         del x
         return {"chunk": 16}
 

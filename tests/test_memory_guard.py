@@ -156,7 +156,7 @@ def test_real_simulated_oom_splits_and_shrinks_trust(bert: torch.nn.Module) -> N
     out = mm.run("bert", lengths, forward)
     assert all(o.status == "ok" for o in out)
     assert mm.oom_log and not mm.oom_log[0].injected and mm.cost_models["bert"].trust < 1
-    assert mm.ooms_total == len(mm.oom_log) and mm.summary()["ooms"] == mm.ooms_total
+    assert mm.ooms_total == len(mm.oom_log)
     with torch.inference_mode():
         alone = [forward([i])[0] for i in range(16)]
     assert all(math.isclose(o.value, a, rel_tol=1e-4, abs_tol=1e-5) for o, a in zip(out, alone))
@@ -188,8 +188,8 @@ def test_oom_log_is_a_ring_buffer_with_totals(monkeypatch: pytest.MonkeyPatch) -
     for _ in range(4):  # three records a run: one split, two gave_up
         out = mm.run("m", [3, 3], lambda idx: [1.0] * len(idx))
         assert [o.status for o in out] == ["oom", "oom"]
-    assert len(mm.oom_log) == 8 < mm.ooms_total == mm.ooms_injected == 12
-    assert mm.summary()["ooms"] == mm.ooms_total
+    assert len(mm.oom_log) == 8 < mm.ooms_total == 12
+    assert all(r.injected for r in mm.oom_log)
 
 
 def test_only_models_allowed_on_the_cpu_get_a_cpu_fallback() -> None:
@@ -205,5 +205,4 @@ def test_only_models_allowed_on_the_cpu_get_a_cpu_fallback() -> None:
         mm.place(None)
         out = mm.run("m", [3], forward)
         assert out[0].status == want
-        assert mm.fallbacks_total == (1 if cpu_ok else 0)
         assert [r.action for r in mm.oom_log] == ["cpu_fallback" if cpu_ok else "gave_up"]

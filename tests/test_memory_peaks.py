@@ -2,7 +2,7 @@
 
 An outer window spanning several inner ones (the step around its model calls, replay's run around
 the telemetry's batches) reports the largest inner peak: on CPU with the tensor-bytes tracker, and
-on the CUDA path with a fake allocator (injected, and through `torch.cuda`'s own functions).
+on the CUDA path with a fake allocator standing in for `torch.cuda`'s own functions.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from rewardstack._memory import MemoryManager, TensorBytesTracker
 from rewardstack._replay.faults import FaultInjector
 from rewardstack._memory.manager import MemoryObserver
 from rewardstack._memory.placement import PlacementMove
-from rewardstack._memory.device import use_allocator_stats
 from rewardstack._telemetry import PeakWindow
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on a GPU
@@ -50,6 +49,16 @@ class FakeAllocator:
         self.resets += 1
 
 
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
+    """A fake allocator read through `torch.cuda`'s functions (what the peak ledger calls)."""
+    fake = FakeAllocator()
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: fake.current)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: fake.high)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: fake.reset_peak(device))
+    return fake
+
+
 def _nested(fake: FakeAllocator) -> tuple[PeakWindow, list[PeakWindow]]:
     inners = []
     with PeakWindow(CUDA, None) as outer:
@@ -61,35 +70,20 @@ def _nested(fake: FakeAllocator) -> tuple[PeakWindow, list[PeakWindow]]:
     return outer, inners
 
 
-def test_outer_window_keeps_the_largest_inner_peak_with_an_injected_allocator() -> None:
-    fake = FakeAllocator()
-    with use_allocator_stats(fake):
-        outer, inners = _nested(fake)
+def test_outer_window_keeps_the_largest_inner_peak_on_cuda(fake: FakeAllocator) -> None:
+    outer, inners = _nested(fake)
     assert [w.peak_increase for w in inners] == list(BATCHES)  # each inner window still its own peak
     assert outer.peak_increase == max(BATCHES)
     assert outer.start == 100 and outer.peak == 150
 
 
-def test_outer_window_keeps_the_largest_inner_peak_through_torch_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same through `torch.cuda`'s functions (what the default provider calls)."""
-    fake = FakeAllocator()
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: fake.current)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: fake.high)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: fake.reset_peak(device))
-    outer, inners = _nested(fake)
-    assert [w.peak_increase for w in inners] == list(BATCHES)
-    assert outer.peak_increase == max(BATCHES)
-
-
-def test_a_peak_after_the_inner_windows_counts_for_the_outer_one() -> None:
-    fake = FakeAllocator()
-    with use_allocator_stats(fake):
-        with PeakWindow(CUDA, None) as outer:
-            with PeakWindow(CUDA, None):
-                fake.alloc(5)
-                fake.free(5)
-            fake.alloc(70)  # after the inner window closed, in the outer one only
-            fake.free(70)
+def test_a_peak_after_the_inner_windows_counts_for_the_outer_one(fake: FakeAllocator) -> None:
+    with PeakWindow(CUDA, None) as outer:
+        with PeakWindow(CUDA, None):
+            fake.alloc(5)
+            fake.free(5)
+        fake.alloc(70)  # after the inner window closed, in the outer one only
+        fake.free(70)
     assert outer.peak_increase == 70
 
 

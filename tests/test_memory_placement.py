@@ -7,9 +7,10 @@ import logging
 import pytest
 import torch
 
+from memory_fixtures import FakeCard
 from rewardstack.config import StackConfig
 from rewardstack._memory import MemoryManager, Placement
-from rewardstack._memory.budget import ACTIVATION_SHARE, compute_budget, split_card, usable_bytes, weights_bytes
+from rewardstack._memory.budget import ACTIVATION_SHARE, Card, split_card, usable_bytes, weights_bytes
 
 
 def _mod(n_floats: int) -> torch.nn.Module:
@@ -19,6 +20,7 @@ def _mod(n_floats: int) -> torch.nn.Module:
 
 
 MiB = 1024**2
+GiB = 1024**3
 
 
 def test_everything_resident_when_it_fits() -> None:
@@ -32,9 +34,9 @@ def test_over_budget_small_to_cpu_big_swapped_lru(caplog) -> None:  # noqa: ANN0
     caplog.set_level(logging.INFO, "rewardstack.memory")
     p = Placement("cpu", 10 * MiB)
     p.register("filter", [_mod(MiB // 8)], cpu_ok=True)  # 0.5 MiB, small
-    p.register("big1", [_mod(MiB)], priority=3)  # 4 MiB each
-    p.register("big2", [_mod(MiB)], priority=2)
-    p.register("big3", [_mod(MiB)], priority=1)
+    p.register("big1", [_mod(MiB)])  # 4 MiB each
+    p.register("big2", [_mod(MiB)])
+    p.register("big3", [_mod(MiB)])
     p.register("huge", [_mod(3 * MiB)])  # 12 MiB > budget
     dec = p.plan()
     assert dec["filter"].where == "cpu" and dec["huge"].where == "cpu"
@@ -73,38 +75,44 @@ def test_manager_runs_every_model_with_budget_below_weights(caplog) -> None:  # 
         for n in ("a", "b", "c", "tiny"):
             out = mm.run(n, [3, 4], lambda idx: [float(i) for i in idx])
             assert [o.value for o in out] == [0.0, 1.0]
-    summ = mm.summary()["placement"]
+    summ = mm.placement.summary()
     assert summ["swaps"] >= 3 and summ["models"]["tiny"]["where"] == "cpu"
     assert "placement:" in caplog.text
 
 
 def test_budget_resolution() -> None:
+    # One rule on every device: `Card.resolve`, which `MemoryManager.setup` applies.
     cfg = StackConfig()
-    assert compute_budget(cfg, "cpu", 0).activation_bytes is None
-    assert compute_budget(StackConfig(memory_budget=123), "cpu", 0).activation_bytes == 123
-    b = compute_budget(cfg, "cuda", 10 * 1024**3, total_memory=lambda d: 80 * 1024**3)
-    assert b.activation_bytes == int(80 * 1024**3 * 0.9) - 10 * 1024**3 - 512 * MiB
+    cpu = Card(torch.device("cpu"))  # no card: memory_budget, else unlimited
+    assert cpu.resolve(cfg, 0)[0].activation_bytes is None
+    assert cpu.resolve(StackConfig(memory_budget=123), 0)[0].activation_bytes == 123
+    card = Card(torch.device("cuda"), FakeCard(80 * GiB, 80 * GiB))
+    usable = int(80 * GiB * 0.9) - 512 * MiB
+    b, weights_budget = card.resolve(cfg, 10 * GiB)
+    assert weights_budget is None and b.activation_bytes == usable - 10 * GiB
     assert "total" in b.describe()
-    tight = compute_budget(cfg, "cuda", 100 * 1024**3, total_memory=lambda d: 80 * 1024**3)
-    assert tight.activation_bytes == 0
+    # Weights that do not fit: placement fills its share, the passes keep ACTIVATION_SHARE of the card.
+    tight, weights_budget = card.resolve(cfg, 100 * GiB)
+    assert weights_budget == int(usable * (1 - ACTIVATION_SHARE))
+    assert tight.activation_bytes == usable - weights_budget > 0
     assert weights_bytes([torch.nn.Linear(4, 4)]) == (16 + 4) * 4
 
 
 def test_setup_on_simulated_cuda_places_when_weights_do_not_fit() -> None:
-    mm = MemoryManager(None, simulate=True)
+    mm = MemoryManager(None, snapshot=FakeCard(8 * MiB, 8 * MiB))
     for n in ("a", "b"):
         mm.register_model(n, [_mod(MiB)])  # 4 MiB each
-    b = mm.setup(StackConfig(headroom_bytes=1), total_memory=lambda d: 8 * MiB)
+    b = mm.setup(StackConfig(headroom_bytes=1))
     assert b.activation_bytes and b.activation_bytes > 0
     assert mm.placement is not None and "swap" in {d.where for d in mm.placement.decisions.values()}
 
 
 def test_setup_on_simulated_cuda_with_a_fixed_activation_budget() -> None:
     # memory_budget fixes the activations; the card's size still decides what the weights get.
-    mm = MemoryManager(None, simulate=True)
+    mm = MemoryManager(None, snapshot=FakeCard(8 * MiB, 8 * MiB))
     for n in ("a", "b"):
         mm.register_model(n, [_mod(MiB)])  # 4 MiB each
-    b = mm.setup(StackConfig(headroom_bytes=1, memory_budget=MiB), total_memory=lambda d: 8 * MiB)
+    b = mm.setup(StackConfig(headroom_bytes=1, memory_budget=MiB))
     assert b.activation_bytes == MiB and mm.budget_bytes == MiB
     assert mm.placement is not None and mm.placement.budget_bytes is not None and mm.placement.budget_bytes > 0
     assert "swap" in {d.where for d in mm.placement.decisions.values()}
@@ -121,15 +129,16 @@ def test_models_start_where_their_weights_are() -> None:
 
 def test_place_then_load_moves_only_resident_models_to_the_card() -> None:
     # The "card" is the meta device here: a module moved there holds no memory and says so.
-    mm = MemoryManager(None, simulate=True)
+    mm = MemoryManager(None)
     assert mm.card.size(StackConfig()) is None  # CPU: no card to fill
     full = StackConfig(headroom_bytes=0, gpu_utilization=1.0)
-    cap, _ = split_card(usable_bytes(mm.card.size(full, lambda d: 9 * MiB), full), 9 * MiB, None)  # weights do not fit
+    card = Card(torch.device("cpu"), FakeCard(9 * MiB, 9 * MiB)).size(full)
+    cap, _ = split_card(usable_bytes(card, full), 9 * MiB, None)  # weights do not fit
     assert cap == int(9 * MiB * (1 - ACTIVATION_SHARE)) == int(9 * MiB * 0.8)  # 7.2 MiB
     mods = {"a": _mod(MiB), "b": _mod(MiB), "c": _mod(MiB // 2)}  # 4, 4 and 2 MiB, loaded on the host
-    p = Placement("meta", 7 * MiB, host="cpu")
+    p = Placement("meta", 7 * MiB)
     for name, m in mods.items():
-        p.register(name, [m], priority={"a": 2.0, "b": 1.0, "c": 1.0}[name])
+        p.register(name, [m])
     assert p.device_bytes() == 0  # nothing on the card before placement decides
     p.plan()
     on_card = {n for n, m in mods.items() if next(m.parameters()).device.type == "meta"}

@@ -143,7 +143,7 @@ def test_budget_below_weights_still_scores_every_step(standins, tmp_path, caplog
             assert all(s in (Status.OK, Status.TRUNCATED) for s in res.statuses)
             assert all(math.isfinite(r) for r in res.rewards)
     assert real_ooms(stack) == []  # every planned batch fitted, swapped models included
-    summary = stack.memory.summary()["placement"]
+    summary = stack.memory.placement.summary()
     wheres = {d["where"] for d in summary["models"].values()}
     assert wheres - {"resident"}, "with half the weights' bytes, some model must move"
     assert summary["swaps"] > 0

@@ -195,32 +195,26 @@ class RewardStack:
         started = time.time()
         results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
         embeddings: list[dict[str, list[Embedding]]] = [{} for _ in parsed]
-        # The models in the order they run: while one runs, its successor is prefetched (a swapped
-        # model's weights copied on the side stream, CUDA only), so the copy overlaps the passes.
-        order = [n for n in (*REWARD_MODELS, *MASKS) if n in self.scorers and self.scorers[n].modules()]
-        upcoming = dict(zip(order, order[1:]))
         for name in REWARD_MODELS:
             if name in self.scorers:
-                with self.memory.prefetching(upcoming.get(name)):
-                    for view, res in zip(views, results):
-                        step = view.step
-                        request = ScoreRequest(step.prompt, step.completions, step.name)
-                        res[name] = view.mark(self.run_scorer(name, request), mask=False)
+                for view, res in zip(views, results):
+                    step = view.step
+                    request = ScoreRequest(step.prompt, step.completions, step.name)
+                    res[name] = view.mark(self.run_scorer(name, request), mask=False)
         for name in MASKS:
             scorer = self.scorers.get(name)
             if scorer is None:
                 continue
-            with self.memory.prefetching(upcoming.get(name)):
-                for view, res, emb in zip(views, results, embeddings):
-                    step = view.step
-                    base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
-                    request = ScoreRequest(base_prompt, step.completions, step.name)
-                    if not scorer.stateful:
-                        res[name] = view.mark(self.run_scorer(name, request), mask=True)
-                        continue
-                    part = self.run_stateless_part(name, request)  # the state's half runs in `RewardState.apply`
-                    if part is not None:
-                        emb[name] = view.mark_embeddings(part)
+            for view, res, emb in zip(views, results, embeddings):
+                step = view.step
+                base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
+                request = ScoreRequest(base_prompt, step.completions, step.name)
+                if not scorer.stateful:
+                    res[name] = view.mark(self.run_scorer(name, request), mask=True)
+                    continue
+                part = self.run_stateless_part(name, request)  # the state's half runs in `RewardState.apply`
+                if part is not None:
+                    emb[name] = view.mark_embeddings(part)
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
         # The step as read goes on (blacklist, best, event): nothing past max_chars is kept or echoed.

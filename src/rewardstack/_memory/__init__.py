@@ -14,30 +14,19 @@ input. Everything here runs on CPU against a simulated budget, so it is tested w
 - `manager`: the `MemoryManager` that composes them, and what it tells subscribers (`MemoryObserver`).
 """
 
-from rewardstack._memory.budget import Budget, compute_budget
 from rewardstack._memory.calibration import Profile
 from rewardstack._memory.costmodel import CostModel
-from rewardstack._memory.device import TensorBytesTracker, configure_allocator, maybe_empty_cache, simulated_oom
-from rewardstack._memory.guard import InjectedOOM, OomRecord, Outcome
+from rewardstack._memory.device import TensorBytesTracker, configure_allocator, maybe_empty_cache
 from rewardstack._memory.manager import MemoryManager, MemoryObserver
-from rewardstack._memory.placement import Decision, Placement
-from rewardstack._memory.planner import plan_batches
+from rewardstack._memory.placement import Placement
 
 __all__ = [
-    "Budget",
     "CostModel",
-    "Decision",
-    "InjectedOOM",
     "MemoryManager",
     "MemoryObserver",
-    "OomRecord",
-    "Outcome",
     "Placement",
     "Profile",
     "TensorBytesTracker",
-    "compute_budget",
     "configure_allocator",
     "maybe_empty_cache",
-    "plan_batches",
-    "simulated_oom",
 ]

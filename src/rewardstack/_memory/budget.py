@@ -2,7 +2,8 @@
 
 On CUDA (like vLLM's gpu_memory_utilization): the card's size (the real one, or `[memory]
 device_memory` when set) x `gpu_utilization`, never more than was free when the process started
-(another process's memory is not ours), minus the weights resident, minus the memory this process
+(another process's memory is not ours), minus the weights resident (when they do not all fit,
+placement gets 1 - ACTIVATION_SHARE of it and the passes the rest), minus the memory this process
 holds outside torch's allocator (measured, as vLLM does: device memory used now minus used at
 start minus what torch reserved since: CUDA context growth, cuBLAS workspaces), minus
 `headroom_bytes`; or exactly `memory_budget` bytes when the config sets it. On CPU there is no
@@ -23,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from rewardstack.config import StackConfig
-from rewardstack._memory.device import MemorySnapshot, cuda_snapshot, cuda_total_memory
+from rewardstack._memory.device import MemorySnapshot, cuda_snapshot
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -89,7 +90,7 @@ def usable_bytes(card: int, cfg: StackConfig, *, free_at_start: int | None = Non
     card x `gpu_utilization` - `headroom_bytes` (vLLM's gpu_memory_utilization); on CUDA also
     never more than was free at start (`free_at_start`; another process's memory is not ours) less
     the headroom, and less `outside_torch` (bytes used outside torch's allocator). The one formula
-    that `Card.resolve`, `compute_budget` and `rewardstack plan` read.
+    that `Card.resolve` and `rewardstack plan` read.
     """
     usable = int(card * cfg.gpu_utilization) - cfg.headroom_bytes
     if free_at_start is not None:
@@ -114,36 +115,6 @@ def split_card(usable: int, weights: int, memory_budget: int | None) -> tuple[in
     return weights_budget, int(memory_budget) if memory_budget is not None else rest
 
 
-def compute_budget(
-    cfg: StackConfig,
-    device: torch.device | str,
-    weights: int = 0,
-    *,
-    total_memory: Callable[[torch.device], int] | None = None,
-) -> Budget:
-    """The full budget decision; `total_memory` overrides the CUDA query (tests)."""
-    dev = torch.device(device)
-    if cfg.memory_budget is not None:
-        return Budget(str(dev), int(cfg.memory_budget), "config", weights_bytes=weights)
-    if dev.type != "cuda" and total_memory is None:
-        return Budget(str(dev), None, "unlimited", weights_bytes=weights)
-    total = (total_memory or cuda_total_memory)(dev)
-    usable = usable_bytes(total, cfg) - weights
-    if usable <= 0:
-        # The weights alone do not fit: placement must offload; plan activations against what a
-        # swapped-in model leaves (logged loudly, the budget is never negative).
-        log.warning(
-            "weights (%.2f GiB) + headroom exceed %.0f%% of %.2f GiB: activation budget floored at 0",
-            weights / 1024**3, cfg.gpu_utilization * 100, total / 1024**3,
-        )
-        usable = 0
-    return Budget(str(dev), usable, "device", total, cfg.gpu_utilization, weights, cfg.headroom_bytes)
-
-
-# The figures of a card reading the budget's arithmetic uses (a CUDA snapshot has them all).
-_CARD_FIGURES = ("device_total", "device_free", "reserved", "allocated")
-
-
 class Card:
     """The device's memory as the manager reads it: at start and now, on CUDA or on a simulated
     card (`read`, injected by tests), and the bytes this process holds outside torch.
@@ -166,14 +137,10 @@ class Card:
         """Bytes used outside torch's allocator, as last measured (`measure_non_torch`)."""
 
     def snapshot(self) -> MemorySnapshot:
-        """The device's memory now (CUDA, or the injected simulated card of tests): a reading with
-        the four figures the budget's arithmetic uses (`device_total`, `device_free`, `reserved`,
-        `allocated`); one that lacks any is refused, never filled with a guess."""
-        snap = self._read(self.device)
-        missing = [f for f in _CARD_FIGURES if getattr(snap, f) is None]
-        if missing:
-            raise ValueError(f"a card reading without {', '.join(missing)}: {snap.to_dict()}")
-        return snap
+        """The device's memory now (CUDA, or the injected simulated card of tests): a CUDA snapshot
+        has every figure the budget's arithmetic uses (`device_total`, `device_free`, `reserved`,
+        `allocated`)."""
+        return self._read(self.device)
 
     def measure_non_torch(self) -> int:
         """Bytes used on the device since start outside torch's allocator (vLLM's "used by the process
@@ -193,28 +160,21 @@ class Card:
         allocated = self.snapshot().allocated if self.injected else torch.cuda.memory_allocated(self.device)
         return max(0, allocated - resident - self.startup.allocated)  # type: ignore[operator]
 
-    def size(self, cfg: Any, total_memory: Callable[[torch.device], int] | None = None) -> int | None:
+    def size(self, cfg: Any) -> int | None:
         """The size of the card the stack behaves as on: `[memory] device_memory` when set (never
         more than the real card), else the real card; on CPU `device_memory` sizes the simulated
         device, and without it there is none (None)."""
         dm = getattr(getattr(cfg, "memory", None), "device_memory", None)
-        if total_memory is not None:
-            total: int | None = int(total_memory(self.device))
-        elif self.startup is not None:
-            total = self.startup.device_total
-        elif self.device.type == "cuda":  # pragma: no cover - CUDA-only path
-            total = cuda_total_memory(self.device)
-        else:
+        if self.startup is None:
             return int(dm) if dm else None
+        total = int(self.startup.device_total)  # type: ignore[arg-type]
         return min(total, int(dm)) if dm else total
 
-    def resolve(
-        self, cfg: Any, weights: int, *, total_memory: Callable[[torch.device], int] | None = None
-    ) -> tuple[Budget, int | None]:
+    def resolve(self, cfg: Any, weights: int) -> tuple[Budget, int | None]:
         """(the budget, the weights' device budget for placement; None: all resident) for a config
         and `weights` bytes of stack weights.
 
-        With a card (CUDA, `[memory] device_memory`, or `total_memory` in tests): usable = card x
+        With a card (CUDA, `[memory] device_memory`, or a simulated card in tests): usable = card x
         gpu_utilization - headroom, on CUDA also at most what was free at start, minus memory
         measured outside torch. If the weights fit in usable minus an activation share, all are
         resident and activations get the rest (or `memory_budget`); otherwise weights get
@@ -223,9 +183,11 @@ class Card:
         `memory_budget` is both the activation budget and the size of the simulated device the
         weights are placed into; None: unlimited.
         """
-        card = self.size(cfg, total_memory)
+        card = self.size(cfg)
         if card is None:
-            return compute_budget(cfg, self.device, weights), cfg.memory_budget
+            source = "config" if cfg.memory_budget is not None else "unlimited"
+            act = int(cfg.memory_budget) if cfg.memory_budget is not None else None
+            return Budget(str(self.device), act, source, weights_bytes=weights), cfg.memory_budget
         free_at_start = None
         outside = 0
         if self.startup is not None:

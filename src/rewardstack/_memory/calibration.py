@@ -116,7 +116,6 @@ class CalibrationCache:
         self.path = Path(path) if path is not None else None
         self.recalibrate = recalibrate
         self.hits = 0
-        self.misses = 0
         self._entries, self._digests = self._read(warn=True)
         self._unsaved = False  # digests computed since the file was written
 
@@ -150,9 +149,7 @@ class CalibrationCache:
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored entry for `key` (None if absent, or always with `recalibrate`)."""
         entry = None if self.recalibrate else self._entries.get(key)
-        if entry is None:
-            self.misses += 1
-        else:
+        if entry is not None:
             self.hits += 1
         return entry
 
@@ -176,9 +173,6 @@ class CalibrationCache:
             self._unsaved = False
         except OSError as e:  # a read-only home costs the next start a profile, nothing else
             log.warning("calibration cache %s not written: %s", self.path, e)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 @dataclass

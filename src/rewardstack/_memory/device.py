@@ -14,7 +14,7 @@
   `rewardstack._planning.simulate` measures full-size models on a laptop. Memory a kernel allocates
   and frees internally (a fused attention's workspace) is invisible, as are tensors made outside
   any aten op.
-- **Snapshots** (`MemorySnapshot`, `take_snapshot`): one subtractable record of where memory stands:
+- **Snapshots** (`MemorySnapshot`, `take_snapshot`): one record of where memory stands:
   on CUDA the caching allocator's statistics, the device's free and total bytes and, with
   `nvidia-ml-py`, the driver's view; on CPU the tracker's figures; the process's resident set on
   both. A figure that cannot be measured is None, never guessed.
@@ -22,8 +22,8 @@
   opened, nestable (the step's window around each call's, replay's around a model's run). On CPU a
   window of the tracker; on CUDA the allocator has one peak counter per device, so every reset goes
   through one `PeakLedger` per process, which first folds the counter into every open window: a
-  reset never loses an outer window's peak. The counters are read through an injectable
-  `AllocatorStats` (`use_allocator_stats`), so the CUDA path is testable without a GPU.
+  reset never loses an outer window's peak. The counters are read through `torch.cuda`'s functions
+  at call time, so tests stand a fake allocator in for them without a GPU.
 - **Allocator settings**: `configure_allocator()` sets `expandable_segments:True` before CUDA
   starts (PyTorch reads PYTORCH_CUDA_ALLOC_CONF once; a user's own setting is left alone), and
   `maybe_empty_cache()` returns cached blocks only when measured fragmentation crosses a threshold
@@ -40,7 +40,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
@@ -73,7 +73,6 @@ class Window:
     name: str
     start_bytes: int = 0
     peak_bytes: int = 0
-    end_bytes: int = 0
 
     @property
     def peak_increase(self) -> int:
@@ -128,7 +127,6 @@ class TensorBytesTracker(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.oom_count = 0
-        self.charged_total = 0  # bytes ever charged (a cheap activity counter for logs)
         # id(storage object) -> (weakref to it, bytes charged). PyTorch keeps one Python object per
         # live storage, so the id is stable while the storage lives and survives reallocation.
         self._refs: dict[int, tuple[weakref.ref, int]] = {}
@@ -221,7 +219,6 @@ class TensorBytesTracker(TorchDispatchMode):
             for key, nbytes in grow.items():
                 self._refs[key] = (self._refs[key][0], nbytes)
             self.live_bytes += extra
-            self.charged_total += extra
             self._bump_peak()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -238,10 +235,6 @@ class TensorBytesTracker(TorchDispatchMode):
         return out
 
     # -- windows ----------------------------------------------------------------------------
-    def reset_peak(self) -> None:
-        """Start a new global peak from the bytes live now (open windows keep their own)."""
-        self.peak_bytes = self.live_bytes
-
     def largest_live(self, n: int = 10) -> list[dict[str, Any]]:
         """The `n` largest storages charged now: bytes and the aten op that made each."""
         with self._lock:
@@ -252,10 +245,6 @@ class TensorBytesTracker(TorchDispatchMode):
         """What was live when an allocation failed (kept in `last_oom` for the incident record)."""
         return {"oom_count": self.oom_count, "requested_bytes": requested, "requested_by": str(op),
                 "live_bytes": self.live_bytes, "budget_bytes": self.budget_bytes, "largest": self.largest_live()}
-
-    def live_storages(self) -> int:
-        """How many storages are charged now (for leak checks in tests)."""
-        return len(self._refs)
 
     @contextmanager
     def window(self, name: str = "window") -> Iterator[Window]:
@@ -279,7 +268,6 @@ class TensorBytesTracker(TorchDispatchMode):
             with self._lock:
                 # by identity: two windows may compare equal as dataclasses
                 self._open[:] = [o for o in self._open if o is not w]
-                w.end_bytes = self.live_bytes
 
 
 @dataclass
@@ -288,7 +276,6 @@ class MemorySnapshot:
 
     `source` says where the device figures come from: `cuda` (the caching allocator), `tracker`
     (the simulated device on CPU) or `host` (no device figures, only the process's memory).
-    Subtracting two snapshots of the same source gives the change of every figure both have.
     """
 
     time: float
@@ -335,20 +322,6 @@ class MemorySnapshot:
         if not self.reserved or self.inactive_split is None:
             return None
         return self.inactive_split / self.reserved
-
-    def __sub__(self, other: "MemorySnapshot") -> "MemorySnapshot":
-        """The change from `other` to this one: every figure both snapshots have, and the seconds."""
-        if not isinstance(other, MemorySnapshot):
-            return NotImplemented
-        if other.source != self.source:
-            raise ValueError(f"cannot subtract a {other.source} snapshot from a {self.source} one")
-        out: dict[str, Any] = {"time": self.time - other.time, "source": self.source}
-        for f in fields(self):
-            if f.name in ("time", "source"):
-                continue
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            out[f.name] = a - b if a is not None and b is not None else None
-        return MemorySnapshot(**out)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form; figures not measured are left out."""
@@ -417,24 +390,12 @@ def cuda_snapshot(device: torch.device, *, nvml: bool = False) -> MemorySnapshot
     return snap
 
 
-def cuda_allocated(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-    """Bytes in live tensors now (a snapshot's `allocated`, read alone: once per guarded run)."""
-    return int(torch.cuda.memory_allocated(device))
-
-
-def cuda_total_memory(device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-    """The card's size (a snapshot's `device_total`, read alone)."""
-    _free, total = torch.cuda.mem_get_info(device)
-    return int(total)
-
-
-def take_snapshot(
-    device: torch.device | str = "cpu", tracker: TensorBytesTracker | None = None, *, nvml: bool = True
-) -> MemorySnapshot:
-    """Memory now: the CUDA allocator's figures, or the simulated device's, plus the process's RSS."""
+def take_snapshot(device: torch.device | str = "cpu", tracker: TensorBytesTracker | None = None) -> MemorySnapshot:
+    """Memory now: the CUDA allocator's figures (the driver's too, with NVML), or the simulated
+    device's, plus the process's RSS."""
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_available() and tracker is None:  # pragma: no cover - CUDA-only path
-        snap = cuda_snapshot(dev, nvml=nvml)
+        snap = cuda_snapshot(dev, nvml=True)
     elif tracker is not None:
         live = tracker.live_bytes
         budget = tracker.budget_bytes
@@ -450,32 +411,6 @@ def take_snapshot(
     return snap
 
 
-class AllocatorStats(Protocol):
-    """The three counters of a device allocator a peak window needs."""
-
-    def allocated(self, device: torch.device) -> int:
-        """Bytes held by live tensors now."""
-
-    def peak(self, device: torch.device) -> int:
-        """Highest allocated bytes since the peak was last reset."""
-
-    def reset_peak(self, device: torch.device) -> None:
-        """Start the peak again from what is allocated now."""
-
-
-class CudaAllocatorStats:
-    """`AllocatorStats` of PyTorch's CUDA caching allocator."""
-
-    def allocated(self, device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-        return int(torch.cuda.memory_allocated(device))
-
-    def peak(self, device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-        return int(torch.cuda.max_memory_allocated(device))
-
-    def reset_peak(self, device: torch.device) -> None:  # pragma: no cover - CUDA-only path
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 @dataclass
 class _Open:
     device: str
@@ -486,15 +421,14 @@ class _Open:
 class PeakLedger:
     """Owns the allocator's peak counter: the windows open on each device and the only resets."""
 
-    def __init__(self, stats: AllocatorStats) -> None:
-        self.stats = stats
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, list[_Open]] = {}
 
     def _fold(self, device: torch.device) -> None:
         windows = self._open.get(str(device))
         if windows:
-            peak = self.stats.peak(device)
+            peak = int(torch.cuda.max_memory_allocated(device))
             for w in windows:
                 w.peak = max(w.peak, peak)
 
@@ -502,8 +436,8 @@ class PeakLedger:
         """Open a window on `device`: fold the counter into the open ones, then reset it."""
         with self._lock:
             self._fold(device)
-            self.stats.reset_peak(device)
-            start = self.stats.allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start = int(torch.cuda.memory_allocated(device))
             w = _Open(str(device), start, start)
             self._open.setdefault(str(device), []).append(w)
             return w
@@ -517,24 +451,7 @@ class PeakLedger:
             return w.peak
 
 
-_ledger = PeakLedger(CudaAllocatorStats())
-
-
-def ledger() -> PeakLedger:
-    """The process's peak ledger (every CUDA peak window and measurement goes through it)."""
-    return _ledger
-
-
-@contextmanager
-def use_allocator_stats(stats: AllocatorStats) -> Iterator[PeakLedger]:
-    """Read the allocator through `stats` inside (tests: a fake allocator on a machine without CUDA)."""
-    global _ledger
-    saved = _ledger
-    _ledger = PeakLedger(stats)
-    try:
-        yield _ledger
-    finally:
-        _ledger = saved
+_ledger = PeakLedger()  # the process's one: every CUDA peak window and measurement goes through it
 
 
 class PeakWindow:
@@ -554,7 +471,6 @@ class PeakWindow:
         self.peak: int | None = None
         self._cm: Any = None
         self._window: Any = None
-        self._ledger: PeakLedger | None = None
         self._open: _Open | None = None
 
     @property
@@ -575,8 +491,7 @@ class PeakWindow:
                 self._window = self._cm.__enter__()
                 self.start = self._window.start_bytes
         elif self.device.type == "cuda":
-            self._ledger = ledger()
-            self._open = self._ledger.open(self.device)
+            self._open = _ledger.open(self.device)
             self.start = self._open.start
         return self
 
@@ -584,8 +499,8 @@ class PeakWindow:
         if self._cm is not None:
             self._cm.__exit__(*exc)
             self.peak = self._window.peak_bytes
-        elif self._ledger is not None and self._open is not None:
-            self.peak = self._ledger.close(self.device, self._open)
+        elif self._open is not None:
+            self.peak = _ledger.close(self.device, self._open)
 
 
 def configure_allocator(environ: dict[str, str] | None = None) -> str | None:
@@ -608,22 +523,6 @@ def configure_allocator(environ: dict[str, str] | None = None) -> str | None:
     return DEFAULT_CONF
 
 
-@dataclass
-class CacheDecision:
-    """What `maybe_empty_cache` measured and did (bytes)."""
-
-    emptied: bool
-    reserved: int = 0
-    allocated: int = 0
-    inactive_split: int = 0
-    reason: str = ""
-
-    @property
-    def fragmentation(self) -> int:
-        """Reserved bytes not holding a live tensor."""
-        return self.reserved - self.allocated
-
-
 def _cuda_stats(device: torch.device) -> Mapping[str, int]:  # pragma: no cover - CUDA-only path
     return torch.cuda.memory_stats(device)
 
@@ -640,29 +539,27 @@ def maybe_empty_cache(
     split_threshold: int | None = None,
     stats: Callable[[torch.device], Mapping[str, int]] | None = None,
     empty: Callable[[torch.device], None] | None = None,
-) -> CacheDecision:
-    """Empty the CUDA cache only if reserved-allocated > `threshold` or inactive split bytes > `split_threshold`.
+) -> str | None:
+    """Empty the CUDA cache only if reserved-allocated > `threshold` or inactive split bytes > `split_threshold`;
+    returns why it did (None: the cache was kept).
 
     `split_threshold` defaults to half of `threshold`. `stats`/`empty` replace the CUDA calls (tests).
     On a non-CUDA device without injected stats nothing is done.
     """
     dev = torch.device(device)
     if dev.type != "cuda" and stats is None:
-        return CacheDecision(False, reason="not a CUDA device")
+        return None
     s = (stats or _cuda_stats)(dev)
     reserved = int(s.get("reserved_bytes.all.current", 0))
     allocated = int(s.get("allocated_bytes.all.current", 0))
     inactive = int(s.get("inactive_split_bytes.all.current", 0))
     split_limit = threshold // 2 if split_threshold is None else split_threshold
-    d = CacheDecision(False, reserved, allocated, inactive)
     if reserved - allocated > threshold:
-        d.reason = f"reserved-allocated {reserved - allocated} > {threshold}"
+        reason = f"reserved-allocated {reserved - allocated} > {threshold}"
     elif inactive > split_limit:
-        d.reason = f"inactive split {inactive} > {split_limit}"
+        reason = f"inactive split {inactive} > {split_limit}"
     else:
-        d.reason = "below thresholds"
-        return d
+        return None
     (empty or _cuda_empty)(dev)
-    d.emptied = True
-    log.info("allocator: emptied the cache (%s)", d.reason)
-    return d
+    log.info("allocator: emptied the cache (%s)", reason)
+    return reason

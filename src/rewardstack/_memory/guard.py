@@ -211,16 +211,14 @@ def prepare_batches(name: str, prepare: Callable[[], Any], *, device: torch.devi
         free_device_memory(device)
 
 
-def cpu_fallback(owner: str, forward: Forward, placement: "Placement | None", counted: Callable[[], None]) -> Forward:
-    """A fallback that runs `forward` with `owner`'s weights on the host, then moves them back;
-    `counted()` is called once per input so scored."""
+def cpu_fallback(owner: str, forward: Forward, placement: "Placement | None") -> Forward:
+    """A fallback that runs `forward` with `owner`'s weights on the host, then moves them back."""
 
     def fallback(idx: list[int]) -> Sequence[Any]:
         started = time.perf_counter()
         lent = placement.lent_to_host(owner) if placement is not None and owner in placement.names() else nullcontext(0)
         with lent as moved, untracked():
             out = forward(idx)
-        counted()
         log.warning("CPU fallback: %s scored input %s on the host (%d bytes of weights moved, %.3fs)",
                     owner, idx, moved, time.perf_counter() - started)
         return out

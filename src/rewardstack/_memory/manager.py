@@ -125,7 +125,6 @@ class MemoryManager:
         device: torch.device | str = "cpu",
         margin: float = 0.9,
         injector: Any = None,
-        simulate: bool | None = None,
         calibration: CalibrationCache | None = None,
         snapshot: Callable[[torch.device], MemorySnapshot] | None = None,
     ) -> None:
@@ -135,28 +134,22 @@ class MemoryManager:
         self.injector = injector
         """Raises OOMs inside passes on purpose (the soak's `replay.faults.FaultInjector`; None: none)."""
         self.cost_models: dict[str, CostModel] = {}
-        # The last OOM_LOG_SIZE records; `ooms_total` / `ooms_injected` count every one.
+        # The last OOM_LOG_SIZE records; `ooms_total` counts every one.
         self.oom_log: deque[OomRecord] = deque(maxlen=OOM_LOG_SIZE)
         self.ooms_total = 0
-        self.ooms_injected = 0
         self.calibration = calibration
         """Fitted cost models by key, beside the config (None: every start profiles)."""
         # CUDA (or a simulated card in tests): the device as it was before any model loaded.
         self.card = Card(self.device, snapshot)
-        self.fallbacks_total = 0  # inputs scored by a CPU fallback
-        self.cut_to_fit: dict[str, int] = {}
-        """Per scorer, the passes whose inputs were cut to what its measured cost models hold (`run_pass`)."""
         self.placement: Placement | None = None
-        self._up_next: str | None = None  # set only inside `prefetching`
         self._serving = False  # inside `serving`: a request is being scored, no profile may run
         self.budget: Budget | None = None
         self.observers: list[MemoryObserver] = []
         """Subscribers told of runs, batches, OOMs, profiles and placement moves (`subscribe`)."""
         self.calibrator = Calibrator(self.device, lambda record: self._publish("profiled", record))
-        self._registered: dict[str, tuple[list[torch.nn.Module], float, bool]] = {}
-        if simulate is None:
-            simulate = self.device.type != "cuda"
-        self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulate else None
+        self._registered: dict[str, tuple[list[torch.nn.Module], bool]] = {}
+        simulated = self.device.type != "cuda"  # the tracker is the device off CUDA
+        self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulated else None
 
     @classmethod
     def for_config(cls, cfg: Any, *, recalibrate: bool = False) -> "MemoryManager":
@@ -205,22 +198,19 @@ class MemoryManager:
             self.tracker.budget_bytes = budget_bytes
         log.info("activation budget: %s", "unlimited" if budget_bytes is None else f"{budget_bytes} bytes")
 
-    def register_model(
-        self, name: str, modules: list[torch.nn.Module], *, priority: float = 1.0, cpu_ok: bool = False
-    ) -> None:
+    def register_model(self, name: str, modules: list[torch.nn.Module], *, cpu_ok: bool = False) -> None:
         """Declare a model's modules (for weight accounting and placement). `cpu_ok`: may run on CPU."""
-        self._registered[name] = (list(modules), priority, cpu_ok)
+        self._registered[name] = (list(modules), cpu_ok)
         if self.placement is not None:
-            self.placement.register(name, list(modules), priority=priority, cpu_ok=cpu_ok)
+            self.placement.register(name, list(modules), cpu_ok=cpu_ok)
 
-    def place(self, weights_budget: int | None, *, move: bool | None = None) -> dict[str, Decision]:
+    def place(self, weights_budget: int | None) -> dict[str, Decision]:
         """Plan placement of the registered models under a weight budget (bytes on the device)."""
-        if move is None and self.card.injected:
-            move = False  # an injected (simulated) card: account, move nothing
-        self.placement = Placement(self.device, weights_budget, move=move)
+        # An injected (simulated) card: account, move nothing.
+        self.placement = Placement(self.device, weights_budget, move=False if self.card.injected else None)
         self.placement.listeners.append(lambda move: self._publish("moved", move))
-        for name, (mods, prio, cpu_ok) in self._registered.items():
-            self.placement.register(name, mods, priority=prio, cpu_ok=cpu_ok)
+        for name, (mods, cpu_ok) in self._registered.items():
+            self.placement.register(name, mods, cpu_ok=cpu_ok)
         return self.placement.plan()
 
     def device_for(self, name: str) -> torch.device:
@@ -252,21 +242,6 @@ class MemoryManager:
             return float("inf")
         return max(0.0, float(self.budget_bytes) - self.live_bytes())
 
-    def summary(self) -> dict:
-        """Budget, cost models, OOM counts and placement, JSON-able (for logs and telemetry)."""
-        return {
-            "budget_bytes": self.budget_bytes,
-            "peak_bytes": self.tracker.peak_bytes if self.tracker is not None else None,
-            "ooms": self.ooms_total,
-            "ooms_injected": self.ooms_injected,
-            "cpu_fallbacks": self.fallbacks_total,
-            "cut_to_fit": dict(self.cut_to_fit),
-            "profiled": list(self.profiled),
-            "calibration_seconds": self.calibration_seconds,
-            "cost_models": {n: c.to_dict() for n, c in self.cost_models.items()},
-            "placement": self.placement.summary() if self.placement is not None else None,
-        }
-
     # -- sizing the card --------------------------------------------------------------------
     def live_bytes(self) -> int:
         """Activation bytes live on the device now, the same quantity on every device.
@@ -279,16 +254,15 @@ class MemoryManager:
             return self.tracker.live_bytes
         return self.card.allocated_since_start(self.placement.device_bytes() if self.placement is not None else 0)
 
-    def setup(self, cfg: Any, *, total_memory: Callable[[torch.device], int] | None = None) -> Budget:
+    def setup(self, cfg: Any) -> Budget:
         """Resolve the budget from a StackConfig (`Card.resolve`, where the rule is written) and
-        place the registered models under the weights' share. `total_memory` stands for the card's
-        size in tests."""
+        place the registered models under the weights' share."""
         seen: dict[int, torch.nn.Module] = {}
-        for mods, _, _ in self._registered.values():
+        for mods, _ in self._registered.values():
             for m in mods:
                 seen[id(m)] = m
         weights = weights_bytes(list(seen.values()))
-        budget, weights_budget = self.card.resolve(cfg, weights, total_memory=total_memory)
+        budget, weights_budget = self.card.resolve(cfg, weights)
         self.budget = budget
         log.info("memory budget: %s (stack weights %d bytes)", budget.describe(), weights)
         self.set_budget(budget.activation_bytes)
@@ -389,7 +363,6 @@ class MemoryManager:
         if not p.lengths:
             return []
         if allowance.cap < upper and max(p.lengths) >= allowance.cap:  # inputs cut to what was measured holds
-            self.cut_to_fit[name] = self.cut_to_fit.get(name, 0) + 1
             log.info("%s: inputs cut to %d tokens, what the measured cost models hold under the budget (longest %d)",
                      name, allowance.cap, upper)
         return self.run(name, p.lengths, p.forward, max_batch=p.max_batch, prepare=p.prepare, slack=p.slack,
@@ -402,7 +375,6 @@ class MemoryManager:
         forward: Forward,
         *,
         max_batch: int | None = None,
-        fallback: Forward | None = None,
         prepare: Callable[[], Any] | None = None,
         slack: float | None = None,
         prefix: int = 0,
@@ -414,9 +386,8 @@ class MemoryManager:
         `forward` returns one value per index it was given, with inputs moved to the model's
         current device. `prepare()` runs first, on the device, and what it keeps (a shared
         prefix's keys and values) is live when the batches are planned, so it is not counted as
-        free. `fallback` (same signature, one index) scores an input off-device when even a batch
-        of one runs out of memory. Without one, a model allowed on the CPU (`cpu_ok`: the filters)
-        gets a real CPU fallback: its weights move to the host for that input and back, and the
+        free. When even a batch of one runs out of memory, a model allowed on the CPU (`cpu_ok`: the
+        filters) gets a CPU fallback: its weights move to the host for that input and back, and the
         cost (bytes moved, seconds) is logged; any other model's input gets the `oom` status. A
         model that placement put on the CPU runs in host memory, outside the device budget.
         `slack`: batches also close where their padding would pass that share (`plan_batches`): a
@@ -446,8 +417,7 @@ class MemoryManager:
                                    slack=slack, prefix=prefix)
             for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
                 forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix, completions=completions)
-            if fallback is None and not on_host and self._cpu_ok(owner):
-                fallback = cpu_fallback(owner, forward, self.placement, self._count_fallback)
+            fallback = cpu_fallback(owner, forward, self.placement) if not on_host and self._cpu_ok(owner) else None
             results = run_batches(name, batches, lengths, forward, cost=cost, device=self.device, on_host=on_host,
                                   tracker=self.tracker, injector=self.injector, fallback=fallback,
                                   on_oom=self._record_oom)
@@ -464,49 +434,21 @@ class MemoryManager:
         finally:
             self._serving = saved
 
-    @property
-    def up_next(self) -> str | None:
-        """The model the stack runs after the current one (inside `prefetching`; else None)."""
-        return self._up_next
-
-    @contextmanager
-    def prefetching(self, up_next: str | None) -> Iterator[None]:
-        """Inside: the model the caller runs next is `up_next`, prefetched once each current model
-        is placed (so its weights' copy overlaps the current one's passes). Scoped, so a pass
-        outside (a profile between steps) prefetches nothing."""
-        saved, self._up_next = self._up_next, up_next
-        try:
-            yield
-        finally:
-            self._up_next = saved
-
     def _bring_in(self, owner: str) -> bool:
-        """Put `owner` where it runs and start prefetching the model up next; True when it runs on
-        the host (placed on the CPU)."""
+        """Put `owner` where it runs; True when it runs on the host (placed on the CPU)."""
         if self.placement is None or owner not in self.placement.names():
             return False
         self.placement.ensure(owner)
-        on_host = self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
-        nxt = self._up_next
-        if nxt is not None and nxt != owner and nxt in self.placement.names():
-            # After this model is on the card, so the copy cannot evict it: on CUDA with pinned
-            # host copies the next model's weights move on the side stream while this one
-            # computes; elsewhere `prefetch` declines and `ensure` moves it when it runs.
-            self.placement.prefetch(nxt)
-        return on_host
+        return self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
 
     def _record_oom(self, rec: OomRecord) -> None:
         self.oom_log.append(rec)
         self.ooms_total += 1
-        self.ooms_injected += int(rec.injected)
         self._publish("oom", rec)
-
-    def _count_fallback(self) -> None:
-        self.fallbacks_total += 1
 
     def _cpu_ok(self, owner: str) -> bool:
         reg = self._registered.get(owner)
-        return bool(reg and reg[2])
+        return bool(reg and reg[1])
 
 def check_device(name: str) -> torch.device:
     """`name` as a torch device this torch build and machine can use, or a ConfigError naming the

@@ -6,7 +6,7 @@ not, `plan()` decides per model, and logs each decision with its reason:
 - `cpu`: small models that are allowed to (filters) run on the host, because swapping them in and
   out every step costs more transfer than their CPU forward pass; and models larger than the whole
   weight budget, which could never be on the device.
-- `resident`: by priority (then size, smallest first), as many as fit while leaving a swap slot
+- `resident`: smallest first, as many as fit while leaving a swap slot
   big enough for the largest model that is swapped.
 - `swap`: the rest, moved onto the device on demand by `ensure(name)`, evicting the least recently
   used swapped-in models until they fit. Every swap is counted and logged.
@@ -15,23 +15,6 @@ Modules shared by several models (one embedding model for relevance and diversit
 moved once, and never evicted while another model on the device still uses them. `summary()` says
 so per model: its whole size (`bytes`), the bytes counted for it once across the stack
 (`counted_bytes`, summing to the stack's weights) and the models it shares modules with.
-
-On CUDA with `pinned=True` (`PinnedSwapper`, CUDA-only: every other placement, the CPU path and the
-tests' simulated placement, moves modules with `.to()`), swapped models move from pinned host
-copies on a separate stream, swap out without a copy back, and `prefetch(name)` starts the next
-model's copy while the current one computes (`ensure` waits for it):
-
-- **Pinned host copies.** `pin(module)` replaces each parameter's and buffer's host data by a
-  page-locked copy once. A host-to-device copy from pinned memory runs at the link's speed and can
-  be asynchronous; from pageable memory the driver stages it through a bounce buffer, synchronously.
-- **No copy back.** Inference never writes weights, so swapping a model out only points its
-  tensors back at their pinned host copies (`to_host`): the device memory is freed and nothing
-  crosses the link.
-- **A separate stream.** `to_device(module, wait=False)` issues the copies on the swapper's own
-  stream and records an event; the current stream keeps computing while the next model's weights
-  move. `ready(module)` makes the current stream wait for that event before the model runs, and
-  marks the new device tensors as used by the current stream so the caching allocator never hands
-  their memory out early.
 
 On a machine whose device is the host (CPU), placement is simulated: residency and swaps are
 accounted exactly the same way but modules are not moved (`move=False`), so the logic is testable
@@ -42,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Literal
 
 import torch
@@ -54,7 +37,6 @@ from rewardstack._memory.budget import weights_bytes
 log = logging.getLogger("rewardstack.memory")
 
 Where = Literal["resident", "cpu", "swap"]
-SWAP_LOG_SIZE = 256  # swap events kept in memory (a ring buffer); `swaps`/`evictions` count all
 
 
 @dataclass
@@ -84,25 +66,16 @@ class Decision:
 class _Model:
     name: str
     modules: list[torch.nn.Module]
-    priority: float
     cpu_ok: bool
     size: int
-
-
-@dataclass
-class SwapEvent:
-    """One model moved onto the device, and the models evicted for it."""
-
-    name: str
-    evicted: list[str] = field(default_factory=list)
 
 
 class Placement:
     """Decides and enforces where each registered model's weights live.
 
     `budget_bytes` is the device memory the weights may take (None: unlimited, all resident).
-    `small_bytes`: models allowed on CPU (`cpu_ok`) at most this big go to CPU when the stack does
-    not fit (default: 1/16 of the budget).
+    Models allowed on CPU (`cpu_ok`) of at most 1/16 of the budget go to CPU when the stack does
+    not fit.
     """
 
     def __init__(
@@ -110,43 +83,27 @@ class Placement:
         device: torch.device | str,
         budget_bytes: int | None,
         *,
-        host: torch.device | str = "cpu",
         move: bool | None = None,
-        small_bytes: int | None = None,
-        pinned: bool = False,
     ) -> None:
         self.device = torch.device(device)
-        self.host = torch.device(host)
+        self.host = torch.device("cpu")
         self.budget_bytes = budget_bytes
         # Moving only makes sense between two different memories; on a CPU-only box we simulate.
         self.move = (self.device != self.host) if move is None else move
-        self.small_bytes = small_bytes
         self._models: dict[str, _Model] = {}
         self._sizes: dict[int, int] = {}  # id(module) -> bytes
         self._mods: dict[int, torch.nn.Module] = {}
         self.decisions: dict[str, Decision] = {}
         self._on_device: set[int] = set()  # ids of modules on the (real or simulated) device
         self._lru: OrderedDict[str, None] = OrderedDict()  # swapped-in models, least recent first
-        self.swaps = 0  # totals: the log below keeps only the last SWAP_LOG_SIZE events
+        self.swaps = 0
         self.evictions = 0
-        self.swap_log: deque[SwapEvent] = deque(maxlen=SWAP_LOG_SIZE)
-        self._swapper: PinnedSwapper | None = None
-        if pinned and self.move and self.device.type == "cuda":  # pragma: no cover - CUDA-only
-            self._swapper = PinnedSwapper(self.device)
         self.listeners: list[Callable[[PlacementMove], None]] = []
         """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
 
     # -- registration -----------------------------------------------------------------------
-    def register(
-        self,
-        name: str,
-        modules: list[torch.nn.Module],
-        *,
-        priority: float = 1.0,
-        cpu_ok: bool = False,
-        size: int | None = None,
-    ) -> None:
-        """Add a model (its torch modules); higher `priority` stays resident first."""
+    def register(self, name: str, modules: list[torch.nn.Module], *, cpu_ok: bool = False) -> None:
+        """Add a model (its torch modules)."""
         for m in modules:
             self._mods[id(m)] = m
             self._sizes.setdefault(id(m), weights_bytes([m]))
@@ -154,8 +111,8 @@ class Placement:
             # `_apply` moves an offloaded model off the device instead of assuming it is not there.
             if any(_same_device(p.device, self.device) for p in m.parameters()):
                 self._on_device.add(id(m))
-        total = size if size is not None else sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
-        self._models[name] = _Model(name, list(modules), priority, cpu_ok, int(total))
+        total = sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
+        self._models[name] = _Model(name, list(modules), cpu_ok, int(total))
         self.decisions.pop(name, None)
 
     def names(self) -> list[str]:
@@ -183,7 +140,7 @@ class Placement:
             why = "no weight budget" if budget is None else f"whole stack {_mib(total)} fits {_mib(budget)}"
             dec = {m.name: Decision("resident", why, m.size) for m in models}
         else:
-            small = self.small_bytes if self.small_bytes is not None else budget // 16
+            small = budget // 16
             rest: list[_Model] = []
             for m in models:
                 if m.cpu_ok and m.size <= small:
@@ -195,7 +152,7 @@ class Placement:
                     rest.append(m)
             resident: set[int] = set()
             chosen: list[_Model] = []
-            order = sorted(rest, key=lambda m: (-m.priority, m.size, m.name))
+            order = sorted(rest, key=lambda m: (m.size, m.name))
             for m in order:
                 trial = resident | self._ids(m.name)
                 others = [o for o in rest if o is not m and o not in chosen]
@@ -206,7 +163,7 @@ class Placement:
                     chosen.append(m)
             for m in rest:
                 if m in chosen:
-                    dec[m.name] = Decision("resident", f"priority {m.priority:g}: fits with a swap slot left ({_mib(self._bytes_of(resident))} resident of {_mib(budget)})", m.size)
+                    dec[m.name] = Decision("resident", f"fits with a swap slot left ({_mib(self._bytes_of(resident))} resident of {_mib(budget)})", m.size)
                 else:
                     dec[m.name] = Decision("swap", f"{_mib(total)} of weights exceed {_mib(budget)}: swapped in on demand (LRU)", m.size)
         self.decisions = dec
@@ -225,15 +182,10 @@ class Placement:
             self._set(i, i in keep)
         self._lru.clear()
 
-    def _set(self, mid: int, on_device: bool, *, swap: bool = False, wait: bool = True) -> None:
+    def _set(self, mid: int, on_device: bool) -> None:
         if (mid in self._on_device) == on_device:
             return
-        if self.move and swap and self._swapper is not None:  # pragma: no cover - CUDA-only
-            if on_device:
-                self._swapper.to_device(self._mods[mid], wait=wait)
-            else:
-                self._swapper.to_host(self._mods[mid])
-        elif self.move:
+        if self.move:
             self._mods[mid].to(self.device if on_device else self.host)  # CUDA-only in practice
         if on_device:
             self._on_device.add(mid)
@@ -260,15 +212,12 @@ class Placement:
             return d
         need = self._ids(name)
         if need <= self._on_device:
-            if self._swapper is not None:  # pragma: no cover - CUDA-only: a prefetch may be in flight
-                for mid in need:
-                    self._swapper.ready(self._mods[mid])
             self._lru[name] = None
             self._lru.move_to_end(name)  # most recently used
             return d
         t0, p0 = time.time(), time.perf_counter()
         budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
-        event = SwapEvent(name)
+        evicted: list[str] = []
         while self._bytes_of(self._on_device | need) > budget and self._lru:
             victim = next(iter(self._lru))
             self._lru.pop(victim)
@@ -276,46 +225,23 @@ class Placement:
             still = set().union(*(self._ids(n) for n in self._lru), *(
                 self._ids(n) for n, dd in self.decisions.items() if dd.where == "resident"), need)
             for mid in self._ids(victim) - still:
-                self._set(mid, False, swap=True)
-            event.evicted.append(victim)
+                self._set(mid, False)
+            evicted.append(victim)
             self.evictions += 1
         for mid in need:
-            self._set(mid, True, swap=True)
+            self._set(mid, True)
         self._lru[name] = None
         self.swaps += 1
-        self.swap_log.append(event)
         log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
-                 f", evicted {event.evicted}" if event.evicted else "", self.swaps)
+                 f", evicted {evicted}" if evicted else "", self.swaps)
         if self.listeners:
             seconds = time.perf_counter() - p0
             moves = [PlacementMove(name, "in", self.decisions[name].bytes, seconds, t0)]
-            moves += [PlacementMove(v, "out", self.decisions[v].bytes, None, t0) for v in event.evicted]
+            moves += [PlacementMove(v, "out", self.decisions[v].bytes, None, t0) for v in evicted]
             for listener in list(self.listeners):
                 for move in moves:
                     listener(move)
         return d
-
-    def prefetch(self, name: str) -> bool:  # pragma: no cover - CUDA-only
-        """Start moving swapped model `name` onto the device on the side stream, if it fits beside
-        what is there without evicting anything; `ensure(name)` later waits for the copy.
-
-        Returns whether a copy started. Only with `pinned=True` on CUDA (otherwise False: no
-        overlap is possible, `ensure` moves the model when it is needed).
-        """
-        if self._swapper is None or name not in self._models:
-            return False
-        d = self.decisions.get(name)
-        need = self._ids(name)
-        budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
-        if d is None or d.where != "swap" or need <= self._on_device or self._bytes_of(self._on_device | need) > budget:
-            return False
-        for mid in need:
-            self._set(mid, True, swap=True, wait=False)
-        self._lru[name] = None
-        self.swaps += 1
-        self.swap_log.append(SwapEvent(name))
-        log.info("placement: prefetching %s (%s) on the copy stream", name, _mib(self._models[name].size))
-        return True
 
     @contextmanager
     def lent_to_host(self, name: str) -> Iterator[int]:
@@ -373,72 +299,3 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 def _mib(n: float) -> str:
     return f"{n / 1024**2:.1f} MiB"
-
-
-def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
-    """Each distinct parameter and buffer of `module` (a tied tensor once)."""
-    seen: set[int] = set()
-    out = []
-    for t in list(module.parameters()) + list(module.buffers()):
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return out
-
-
-class PinnedSwapper:  # pragma: no cover - CUDA-only
-    """Moves modules between pinned host copies and a CUDA device on a side stream."""
-
-    def __init__(self, device: torch.device) -> None:
-        if device.type != "cuda":
-            raise ValueError("PinnedSwapper is CUDA-only")
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-        self._host: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._events: dict[int, torch.cuda.Event] = {}
-
-    def pin(self, module: torch.nn.Module) -> None:
-        """Give every host tensor of `module` a pinned copy (once; the module must be on the host)."""
-        if id(module) in self._host:
-            return
-        pairs = []
-        for t in _tensors(module):
-            if t.device.type != "cpu":
-                raise ValueError("pin a module while it is on the host")
-            if not t.is_pinned():
-                t.data = t.data.pin_memory()
-            pairs.append((t, t.data))
-        self._host[id(module)] = pairs
-
-    def to_device(self, module: torch.nn.Module, *, wait: bool = True) -> None:
-        """Copy `module`'s weights onto the device on the side stream; `wait`: the current stream waits."""
-        self.pin(module)
-        with torch.cuda.stream(self.stream):
-            for t, host in self._host[id(module)]:
-                t.data = host.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        self._events[id(module)] = event
-        if wait:
-            self.ready(module)
-
-    def ready(self, module: torch.nn.Module) -> None:
-        """Make the current stream wait for `module`'s copy (a no-op when none is pending)."""
-        event = self._events.pop(id(module), None)
-        if event is None:
-            return
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(event)
-        for t, _ in self._host.get(id(module), []):
-            if t.device.type == "cuda":
-                t.data.record_stream(current)
-
-    def to_host(self, module: torch.nn.Module) -> None:
-        """Point `module`'s tensors back at their pinned host copies (weights are never written)."""
-        self.ready(module)
-        if id(module) not in self._host:  # never swapped in through here: an ordinary move, then pin
-            module.to("cpu")
-            self.pin(module)
-            return
-        for t, host in self._host[id(module)]:
-            t.data = host

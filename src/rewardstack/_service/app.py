@@ -226,15 +226,15 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, sco
     stack = worker.stack
     if stack is None or not (worker.ready or worker.draining):
         raise ServiceError(503, "not_ready", "the models are still loading", headers={"Retry-After": "5"})
-    for _ in range(3):  # the worker may be adding a cost model while this reads them
+    placement: dict = {}
+    cost_models: dict = {}
+    for _ in range(3):  # the worker may be adding a cost model or swapping a model in while this reads them
         try:
-            summary = stack.memory.summary()
+            placement = stack.memory.placement.summary() if stack.memory.placement is not None else {}
+            cost_models = {n: c.to_dict() for n, c in stack.memory.cost_models.items()}
             break
         except RuntimeError:
             continue
-    else:  # pragma: no cover - three collisions in a row
-        summary = {}
-    placement = (summary.get("placement") or {})
     models = []
     for name in REWARD_MODELS + MASKS:
         m = config.models[name]
@@ -249,7 +249,7 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, sco
         "models": models,
         "placement": placement,
         "budget": dataclasses.asdict(budget) if budget is not None else {"activation_bytes": stack.memory.budget_bytes},
-        "cost_models": summary.get("cost_models", {}),
+        "cost_models": cost_models,
         "queue": {"length": worker.queue_length(), "size": worker.queue.maxsize, "batch_requests": worker.batch_requests},
         "trainer": {"waiting": len(worker.lane), "batches": worker.lane.batches, "requests": worker.lane.requests},
         "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
