@@ -65,9 +65,10 @@ def test_same_input_same_score_whatever_it_is_batched_with(stack: Any, model: Pa
 
 def test_identical_inputs_are_scored_once_across_requests(stack: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     scorer = stack.scorers["rewards.tiny"]
-    seen: list[int] = []
-    real = scorer.run_encoded
-    monkeypatch.setattr(scorer, "run_encoded", lambda rows, *a: (seen.append(len(rows)), real(rows, *a))[1])
+    seen: list[int] = []  # the rows of each run the memory layer plans
+    memory = scorer.runtime.memory
+    real = memory.run
+    monkeypatch.setattr(memory, "run", lambda name, lengths, *a, **k: (seen.append(len(lengths)), real(name, lengths, *a, **k))[1])
     a, b = texts(2, seed=9)
     out = _score(stack, [a, b], [b], [a, a])
     assert seen == [2]

@@ -14,11 +14,13 @@ GPU). Padding each pass to its longest row instead changes the low bits with the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from rewardstack.config import ModelConfig
 from rewardstack.errors import InputError
 from rewardstack._memory.guard import Outcome
+from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.classifier import _Classifier, first_logit
@@ -26,6 +28,16 @@ from rewardstack._scorers.common import pad_rows
 
 Chat = Sequence[dict]
 """A conversation: `{"role", "content"}` messages."""
+
+
+@dataclass
+class Read:
+    """One input as scored: the memory layer's outcome (its value the score), whether the input was
+    cut at the length bound, and the tokens read."""
+
+    outcome: Outcome
+    cut: bool
+    tokens: int
 
 
 def pad_width(length: int, cap: int) -> int:
@@ -54,8 +66,9 @@ class HfRewardScorer(_Classifier):
         tok.truncation_side = cfg.options.truncation_side
         self._calibrate(first_logit)
 
-    def encode(self, item: str | Chat, field: str) -> tuple[list[int], bool]:
-        """The ids of one input and whether it was cut at the length bound; InputError naming `field`."""
+    def encode(self, item: str | Chat, field: str, bound: int | None = None) -> tuple[list[int], bool]:
+        """The ids of one input, cut at `bound` tokens (default: the model's length bound), and
+        whether it was cut; InputError naming `field`."""
         tok = self.tokenizer
         special = True  # a string is tokenized as vLLM and a plain transformers call do: special tokens on
         if not isinstance(item, str):
@@ -67,14 +80,51 @@ class HfRewardScorer(_Classifier):
             except Exception as e:  # noqa: BLE001 - a template's own error is the client's input
                 raise InputError(f"the chat template refused these messages: {e}", field=field) from None
             special = False  # the template writes its own special tokens
-        bound = min(self.max_length, self.runtime.memory.length_cap(self.name, self.max_length))
+        bound = self.max_length if bound is None else min(bound, self.max_length)
         ids = tok(item, add_special_tokens=special)["input_ids"]
         if len(ids) <= bound:
             return list(ids), False
         return list(tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]), True
 
-    def run_encoded(self, rows: Sequence[Sequence[int]], completions: Sequence[int | None] | None = None) -> list[Outcome]:
-        """One Outcome (the score) per row, through the memory layer: planned, guarded, recorded."""
+    def score_groups(self, groups: Sequence[Sequence[tuple[str | Chat, str]]],
+                     completions: Sequence[Sequence[int]] | None = None) -> list[list[Read] | InputError]:
+        """Every group's inputs (item, field name) in one pass through the memory layer: per group,
+        a `Read` per input, or the InputError of its first bad input (the other groups are scored).
+
+        Inputs are cut to what the budget holds alone (`MemoryManager.run_pass`); identical inputs,
+        within a group or across groups, are one row. `completions`: per group, the step's
+        completion index of each input, for the memory layer's records.
+        """
+        answers: list[list[Read] | InputError] = [[] for _ in groups]
+        where: list[list[tuple[int, bool, int]]] = [[] for _ in groups]
+
+        def build(allowance: Allowance) -> Pass:
+            index: dict[tuple[int, ...], int] = {}
+            first: list[int | None] = []  # per row: the completion it was first read for
+            for g, group in enumerate(groups):
+                try:
+                    encoded = [self.encode(item, field, allowance.cap) for item, field in group]
+                except InputError as e:
+                    answers[g] = e
+                    continue
+                for k, (ids, cut) in enumerate(encoded):
+                    row = index.setdefault(tuple(ids), len(index))
+                    if row == len(first):
+                        first.append(completions[g][k] if completions is not None else None)
+                    where[g].append((row, cut, len(ids)))
+            rows = [list(r) for r in index]
+            return Pass([pad_width(len(r), self.max_length) for r in rows], self._forward(rows),
+                        max_batch=self.max_batch, completions=first if completions is not None else None)
+
+        outcomes = self.runtime.memory.run_pass(self.name, build, upper=self.max_length)
+        for g, places in enumerate(where):
+            if not isinstance(answers[g], InputError):
+                answers[g] = [Read(outcomes[row], cut, tokens) for row, cut, tokens in places]
+        return answers
+
+    def _forward(self, rows: Sequence[Sequence[int]]) -> Callable[[list[int]], list[Any]]:
+        """The memory layer's forward over `rows`: the first logit of each row asked for, passes of
+        one padded width each (see the module's note on batch invariance)."""
         widths = [pad_width(len(r), self.max_length) for r in rows]
 
         def forward(idx: list[int]) -> list[Any]:
@@ -97,16 +147,22 @@ class HfRewardScorer(_Classifier):
                         values[i] = out[j]
             return [values[i] for i in idx]
 
-        return self.runtime.memory.run(self.name, widths, forward, max_batch=self.max_batch, completions=completions)
+        return forward
 
     def score(self, request: ScoreRequest) -> ScoreResult:
         """The validator-step interface: each live completion after its prompt, as one text."""
         result = ScoreResult.failed_only(request)
         live = request.live()
-        encoded = [self.encode(request.prompt + str(request.completions[i]), f"completions[{i}]") for i in live]
-        for i, o, (_, cut) in zip(live, self.run_encoded([e[0] for e in encoded], live), encoded):
+        if not live:
+            return result
+        [reads] = self.score_groups([[(request.prompt + str(request.completions[i]), f"completions[{i}]") for i in live]],
+                                    [live])
+        if isinstance(reads, InputError):
+            raise reads
+        for i, read in zip(live, reads):
+            o = read.outcome
             result.scores[i] = float(o.value) if o.status == Status.OK else float("nan")
-            result.statuses[i] = (Status.TRUNCATED if cut else Status.OK) if o.status == Status.OK else o.status
+            result.statuses[i] = (Status.TRUNCATED if read.cut else Status.OK) if o.status == Status.OK else o.status
         return result
 
 

@@ -184,32 +184,20 @@ def score_batch(stack: Any, jobs: list[StatelessJob]) -> None:
     failed: dict[int, BaseException] = {}
     results: dict[int, Scored] = {id(j): Scored({}, {}, 0) for j in jobs}
     for name in dict.fromkeys(m for j in jobs for m in j.models):
-        scorer = stack.scorers[name]
-        rows: list[list[int]] = []
-        index: dict[tuple[int, ...], int] = {}  # identical inputs are one row
-        where: dict[int, list[tuple[int, bool]]] = {}
-        for job in jobs:
-            if name not in job.models or id(job) in failed:
+        mine = [j for j in jobs if name in j.models and id(j) not in failed]
+        answers = stack.scorers[name].score_groups([list(zip(j.items, j.fields)) for j in mine]) if mine else []
+        for job, reads in zip(mine, answers):
+            if isinstance(reads, InputError):
+                failed[id(job)] = ServiceError(422, "invalid_request", str(reads), field=reads.field)
                 continue
-            try:
-                encoded = [scorer.encode(item, f) for item, f in zip(job.items, job.fields)]
-            except InputError as e:
-                failed[id(job)] = ServiceError(422, "invalid_request", str(e), field=e.field)
-                continue
-            where[id(job)] = [(index.setdefault(tuple(ids), len(index)), cut) for ids, cut in encoded]
-            results[id(job)].tokens += sum(len(ids) for ids, _ in encoded)
-        rows = [list(r) for r in index]
-        outcomes = scorer.run_encoded(rows) if rows else []
-        for job in jobs:
-            if id(job) not in where or id(job) in failed:
-                continue
-            got = [(outcomes[r], cut) for r, cut in where[id(job)]]
-            bad = next((o for o, _ in got if o.status != "ok" or not math.isfinite(float(o.value))), None)
+            bad = next((r.outcome for r in reads if r.outcome.status != "ok" or not math.isfinite(float(r.outcome.value))),
+                       None)
             if bad is not None:
                 failed[id(job)] = ServiceError(503, "not_scored", f"{name} could not score an input ({bad.status}); "
                                                "nothing was scored, retry later", headers={"Retry-After": "1"})
                 continue
-            results[id(job)].scores[name] = [float(o.value) for o, _ in got]
-            results[id(job)].truncated[name] = [cut for _, cut in got]
+            results[id(job)].scores[name] = [float(r.outcome.value) for r in reads]
+            results[id(job)].truncated[name] = [r.cut for r in reads]
+            results[id(job)].tokens += sum(r.tokens for r in reads)
     for job in jobs:
         job.answer(failed.get(id(job)) or results[id(job)])
