@@ -13,7 +13,9 @@ stand-in weights:
 5. memory at rest against uptime, and step time against completions per step;
 6. rows on the real checkpoints, when scripts/fetch-real-models.sh has fetched them (`bench.real`:
    relevance and diversity on the real all-mpnet-base-v2, DPO on SmolLM2-135M, each against its
-   floor, and memory against length); `--real-only` runs just these and rewrites just their section.
+   floor, and memory against length); `--real-only` runs just these and rewrites just their section;
+7. the trainer routes (`bench.trainers`): 64 one-sample `/get_reward` clients batched against one
+   request at a time, a validator's step latency alone and while they send, telemetry on and off.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
@@ -38,7 +40,7 @@ from typing import Any
 
 import torch
 
-from bench import causal, curves, fullstack, prediction, results
+from bench import causal, curves, fullstack, prediction, results, trainers
 from bench.common import MiB
 from rewardstack._replay.synthetic import heavy_tailed_steps
 
@@ -164,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         up = curves.memory_vs_uptime(stack, 4 if smoke else 12 if q else args.uptime_steps, 2 if smoke else 5 if q else 50)
         sizes = (2, 4) if smoke else (5, 10) if q else (10, 25, 50, 100, 200)
         scaling = curves.step_time_vs_completions(stack, sizes, repeats=1 if q else 2)
+        del stack
+        stage("trainer routes: batched against one at a time, a mixed load, telemetry on and off")
+        if smoke:  # five servers started and loaded: minutes the suite's smoke run does not spend
+            trainer_lines = ["trainer routes: not run in --smoke (`python -m bench.trainers`)"]
+        else:
+            trainer_lines = trainers.measure(*((16, 2, 3, 1) if q else (64, 6, 12, 3)), standins=root / "standins")
 
     # -- the table -------------------------------------------------------------------------------
     say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
@@ -227,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     real_lines = _real_lines(1 if q else 2, 1 if smoke else 2 if q else None, smoke=smoke)
     say()
     for line in real_lines:
+        say(line)
+    say()
+    for line in trainer_lines:
         say(line)
     wall = time.perf_counter() - t_all
     say(f"bench wall time {wall / 60:.1f} min")

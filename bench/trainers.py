@@ -105,44 +105,40 @@ def _serve(config: Path, root: Path, *extra: str) -> ServerProcess:
     return server
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.trainers", description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=6, help="requests per client per row")
-    ap.add_argument("--steps", type=int, default=12, help="validator steps per mixed row")
-    ap.add_argument("--repeats", type=int, default=3, help="telemetry on/off runs each")
-    ap.add_argument("--standins", help="a folder of already built stand-ins (default: built in a temporary folder)")
-    args = ap.parse_args(argv)
+def measure(clients: int, requests: int, steps: int, repeats: int, standins: Path | None = None) -> list[str]:
+    """The three tables (batched against one at a time, the mixed load, telemetry on and off), as
+    printed lines; `standins`: a folder of built stand-ins (default: built in a temporary folder)."""
     from rewardstack._standins import make_standins
 
     lines = []
     with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:
         root = Path(tmp)
-        standins = Path(args.standins) if args.standins else Path(make_standins(root / "standins")).parent
+        standins = standins if standins is not None else Path(make_standins(root / "standins")).parent
         rows: dict[str, dict[str, Any]] = {}
         for tag, service in (("batched", ""), ("one at a time", "stateless_batch = 1")):
             server = _serve(_config(standins, root, tag.replace(" ", "-"), validators=False, service=service), root)
             try:
-                trainer_load(server.url, args.clients, 1)  # warm-up: first calls, connections
-                rows[tag] = trainer_load(server.url, args.clients, args.requests)
+                trainer_load(server.url, clients, 1)  # warm-up: first calls, connections
+                rows[tag] = trainer_load(server.url, clients, requests)
             finally:
                 server.stop()
-        lines.append(f"trainer load: {args.clients} concurrent one-sample /get_reward clients, {args.requests} requests "
+        lines.append(f"trainer load: {clients} concurrent one-sample /get_reward clients, {requests} requests "
                      "each, OpenAssistant stand-in (DeBERTa-v2) as [rewards.oa], CPU")
         lines.append("| server | requests/s | p50 ms | p99 ms |")
         lines.append("|---|---:|---:|---:|")
         for tag, r in rows.items():
             lines.append(f"| {tag} | {r['rps']:.1f} | {r['p50'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} |")
-        lines.append(f"batched / one at a time: {rows['batched']['rps'] / rows['one at a time']['rps']:.2f}x throughput")
+        ratio = rows["batched"]["rps"] / rows["one at a time"]["rps"]
+        lines.append(f"TARGET batched / one at a time >= 3x throughput: {ratio:.2f}x {'met' if ratio >= 3 else 'NOT met'}")
 
         server = _serve(_config(standins, root, "mixed", validators=True), root)
         try:
             validator_load(server.url, 2, "warm")
-            alone = validator_load(server.url, args.steps, "alone")
+            alone = validator_load(server.url, steps, "alone")
             stop = threading.Event()
-            running = trainer_load(server.url, args.clients, 0, stop=stop)
+            running = trainer_load(server.url, clients, 0, stop=stop)
             time.sleep(1.0)
-            mixed = validator_load(server.url, args.steps, "mixed")
+            mixed = validator_load(server.url, steps, "mixed")
             stop.set()
             for th in running["threads"]:
                 th.join()
@@ -151,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
         lines.append("")
-        lines.append(f"mixed load: one validator's {args.steps} steps (8 completions, stand-in stack) alone and while "
-                     f"{args.clients} trainer clients send ({trainer_rps:.1f} trainer requests/s meanwhile)")
+        lines.append(f"mixed load: one validator's {steps} steps (8 completions, stand-in stack) alone and while "
+                     f"{clients} trainer clients send ({trainer_rps:.1f} trainer requests/s meanwhile)")
         lines.append("| validator | p50 ms | p99 ms | max ms |")
         lines.append("|---|---:|---:|---:|")
         for tag, r in (("alone", alone), ("with trainers", mixed)):
@@ -160,20 +156,34 @@ def main(argv: list[str] | None = None) -> int:
 
         walls: dict[str, list[float]] = {"off": [], "on": []}
         config = _config(standins, root, "telemetry", validators=False)
-        for k in range(args.repeats):
+        for k in range(repeats):
             for tag in ("off", "on"):
                 extra = ("--run-dir", str(root / f"run-{k}")) if tag == "on" else ()
                 server = _serve(config, root, *extra)
                 try:
-                    trainer_load(server.url, args.clients, 1)
-                    walls[tag].append(trainer_load(server.url, args.clients, args.requests)["wall"])
+                    trainer_load(server.url, clients, 1)
+                    walls[tag].append(trainer_load(server.url, clients, requests)["wall"])
                 finally:
                     server.stop()
         best = {t: min(w) for t, w in walls.items()}
+        cost = best["on"] / best["off"] - 1
         lines.append("")
-        lines.append(f"telemetry: the batched trainer load with --run-dir on and off, interleaved, best of {args.repeats}")
-        lines.append(f"off {best['off']:.2f} s, on {best['on']:.2f} s: {100 * (best['on'] / best['off'] - 1):+.1f}% "
-                     f"(medians {statistics.median(walls['off']):.2f} / {statistics.median(walls['on']):.2f} s)")
+        lines.append(f"telemetry: the batched trainer load with --run-dir on and off, interleaved, best of {repeats}")
+        lines.append(f"off {best['off']:.2f} s, on {best['on']:.2f} s: {100 * cost:+.1f}% "
+                     f"(medians {statistics.median(walls['off']):.2f} / {statistics.median(walls['on']):.2f} s); "
+                     f"TARGET <= 1%: {'met' if cost <= 0.01 else 'NOT met'}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.trainers", description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=6, help="requests per client per row")
+    ap.add_argument("--steps", type=int, default=12, help="validator steps per mixed row")
+    ap.add_argument("--repeats", type=int, default=3, help="telemetry on/off runs each")
+    ap.add_argument("--standins", help="a folder of already built stand-ins (default: built in a temporary folder)")
+    args = ap.parse_args(argv)
+    lines = measure(args.clients, args.requests, args.steps, args.repeats, Path(args.standins) if args.standins else None)
     print("\n".join(lines))
     return 0
 
