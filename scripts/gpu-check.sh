@@ -26,10 +26,11 @@ if [ -z "$mode" ]; then
 fi
 case "$mode" in
   image)
-    if compgen -G ".whl/*.whl" >/dev/null; then
+    wheels=${GPU_CHECK_WHEELS:-.whl}  # the rehearsal points this elsewhere: it links the carried packages itself
+    if compgen -G "$wheels/*.whl" >/dev/null; then
       site=${TMPDIR:-/tmp}/rewardstack-site
-      echo "installing $(ls .whl/*.whl | wc -l) carried wheel(s) from .whl/ into $site (--no-index)"
-      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+      echo "installing $(ls "$wheels"/*.whl | wc -l) carried wheel(s) from $wheels/ into $site (--no-index)"
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
       export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     fi
     # The working tree's rewardstack first: nothing of the project is installed on the image.

@@ -27,7 +27,7 @@ def test_image_site_holds_only_image_packages(tmp_path: Path) -> None:
     and can import what it holds: otherwise the rehearsal proves nothing."""
     reh = _rehearsal()
     site = tmp_path / "site"
-    reh.build_site(site, reh.with_requirements(reh.image_packages()))
+    reh.image_site(site)
     py = reh.make_python(tmp_path, site)
     import subprocess
 
@@ -37,6 +37,26 @@ def test_image_site_holds_only_image_packages(tmp_path: Path) -> None:
     out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["torch", "transformers"]
+
+
+def test_our_own_requirement_the_image_lacks_is_never_let_in_by_a_local_package(tmp_path: Path) -> None:
+    """pydantic is not on the card's image; a local package that requires it (typer here) must not
+    bring it into the rehearsal's site, or the rehearsal passes where the card stops (seen on the
+    card on 2026-12-04: the check stopped at its preflight, `pydantic` missing)."""
+    reh = _rehearsal()
+    assert "pydantic" not in reh.image_packages() and "pydantic" in reh.carried_packages()
+    without = reh.image_site(tmp_path / "without", carry=False)
+    assert "pydantic" not in without and "torch" in without
+    assert "pydantic" in reh.image_site(tmp_path / "with")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="symbolic-link site folder")
+def test_without_the_carried_wheels_the_check_names_them(tmp_path: Path) -> None:
+    done = _rehearsal().rehearse([], carry=False, workdir=tmp_path, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 3, out
+    assert "missing from this python: pydantic" in out
+    assert "-d .whl pydantic" in out
 
 
 def test_check_starts_with_the_image_alone_and_stops_where_it_needs_a_gpu(tmp_path: Path) -> None:

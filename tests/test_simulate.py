@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rewardstack._planning import simulate as S
+from rewardstack._planning.metadevice import SimTracker
 from rewardstack._memory.device import TensorBytesTracker
 
 GIB = 1024**3
@@ -85,7 +86,7 @@ def test_unknown_model_and_value_reads_are_clear_errors() -> None:
     with pytest.raises(S.SimulationError, match="no architecture"):
         S.load_arch("someone/unknown-model")
     with pytest.raises(S.SimulationError, match="reads a"):
-        with S.SimTracker(full=True):
+        with SimTracker(full=True):
             int(torch.empty(1, dtype=torch.long, device="meta").sum())
 
 
