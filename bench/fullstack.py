@@ -71,10 +71,11 @@ def build_stack(root: Path, *, device: str = "cpu", extra: dict[str, Any] | None
 
 
 def _timed_scorers(stack: RewardStack, acc: dict[str, float]) -> None:
-    """Wrap every scorer's forward (`score`, or `embed` for diversity, whose stateful half runs in
-    the stack's state) so the stack's run also yields each model's share of the time."""
+    """Wrap every scorer's forward (`score`, or `stateless_part` for a stateful scorer such as
+    diversity, whose stateful half runs in the stack's state) so the stack's run also yields each
+    model's share of the time. A scorer the step never reaches through that method would print "-"."""
     for name, sc in stack.scorers.items():
-        attr = "embed" if hasattr(sc, "embed") and name == "diversity_reward_model" else "score"
+        attr = "stateless_part" if getattr(sc, "stateful", False) else "score"
         inner = getattr(sc, attr)
 
         def wrapped(*a: Any, _inner: Callable = inner, _name: str = name, **k: Any) -> Any:
