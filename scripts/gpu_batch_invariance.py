@@ -59,10 +59,9 @@ def build(kind: str, folder: Path) -> Path:
 
 def texts(n: int, seed: int) -> list[str]:
     """`n` chat-shaped texts of 5 to 300 words."""
-    from rewardstack._replay.synthetic import _WORDS
-
     rng = random.Random(seed)
-    words = list(_WORDS)
+    words = ("the model reads a prompt and its response then scores how helpful honest and harmless "
+             "the answer was given what the user asked for in this conversation").split()
     return [f"user: {' '.join(rng.choices(words, k=rng.randint(2, 20)))}\nassistant: "
             f"{' '.join(rng.choices(words, k=rng.randint(3, 280)))}\n" for _ in range(n)]
 

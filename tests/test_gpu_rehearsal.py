@@ -41,8 +41,7 @@ def test_image_site_holds_only_image_packages(tmp_path: Path) -> None:
 
 def test_our_own_requirement_the_image_lacks_is_never_let_in_by_a_local_package(tmp_path: Path) -> None:
     """pydantic is not on the card's image; a local package that requires it (typer here) must not
-    bring it into the rehearsal's site, or the rehearsal passes where the card stops (seen on the
-    card on 2026-12-04: the check stopped at its preflight, `pydantic` missing)."""
+    bring it into the rehearsal's site, or the rehearsal passes where the card's preflight stops."""
     reh = _rehearsal()
     assert "pydantic" not in reh.image_packages() and "pydantic" in reh.carried_packages()
     without = reh.image_site(tmp_path / "without", carry=False)
