@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mapfile -t names < <(grep -v '^#' scripts/gpu-carry.txt | grep -v '^ *$')
 mkdir -p .whl
-python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --python-version 3.12 \
-  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d .whl "${names[@]}"
+# The same pip line the preflight prints for a missing wheel (gpu_preflight.download_command), with deps.
+cmd=$(python3 -c 'import sys; sys.path.insert(0, "scripts"); from gpu_preflight import download_command
+print(download_command(sys.argv[1:], deps=True))' "${names[@]}")
+$cmd --quiet --disable-pip-version-check
 ls .whl

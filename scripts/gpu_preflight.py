@@ -42,11 +42,17 @@ def version_of(dist: str) -> str:
         return "?"
 
 
+def download_command(dists: list[str], *, deps: bool) -> str:
+    """The `pip download` line that fetches `dists` as wheels for the card's python into .whl/
+    (with `deps`, their requirements too, resolved together: scripts/gpu-wheels.sh)."""
+    return (f"python3 -m pip download {'' if deps else '--no-deps '}--only-binary=:all: --python-version 3.12 "
+            f"--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 "
+            f"--platform manylinux2014_x86_64 -d .whl {' '.join(dists)}")
+
+
 def wheel_hint(dist: str) -> str:
     """The command that fetches `dist` as a wheel for the card's python (docs/GPU.md explains)."""
-    return (f"python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
-            f"--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "
-            f"-d .whl {dist}")
+    return download_command([dist], deps=False)
 
 
 def missing_distribution(err: ImportError) -> str:
