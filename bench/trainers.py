@@ -17,6 +17,7 @@ DeBERTa-v2 sequence classifier) as a user-named reward model, `[rewards.oa]`. Ro
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import threading
@@ -86,11 +87,13 @@ def validator_load(url: str, steps: int, tag: str) -> dict[str, Any]:
     return {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99), "max": max(latencies)}
 
 
-def _config(standins: Path, root: Path, tag: str, *, validators: bool, service: str = "") -> Path:
+def _config(standins: Path, root: Path, tag: str, *, validators: bool, service: str = "", device: str = "cpu") -> Path:
     """The stand-in stack (with `validators`) or nothing but `[rewards.oa]`, with a [service] table."""
     base = (standins / "stack.toml").read_text() if validators else ""
     text = base.replace('state_dir = "state"', "") if validators else ""
     text = f'state_dir = "{root / tag / "state"}"\n' + text
+    if device != "cpu":
+        text = f'device = "{device}"\n' + text
     text += f'\n[rewards.oa]\npath = "{standins / "rlhf_reward_model"}"\n'
     if service:
         text += f"\n[service]\n{service}\n"
@@ -100,79 +103,115 @@ def _config(standins: Path, root: Path, tag: str, *, validators: bool, service: 
 
 
 def _serve(config: Path, root: Path, *extra: str) -> ServerProcess:
-    server = ServerProcess(config, root / (config.stem + ".log"), *extra)
-    server.wait_ready(600)
+    log = root / (config.stem + ".log")
+    server = ServerProcess(config, log, *extra)
+    try:
+        server.wait_ready(600)
+    except (RuntimeError, TimeoutError):
+        server.stop()
+        print(log.read_text()[-3000:])  # why it did not start: the log goes with the temporary folder
+        raise
     return server
 
 
-def measure(clients: int, requests: int, steps: int, repeats: int, standins: Path | None = None) -> list[str]:
-    """The three tables (batched against one at a time, the mixed load, telemetry on and off), as
-    printed lines; `standins`: a folder of built stand-ins (default: built in a temporary folder)."""
-    from rewardstack._standins import make_standins
+TABLES = ("batching", "mixed", "telemetry")
 
-    lines = []
-    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:
-        root = Path(tmp)
-        standins = standins if standins is not None else Path(make_standins(root / "standins")).parent
-        rows: dict[str, dict[str, Any]] = {}
-        for tag, service in (("batched", ""), ("one at a time", "stateless_batch = 1")):
-            server = _serve(_config(standins, root, tag.replace(" ", "-"), validators=False, service=service), root)
-            try:
-                trainer_load(server.url, clients, 1)  # warm-up: first calls, connections
-                rows[tag] = trainer_load(server.url, clients, requests)
-            finally:
-                server.stop()
-        lines.append(f"trainer load: {clients} concurrent one-sample /get_reward clients, {requests} requests "
-                     "each, OpenAssistant stand-in (DeBERTa-v2) as [rewards.oa], CPU")
-        lines.append("| server | requests/s | p50 ms | p99 ms |")
-        lines.append("|---|---:|---:|---:|")
-        for tag, r in rows.items():
-            lines.append(f"| {tag} | {r['rps']:.1f} | {r['p50'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} |")
-        ratio = rows["batched"]["rps"] / rows["one at a time"]["rps"]
-        lines.append(f"TARGET batched / one at a time >= 3x throughput: {ratio:.2f}x {'met' if ratio >= 3 else 'NOT met'}")
 
-        server = _serve(_config(standins, root, "mixed", validators=True), root)
+def _batching(standins: Path, root: Path, clients: int, requests: int, device: str) -> list[str]:
+    rows: dict[str, dict[str, Any]] = {}
+    for tag, service in (("batched", ""), ("one at a time", "stateless_batch = 1")):
+        config = _config(standins, root, tag.replace(" ", "-"), validators=False, service=service, device=device)
+        server = _serve(config, root)
         try:
-            validator_load(server.url, 2, "warm")
-            alone = validator_load(server.url, steps, "alone")
-            stop = threading.Event()
-            running = trainer_load(server.url, clients, 0, stop=stop)
-            time.sleep(1.0)
-            mixed = validator_load(server.url, steps, "mixed")
-            stop.set()
-            for th in running["threads"]:
-                th.join()
-            assert not running["failures"], running["failures"][:3]
-            trainer_rps = len(running["latencies"]) / (time.perf_counter() - running["t0"])
+            trainer_load(server.url, clients, 1)  # warm-up: first calls, connections
+            rows[tag] = trainer_load(server.url, clients, requests)
         finally:
             server.stop()
-        lines.append("")
-        lines.append(f"mixed load: one validator's {steps} steps (8 completions, stand-in stack) alone and while "
-                     f"{clients} trainer clients send ({trainer_rps:.1f} trainer requests/s meanwhile)")
-        lines.append("| validator | p50 ms | p99 ms | max ms |")
-        lines.append("|---|---:|---:|---:|")
-        for tag, r in (("alone", alone), ("with trainers", mixed)):
-            lines.append(f"| {tag} | {r['p50'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} | {r['max'] * 1e3:.0f} |")
-
-        walls: dict[str, list[float]] = {"off": [], "on": []}
-        config = _config(standins, root, "telemetry", validators=False)
-        for k in range(repeats):
-            for tag in ("off", "on"):
-                extra = ("--run-dir", str(root / f"run-{k}")) if tag == "on" else ()
-                server = _serve(config, root, *extra)
-                try:
-                    trainer_load(server.url, clients, 1)
-                    walls[tag].append(trainer_load(server.url, clients, requests)["wall"])
-                finally:
-                    server.stop()
-        best = {t: min(w) for t, w in walls.items()}
-        cost = best["on"] / best["off"] - 1
-        lines.append("")
-        lines.append(f"telemetry: the batched trainer load with --run-dir on and off, interleaved, best of {repeats}")
-        lines.append(f"off {best['off']:.2f} s, on {best['on']:.2f} s: {100 * cost:+.1f}% "
-                     f"(medians {statistics.median(walls['off']):.2f} / {statistics.median(walls['on']):.2f} s); "
-                     f"TARGET <= 1%: {'met' if cost <= 0.01 else 'NOT met'}")
+    lines = [f"trainer load: {clients} concurrent one-sample /get_reward clients, {requests} requests "
+             f"each, OpenAssistant stand-in (DeBERTa-v2) as [rewards.oa], {device}",
+             "| server | requests/s | p50 ms | p99 ms |", "|---|---:|---:|---:|"]
+    for tag, r in rows.items():
+        lines.append(f"| {tag} | {r['rps']:.1f} | {r['p50'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} |")
+    ratio = rows["batched"]["rps"] / rows["one at a time"]["rps"]
+    lines.append(f"TARGET batched / one at a time >= 3x throughput: {ratio:.2f}x {'met' if ratio >= 3 else 'NOT met'}")
     return lines
+
+
+def _mixed(standins: Path, root: Path, clients: int, steps: int, device: str) -> list[str]:
+    server = _serve(_config(standins, root, "mixed", validators=True, device=device), root)
+    try:
+        validator_load(server.url, 2, "warm")
+        alone = validator_load(server.url, steps, "alone")
+        stop = threading.Event()
+        running = trainer_load(server.url, clients, 0, stop=stop)
+        time.sleep(1.0)
+        mixed = validator_load(server.url, steps, "mixed")
+        stop.set()
+        for th in running["threads"]:
+            th.join()
+        assert not running["failures"], running["failures"][:3]
+        trainer_rps = len(running["latencies"]) / (time.perf_counter() - running["t0"])
+    finally:
+        server.stop()
+    lines = [f"mixed load: one validator's {steps} steps (8 completions, stand-in stack) alone and while "
+             f"{clients} trainer clients send ({trainer_rps:.1f} trainer requests/s meanwhile)",
+             "| validator | p50 ms | p99 ms | max ms |", "|---|---:|---:|---:|"]
+    for tag, r in (("alone", alone), ("with trainers", mixed)):
+        lines.append(f"| {tag} | {r['p50'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} | {r['max'] * 1e3:.0f} |")
+    return lines
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _telemetry(standins: Path, root: Path, clients: int, requests: int, repeats: int, device: str) -> list[str]:
+    walls: dict[str, list[float]] = {"off": [], "on": []}
+    cpus: dict[str, list[float]] = {"off": [], "on": []}
+    config = _config(standins, root, "telemetry", validators=False, device=device)
+    for k in range(repeats):
+        for tag in ("off", "on"):
+            extra = ("--run-dir", str(root / f"run-{k}")) if tag == "on" else ()
+            server = _serve(config, root, *extra)
+            try:
+                trainer_load(server.url, clients, 1)
+                cpu = _cpu_seconds(server.proc.pid)
+                walls[tag].append(trainer_load(server.url, clients, requests)["wall"])
+                cpus[tag].append(_cpu_seconds(server.proc.pid) - cpu)
+            finally:
+                server.stop()
+    best = {t: min(w) for t, w in walls.items()}
+    cost = best["on"] / best["off"] - 1
+    cpu = {t: statistics.median(c) for t, c in cpus.items()}
+    return [f"telemetry: the batched trainer load with --run-dir on and off, interleaved, best of {repeats}",
+            f"off {best['off']:.2f} s, on {best['on']:.2f} s: {100 * cost:+.1f}% "
+            f"(medians {statistics.median(walls['off']):.2f} / {statistics.median(walls['on']):.2f} s); "
+            f"TARGET <= 1%: {'met' if cost <= 0.01 else 'NOT met'}",
+            f"the server's CPU time for the same load, median: off {cpu['off']:.2f} s, on {cpu['on']:.2f} s "
+            f"({100 * (cpu['on'] / cpu['off'] - 1):+.1f}%)"]
+
+
+def measure(clients: int, requests: int, steps: int, repeats: int, standins: Path | None = None, *,
+            device: str = "cpu", tables: tuple[str, ...] = TABLES) -> list[str]:
+    """The three tables (batched against one at a time, the mixed load, telemetry on and off), as
+    printed lines; `standins`: a folder of built stand-ins (default: built in a temporary folder;
+    the batching and telemetry tables need only its `rlhf_reward_model`); `device`: where the
+    server runs the models; `tables`: which of the three to measure."""
+    from rewardstack._standins import make_standins
+
+    parts = []
+    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:
+        root = Path(tmp)
+        standins = standins.resolve() if standins is not None else Path(make_standins(root / "standins")).parent
+        if "batching" in tables:
+            parts.append(_batching(standins, root, clients, requests, device))
+        if "mixed" in tables:
+            parts.append(_mixed(standins, root, clients, steps, device))
+        if "telemetry" in tables:
+            parts.append(_telemetry(standins, root, clients, requests, repeats, device))
+    return [line for k, part in enumerate(parts) for line in ([""] if k else []) + part]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +221,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12, help="validator steps per mixed row")
     ap.add_argument("--repeats", type=int, default=3, help="telemetry on/off runs each")
     ap.add_argument("--standins", help="a folder of already built stand-ins (default: built in a temporary folder)")
+    ap.add_argument("--device", default="cpu", help="where the server runs the models (`cuda` on a card)")
+    ap.add_argument("--tables", default=",".join(TABLES), help="which tables, comma-separated: " + ", ".join(TABLES))
+    ap.add_argument("--build-standin", metavar="DIR", help="only build the stand-in the batching and telemetry "
+                    "tables score with into DIR (for a machine that cannot build it: scripts/gpu-trainers.sh)")
     args = ap.parse_args(argv)
-    lines = measure(args.clients, args.requests, args.steps, args.repeats, Path(args.standins) if args.standins else None)
+    if args.build_standin:
+        import shutil
+
+        from rewardstack._standins import make_standins
+
+        with tempfile.TemporaryDirectory() as tmp:
+            built = Path(make_standins(Path(tmp) / "standins")).parent / "rlhf_reward_model"
+            shutil.copytree(built, Path(args.build_standin) / "rlhf_reward_model", dirs_exist_ok=True)
+        print(Path(args.build_standin) / "rlhf_reward_model")
+        return 0
+    tables = tuple(t for t in args.tables.split(",") if t)
+    if set(tables) - set(TABLES):
+        ap.error(f"--tables: unknown {sorted(set(tables) - set(TABLES))}; choose from {', '.join(TABLES)}")
+    lines = measure(args.clients, args.requests, args.steps, args.repeats,
+                    Path(args.standins) if args.standins else None, device=args.device, tables=tables)
     print("\n".join(lines))
     return 0
 
