@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import GPT2Config, GPT2Model
 
-from rewardstack._jsonio import canonical_chunks
+from rewardstack._fileio import canonical_chunks
 from rewardstack._runner import iter_steps, step_hash
 from rewardstack._scorers.prefix import PrefixRunner, runs_whole
 from rewardstack.stack import Step

@@ -130,7 +130,7 @@ def test_unknown_routes_and_methods_answer_the_documented_error_shape(make_servi
 
 def test_duplicate_keys_are_refused_with_a_clear_error(make_service) -> None:  # noqa: ANN001
     from rewardstack.errors import InputError
-    from rewardstack._jsonio import parse
+    from rewardstack._fileio import parse
 
     with pytest.raises(InputError, match='duplicate key "prompt"'):
         parse('{"name": "augment", "prompt": "a", "completions": [], "prompt": "b"}')
@@ -148,7 +148,7 @@ def test_duplicate_keys_are_refused_with_a_clear_error(make_service) -> None:  #
 
 def test_a_json_error_says_at_column_once() -> None:
     from rewardstack.errors import InputError
-    from rewardstack._jsonio import parse
+    from rewardstack._fileio import parse
 
     with pytest.raises(InputError) as e:
         parse('{"prompt": "a\x01b"}')

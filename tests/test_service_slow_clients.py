@@ -24,7 +24,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 import httpx  # noqa: E402
 
-from rewardstack._service.connections import RepeatFilter, server_config  # noqa: E402
+from rewardstack._service.edge import RepeatFilter, server_config  # noqa: E402
 
 from service_fixtures import Server, free_port, write_config  # noqa: E402
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rewardstack.config import from_dict
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.sessions import admit
+from rewardstack._service.namespaces import admit
 from rewardstack._rewardstate import RewardState
 from rewardstack._wire import RECENT_BYTES, RECENT_RESULTS
 from rewardstack._state import FORMAT_VERSION, StateStore

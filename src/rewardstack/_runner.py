@@ -50,10 +50,10 @@ def step_hash(step: Step) -> str:
     """A stable hash of everything that determines a step's event (16 hex digits of sha256).
 
     The hash is of `json.dumps(step.to_dict(), sort_keys=True, ensure_ascii=False,
-    separators=(",", ":"))` in UTF-8 (surrogates passed), fed in pieces (`jsonio.canonical_chunks`)
+    separators=(",", ":"))` in UTF-8 (surrogates passed), fed in pieces (`_fileio.canonical_chunks`)
     so that a 50 MB completion is not serialized and encoded whole, twice, beside the step.
     """
-    from rewardstack._jsonio import canonical_chunks
+    from rewardstack._fileio import canonical_chunks
 
     h = hashlib.sha256()
     for piece in canonical_chunks(step.to_dict()):

@@ -42,11 +42,11 @@ from ray import serve
 from rewardstack.config import StackConfig
 from rewardstack._distributed.cluster import RAY_NAMESPACE
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.guard import authorize, install_error_handlers, loopback_guard, require_json
+from rewardstack._service.edge import authorize, install_error_handlers, loopback_guard, require_json
 from rewardstack._service.namespaces import NamespaceLimitError, reserve, stored_state
 from rewardstack._service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline, error_responses,
                                           namespace_for, namespace_limit, parse_score, parse_session, score_responses)
-from rewardstack._service import sessions
+from rewardstack._service import namespaces
 from rewardstack._settings import ServiceSettings
 from rewardstack.stack import Step
 from rewardstack._rewardstate import ForwardResult, RewardState
@@ -76,7 +76,7 @@ class NamespaceState:
     sequence number and writing the state: steps are applied one at a time, in sequence order.
     Answers are tagged tuples, not exceptions, so they cross Ray unchanged:
     `("ok", body, sequence, scored)`, `("go",)`, `("session", answer)` or
-    `("error", status, type, message, field)`. Admission is the service's (service/sessions.py).
+    `("error", status, type, message, field)`. Admission is the service's (service/namespaces.py).
     """
 
     def __init__(self, config: StackConfig, name: str, state_dir: str) -> None:
@@ -99,15 +99,15 @@ class NamespaceState:
         return self.ns.state.sequence
 
     def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> tuple | str:
-        """The service's rule (`sessions.admit`) against the committed state: `GO`, `AHEAD`, or the
+        """The service's rule (`namespaces.admit`) against the committed state: `GO`, `AHEAD`, or the
         tagged answer (a retry's kept answer, or a refusal)."""
         state = self.ns.state
         try:
-            verdict = sessions.admit(state, self.ns.name, step, sequence=sequence, epoch=epoch,
+            verdict = namespaces.admit(state, self.ns.name, step, sequence=sequence, epoch=epoch,
                                      expected=state.sequence + 1, max_chars=state.config.input.max_chars)
         except ServiceError as e:
             return _refusal(e)
-        if verdict in (sessions.GO, sessions.AHEAD):
+        if verdict in (namespaces.GO, namespaces.AHEAD):
             return verdict
         return ("ok", verdict, sequence, False)
 
@@ -116,8 +116,8 @@ class NamespaceState:
         verdict = self._admit(sequence, epoch, step)
         if isinstance(verdict, tuple):
             return verdict
-        if verdict == sessions.AHEAD and (sequence or 0) - (self.ns.state.sequence + 1) > RECENT_RESULTS:
-            return _refusal(sessions.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))  # not in flight
+        if verdict == namespaces.AHEAD and (sequence or 0) - (self.ns.state.sequence + 1) > RECENT_RESULTS:
+            return _refusal(namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))  # not in flight
         return ("go",)
 
     async def commit(self, sequence: int | None, epoch: int | None, fwd: ForwardResult, wait_s: float) -> tuple:
@@ -125,17 +125,17 @@ class NamespaceState:
         async with self.turn:
             loop = asyncio.get_running_loop()
             until = loop.time() + wait_s
-            while (verdict := self._admit(sequence, epoch, fwd.step)) == sessions.AHEAD:  # predecessors in a forward pass
+            while (verdict := self._admit(sequence, epoch, fwd.step)) == namespaces.AHEAD:  # predecessors in a forward pass
                 try:
                     await asyncio.wait_for(self.turn.wait(), max(0.0, until - loop.time()))
                 except TimeoutError:
-                    return _refusal(sessions.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))
+                    return _refusal(namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))
             if isinstance(verdict, tuple):
                 return verdict
             # From here to the end: no await, so nothing else touches the state.
             state = self.ns.state
             try:
-                _, body = sessions.apply_step(state, fwd, state.config.input.max_chars)  # applied, its answer kept for retries
+                _, body = namespaces.apply_step(state, fwd, state.config.input.max_chars)  # applied, its answer kept for retries
                 self.ns.commit()
             except Exception:  # noqa: BLE001 - memory must not run ahead of the file
                 log.exception("namespace %s: applying or committing a step failed", self.ns.name)
@@ -145,13 +145,13 @@ class NamespaceState:
             return ("ok", body, state.sequence, True)
 
     async def standing(self) -> dict:
-        """Where the namespace stands (`sessions.describe`)."""
-        return sessions.describe(self.ns.state)
+        """Where the namespace stands (`namespaces.describe`)."""
+        return namespaces.describe(self.ns.state)
 
     async def open_session(self, client: dict) -> tuple:
-        """Open a session (`sessions.open_session`) after the step being applied now, and commit it."""
+        """Open a session (`namespaces.open_session`) after the step being applied now, and commit it."""
         async with self.turn:
-            answer = sessions.open_session(self.ns.state, client)
+            answer = namespaces.open_session(self.ns.state, client)
             try:
                 self.ns.commit()
             except Exception:  # noqa: BLE001 - memory must not run ahead of the file
@@ -247,7 +247,7 @@ class ScoringReplica:
 def build_http_app(replica: ScoringReplica) -> Any:
     """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
     settings = replica.settings
-    # The service's guards (service/guard.py, protocol.BodyLimit): loopback without a token answers
+    # The service's guards (service/edge.py, protocol.BodyLimit): loopback without a token answers
     # only this machine's Host and Origin, a step must be sent as JSON, a slow body is cut off.
     local = loopback_guard(settings.host, replica.access)
     app = FastAPI(title="rewardstack on Ray Serve", version="0.1.0",
@@ -255,7 +255,7 @@ def build_http_app(replica: ScoringReplica) -> Any:
                   description="The scoring service with stateless replicas and one state actor per namespace. "
                               "See docs/RAY.md.")
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
-    install_error_handlers(app)  # the service's error chokepoint and access checks (service/guard.py)
+    install_error_handlers(app)  # the service's error chokepoint and access checks (service/edge.py)
     app.state.access, app.state.replica = replica.access, replica
     app.include_router(router)
     return app
@@ -333,7 +333,7 @@ async def namespace_info(name: str, request: Request, scope: str | None = Depend
         standing = await _call_state(actor.standing)
     except ValueError:  # no actor: read the committed file
         folder = Path(replica.state_dir) / "namespaces" / name
-        standing = sessions.describe(await asyncio.to_thread(stored_state, replica.config, folder))
+        standing = namespaces.describe(await asyncio.to_thread(stored_state, replica.config, folder))
     return {"namespace": name, **standing}
 
 

@@ -49,7 +49,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from rewardstack.config import ALL_MODELS, REWARD_MODELS
 from rewardstack.errors import InputError, RewardStackError
-from rewardstack._jsonio import JSONInputError, parse
+from rewardstack._fileio import JSONInputError, parse
 from rewardstack._replay.convert import step_numbers, text
 from rewardstack.stack import Step
 

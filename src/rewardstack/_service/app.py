@@ -3,10 +3,10 @@
     rewardstack serve --config C [--host 127.0.0.1] [--port 8000]
 
 Routes: `POST /v1/score` (one step in, its event out), `GET /v1/namespaces/{name}`,
-`POST /v1/namespaces/{name}/sessions` (service/sessions.py), the trainer routes (service/trainers.py),
+`POST /v1/namespaces/{name}/sessions` (service/namespaces.py), the trainer routes (service/trainers.py),
 `GET /v1/stack`, `GET /healthz`, `GET /readyz`, `GET /metrics`, and FastAPI's `/openapi.json` and
 `/docs`. Every refusal is a `ServiceError`, turned into `{"error": {"message", "type", "field"}}` by
-the exception handlers of service/guard.py (the one place errors become responses). The request
+the exception handlers of service/edge.py (the one place errors become responses). The request
 contract (schemas, limits, body parsing, deadlines, sequence rules) is service/protocol.py, shared
 with the Ray Serve replicas: bodies are strict JSON of bounded nesting, validated by
 `Step.from_dict` exactly as `rewardstack score` validates a line; no pickle and no code from a
@@ -26,10 +26,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
-from rewardstack._service.connections import CutAtShutdown, answer_of
+from rewardstack._service.edge import (CutAtShutdown, answer_of, authorize, install_error_handlers, loopback_guard,
+                                      require_json, status_for)
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.guard import authorize, install_error_handlers, loopback_guard, require_json, status_for
-from rewardstack._service import sessions
+from rewardstack._service import namespaces
 from rewardstack._service.namespaces import ALL_NAMESPACES, Access, stored_state
 from rewardstack._service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
                                           error_responses, namespace_for, parse_score, parse_session, score_responses)
@@ -101,7 +101,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
     app.state.metrics = ServiceMetrics.create()
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
-    install_error_handlers(app)  # the one error chokepoint (service/guard.py)
+    install_error_handlers(app)  # the one error chokepoint (service/edge.py)
     app.include_router(router)
     install_trainer_routes(app)  # /get_reward, /classify: docs/TRAINERS.md
     return app
@@ -142,7 +142,7 @@ async def _score(request: Request, scope: str | None, arrived: float) -> Respons
     outcome = await answer_of(request, job, deadline)
     headers = {"X-Rewardstack-Scored": "true" if outcome.scored else "false"}
     if outcome.memory is not None:
-        headers[MEMORY_HEADER] = sessions.memory_header(outcome.memory)
+        headers[MEMORY_HEADER] = namespaces.memory_header(outcome.memory)
     return Response(outcome.body, media_type="application/json", headers=headers)
 
 
@@ -210,11 +210,11 @@ async def metrics_route(request: Request, scope: str | None = Depends(authorize)
 
 
 def standing_of(worker: Worker, name: str) -> dict[str, Any]:
-    """Where a namespace stands (`sessions.describe`): from memory when loaded, else from its state file."""
+    """Where a namespace stands (`namespaces.describe`): from memory when loaded, else from its state file."""
     for ns in worker.namespaces.loaded():
         if ns.name == name:
-            return sessions.describe(ns.state)
-    return sessions.describe(stored_state(worker.config, worker.namespaces.root / name))
+            return namespaces.describe(ns.state)
+    return namespaces.describe(stored_state(worker.config, worker.namespaces.root / name))
 
 
 def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, scope: str | None = None) -> dict:

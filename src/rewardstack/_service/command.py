@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from rewardstack._service.app import create_app
-        from rewardstack._service.connections import log_rate_limited, server_config
+        from rewardstack._service.edge import log_rate_limited, server_config
         from rewardstack._service.namespaces import Access, is_loopback
     except ImportError as e:  # depends on the install: one line and the exit code of a missing extra
         missing = MissingExtraError.of(e)

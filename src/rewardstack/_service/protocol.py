@@ -9,7 +9,7 @@ drift (service/app.py on one worker, distributed/serve.py over state actors):
 - the body limit (`BodyLimit`, bytes counted as they arrive, and its timeout) and the size limits
   of a step (`check_limits`: completions, characters and work (`step_work`), before any
   tokenization);
-- body parsing (`parse_score`): strict JSON through `rewardstack._jsonio` (bad UTF-8, bad syntax,
+- body parsing (`parse_score`): strict JSON through `rewardstack._fileio` (bad UTF-8, bad syntax,
   `NaN`, nesting past 64 levels are all 400 `invalid_json`, never a 500), an unknown field (422
   naming it and the closest known one: `check_fields`), then the namespace, the sequence number,
   the epoch and the step's own validation (422 naming the field); `parse_session`;
@@ -19,8 +19,8 @@ drift (service/app.py on one worker, distributed/serve.py over state actors):
   name, 403 for one its token is not bound to) and `namespace_limit` (403 past
   `service.max_namespaces`).
 
-Every refusal is a `ServiceError`; the apps' handlers (service/guard.py) turn it into the body
-`{"error": {"message", "type", "field"}}`. The sequence and session rules are service/sessions.py.
+Every refusal is a `ServiceError`; the apps' handlers (service/edge.py) turn it into the body
+`{"error": {"message", "type", "field"}}`. The sequence and session rules are service/namespaces.py.
 Nothing here imports FastAPI or Ray.
 """
 
@@ -36,7 +36,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rewardstack.errors import InputError
-from rewardstack._jsonio import MAX_DEPTH, JSONInputError, parse
+from rewardstack._fileio import MAX_DEPTH, JSONInputError, parse
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack._settings import InputSettings, ServiceSettings

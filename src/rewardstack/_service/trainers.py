@@ -25,12 +25,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from rewardstack._jsonio import JSONInputError, parse
+from rewardstack._fileio import JSONInputError, parse
 from rewardstack._models import USER_PREFIX
 from rewardstack._service.batching import Scored, StatelessJob
-from rewardstack._service.connections import answer_of
+from rewardstack._service.edge import answer_of, authorize, require_json
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.guard import authorize, require_json
 from rewardstack._service.protocol import client_deadline
 from rewardstack._settings import ServiceSettings
 

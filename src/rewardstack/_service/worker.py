@@ -36,7 +36,7 @@ from rewardstack.errors import StateError
 from rewardstack._service.batching import Lane
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import Namespace, NamespaceLimitError, Namespaces
-from rewardstack._service import sessions
+from rewardstack._service import namespaces
 from rewardstack._service.protocol import memory_summary, namespace_limit, step_work
 from rewardstack.stack import RewardStack, Step
 from rewardstack._rewardstate import ForwardResult, RewardState
@@ -44,7 +44,7 @@ from rewardstack._rewardstate import ForwardResult, RewardState
 log = logging.getLogger("rewardstack.service")
 
 SESSION = "session"
-"""A job that opens a session on its namespace (`sessions.open_session`), in the namespace's order."""
+"""A job that opens a session on its namespace (`namespaces.open_session`), in the namespace's order."""
 
 WARMUP_STEP = Step(name="augment", prompt="rewardstack startup check.",
                    completions=["A short startup completion.", "Another startup completion?"])
@@ -79,7 +79,7 @@ class Job:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     applied_as: int | None = None
     epoch: int | None = None
-    """The client's session (`sessions.admit` fences an older one)."""
+    """The client's session (`namespaces.admit` fences an older one)."""
     kind: str = "score"
     """`score` a step, or open a `SESSION` (then `client` says who opens it)."""
     client: dict[str, Any] | None = None
@@ -336,26 +336,26 @@ class Worker:
                 ns = self.namespaces.peek(job.namespace)  # creates nothing: a refused step leaves no folder
                 state = ns.state if ns is not None else RewardState(self.config)
                 exp = expected.setdefault(job.namespace, state.sequence + 1)
-                verdict = sessions.admit(state, job.namespace, job.step, sequence=job.sequence, epoch=job.epoch,
+                verdict = namespaces.admit(state, job.namespace, job.step, sequence=job.sequence, epoch=job.epoch,
                                          expected=exp, max_chars=limit)
-                if verdict == sessions.GO and ns is None:  # a new namespace, made for a step that will be scored
+                if verdict == namespaces.GO and ns is None:  # a new namespace, made for a step that will be scored
                     self.namespaces.get(job.namespace)
                     created.append(job.namespace)
             except (ServiceError, NamespaceLimitError, StateError, OSError) as e:
                 job.answer(_refusal(e))
                 continue
-            if verdict == sessions.GO:
+            if verdict == namespaces.GO:
                 job.applied_as = exp
                 expected[job.namespace] = exp + 1
                 in_batch[(job.namespace, exp)] = job
                 to_score.append(job)
-            elif verdict == sessions.PENDING:
+            elif verdict == namespaces.PENDING:
                 duplicates.append((job, in_batch[(job.namespace, job.sequence)]))  # type: ignore[index]
-            elif verdict == sessions.AHEAD:
-                job.answer(sessions.sequence_gap(job.namespace, job.sequence or 0, exp))
+            elif verdict == namespaces.AHEAD:
+                job.answer(namespaces.sequence_gap(job.namespace, job.sequence or 0, exp))
             else:  # a retry of a committed step: its kept answer, and the memory record kept with it
                 job.answer(Answer(verdict, job.sequence or 0, scored=False,
-                                   memory=sessions.kept_memory(state, job.sequence or 0)))
+                                   memory=namespaces.kept_memory(state, job.sequence or 0)))
         if to_score:
             self._score(to_score)
         for name in created:  # made this turn for steps that all failed: leave nothing behind
@@ -368,9 +368,9 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
                 job.answer(e)
             else:
-                same = sessions.step_digest(job.step, limit) == sessions.step_digest(original.step, limit)
+                same = namespaces.step_digest(job.step, limit) == namespaces.step_digest(original.step, limit)
                 job.answer(Answer(done.body, done.sequence, scored=False, memory=done.memory) if same
-                           else sessions.sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
+                           else namespaces.sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
 
     def _open_session(self, job: Job) -> None:
         """Open a session on the job's namespace, after every step admitted before it committed."""
@@ -379,7 +379,7 @@ class Worker:
         except (NamespaceLimitError, StateError, OSError) as e:
             job.answer(_refusal(e))
             return
-        answer = sessions.open_session(ns.state, job.client or {})
+        answer = namespaces.open_session(ns.state, job.client or {})
         try:
             ns.commit()
         except Exception:  # noqa: BLE001 - memory must not run ahead of the file
@@ -422,10 +422,10 @@ class Worker:
                 job.answer(ServiceError(500, "internal", "an earlier step of this namespace failed; not scored"))
                 continue
             if job.applied_as != ns.state.sequence + 1:  # an earlier job of the batch did not apply
-                job.answer(sessions.sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
+                job.answer(namespaces.sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
                 continue
             try:
-                result, body = sessions.apply_step(ns.state, fwd, self.config.input.max_chars)  # type: ignore[arg-type]
+                result, body = namespaces.apply_step(ns.state, fwd, self.config.input.max_chars)  # type: ignore[arg-type]
                 applied.append((job, result))
             except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
                 log.exception("namespace %s: applying a step failed", job.namespace)
@@ -451,7 +451,7 @@ class Worker:
                 record = self.stack.publish_step(result, record=True)
                 if record is not None:
                     memory[id(job)] = memory_summary(record)
-                    sessions.keep_memory(self.namespaces.get(job.namespace).state, job.applied_as or 0, memory[id(job)])
+                    namespaces.keep_memory(self.namespaces.get(job.namespace).state, job.applied_as or 0, memory[id(job)])
         for job, outcome in answers:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
