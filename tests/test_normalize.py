@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rewardstack._normalize import RunningNormalizer
+from rewardstack._rewardstate import RunningNormalizer
 
 
 class ReferenceNormalizer:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rewardstack.cli import main
-from rewardstack._normalize import RunningNormalizer
+from rewardstack._rewardstate import RunningNormalizer
 from rewardstack._replay.readers import read_run
 from rewardstack._replay.replay import parse_steps, replay
 from rewardstack.stack import RewardStack

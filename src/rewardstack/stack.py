@@ -28,7 +28,7 @@ from rewardstack.errors import StateError
 from rewardstack._memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack._memory.manager import check_device
 from rewardstack._memory.device import take_snapshot
-from rewardstack._normalize import RunningNormalizer
+from rewardstack._rewardstate import RunningNormalizer
 from rewardstack._oplog import OperatorLog, log_models
 from rewardstack._readview import ReadView
 from rewardstack._rewardstate import ForwardResult, RewardState, checked_score

@@ -23,7 +23,7 @@ accumulates in float32 and is rounded to that dtype, so a long, repetitive compl
 
 The parts: `dpo_numerics.py` (the head, the penalty, the log-sum-exp: the number), `dpo_chunks.py`
 (the logits chunk and attention block a pass runs with, from the budget), `attention.py` (BTLM's
-attention in blocks of query rows, verified at load), `common.py` (the input bound); this module
+attention in blocks of query rows, verified at load), `encoding.py` (the input bound); this module
 scores requests.
 """
 
@@ -42,7 +42,7 @@ from rewardstack._scorers.attention import install as install_attention
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.charbound import head_for_tokens
-from rewardstack._scorers.common import pad_rows, sane_max_length
+from rewardstack._scorers.encoding import pad_rows, sane_max_length
 from rewardstack._scorers.dpo_chunks import ChunkPolicy, tune_chunk
 from rewardstack._scorers.dpo_numerics import (  # noqa: F401 - re-exported: the scorer's numerics
     LOW,

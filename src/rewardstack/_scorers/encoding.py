@@ -1,6 +1,10 @@
-"""Shared machinery of the encoder scorers (OpenAssistant, NSFW, relevance, diversity).
+"""Shared machinery of the scorers: every family's input bound and padding, and the encoders' passes.
 
-Length bounds that never trust an absurd tokenizer `model_max_length`, right-padded batches built
+`sane_max_length` is the spec's reading of a model's length bound (DPO, Reciprocate, the judge): the
+config's `max_length`, else the tokenizer's `model_max_length` where it is a real number
+(tokenizers without one report 1e30), else the model config's position limit; `pad_rows` pads
+token-id rows into one batch tensor (every family). For the encoders (OpenAssistant, NSFW,
+relevance, diversity): length bounds that never trust an absurd tokenizer `model_max_length`, right-padded batches built
 from token-id rows, the load-time calibration of a model's cost model, and `rows_pass`: every row of
 a step as one pass of the memory manager, in as few forward passes as the budget (and a per-pass
 token cap that keeps peak memory flat for very long inputs) allows.
@@ -17,7 +21,6 @@ import torch
 from rewardstack._memory.calibration import Profile
 from rewardstack._memory.manager import Pass
 from rewardstack._scorers.base import Runtime
-from rewardstack._scorers.common import pad_rows
 
 SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 says 1e30) is not believed
 # Families whose position ids start at padding_idx + 1: two position rows are never usable.
@@ -259,3 +262,39 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of token vectors over the attention mask (the sentence-transformers pooling)."""
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def sane_max_length(tokenizer: Any, config: Any, override: int | None) -> int:
+    """cfg.max_length, else the tokenizer's model_max_length if sane (<= 1e6), else the config's."""
+    if override:
+        return int(override)
+    m = getattr(tokenizer, "model_max_length", None)
+    if m is not None and m <= 1_000_000:
+        return int(m)
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        v = getattr(config, key, None)
+        if v:
+            return int(v)
+    return 2048
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool = False,
+             width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ids padded to one width (right-padded, or left with `left=True`): (ids, mask), long.
+
+    Built as Python lists and converted by one `torch.tensor` call each: filling a preallocated
+    tensor row by row costs about five aten ops a row (select, slice, lift_fresh, copy_, detach_),
+    which under the tensor-bytes tracker's per-op accounting was half the ops of a tiny soak step.
+    """
+    w = max(1, max((len(r) for r in rows), default=0)) if width is None else width
+    ids, mask = [], []
+    for r in rows:
+        r = list(r)
+        n = w - len(r)
+        if left:
+            ids.append([pad] * n + r)
+            mask.append([0] * n + [1] * len(r))
+        else:
+            ids.append(r + [pad] * n)
+            mask.append([1] * len(r) + [0] * n)
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)

@@ -24,7 +24,7 @@ from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.classifier import _Classifier, first_logit
-from rewardstack._scorers.common import pad_rows
+from rewardstack._scorers.encoding import pad_rows
 
 Chat = Sequence[dict]
 """A conversation: `{"role", "content"}` messages."""

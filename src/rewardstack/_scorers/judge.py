@@ -19,7 +19,7 @@ import re
 from rewardstack.config import ModelConfig
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
 from rewardstack._scorers.causal import CausalScorer
-from rewardstack._scorers.common import pad_rows, sane_max_length
+from rewardstack._scorers.encoding import pad_rows, sane_max_length
 from rewardstack._scorers.kvcache import choose_path, greedy_tokens
 from rewardstack._scorers.prefix import dummy_ids, model_device
 from rewardstack._models import JUDGE

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from rewardstack._scorers.common import pad_rows
+from rewardstack._scorers.encoding import pad_rows
 from rewardstack._memory.planner import padding_groups  # noqa: F401 - the scorers' name for the planner's rule
 
 
