@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardstack._scorers.charbound import head_for_tokens, prefix_stable, safe_boundary
+from rewardstack._scorers.encoding import head_for_tokens, prefix_stable, safe_boundary
 
 pytest.importorskip("sentencepiece")
 

@@ -23,7 +23,7 @@ from rewardstack._hub import load_source
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
-from rewardstack._scorers.charbound import head_for_tokens
+from rewardstack._scorers.encoding import head_for_tokens
 from rewardstack._models import NSFW, OPENASSISTANT
 
 OA_TRAINED_LENGTH = 512
@@ -84,7 +84,7 @@ class OpenAssistantScorer(_Classifier):
         """Pair ids (and token types) per text, cut to `bound`; and whether each was cut."""
         tok = self.tokenizer
         # Only the first `bound` ids of the pair are kept: read each completion up to a head that
-        # provably gives those ids (scorers/charbound.py), not the whole text.
+        # provably gives those ids (scorers/encoding.py, head_for_tokens), not the whole text.
         texts = [head_for_tokens(t, tok, bound) for t in texts]
         full = tok([prompt] * len(texts), texts)
         ids, types = list(full["input_ids"]), full.get("token_type_ids")

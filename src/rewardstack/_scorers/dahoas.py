@@ -31,7 +31,7 @@ from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
 from rewardstack._scorers.causal import CausalScorer
-from rewardstack._scorers.charbound import head_for_tokens
+from rewardstack._scorers.encoding import head_for_tokens
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
 from rewardstack._memory.manager import Allowance, Pass
@@ -149,7 +149,7 @@ class DahoasScorer(CausalScorer):
             """Both groups of texts, tokenized within what the budget allows."""
             cap = min(self.max_len, allowance.cap)
 
-            # Only the first `cap` ids count: read a head that provably gives them (charbound.py).
+            # Only the first `cap` ids count: read a head that provably gives them (encoding.py, head_for_tokens).
             def head(t: str) -> str:
                 return head_for_tokens(t, self.tokenizer, cap)
 

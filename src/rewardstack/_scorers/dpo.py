@@ -41,8 +41,7 @@ from rewardstack._scorers.attention import AttentionChoice
 from rewardstack._scorers.attention import install as install_attention
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.causal import CausalScorer
-from rewardstack._scorers.charbound import head_for_tokens
-from rewardstack._scorers.encoding import pad_rows, sane_max_length
+from rewardstack._scorers.encoding import head_for_tokens, pad_rows, sane_max_length
 from rewardstack._scorers.dpo_chunks import ChunkPolicy, tune_chunk
 from rewardstack._scorers.dpo_numerics import (  # noqa: F401 - re-exported: the scorer's numerics
     LOW,
@@ -149,7 +148,7 @@ class DpoScorer(CausalScorer):
             for i in todo:
                 res.scores[i] = LOW
             return res
-        # Only the first max_len ids are kept: read a head that provably gives them (charbound.py).
+        # Only the first max_len ids are kept: read a head that provably gives them (encoding.py, head_for_tokens).
         enc = self.tokenizer([head_for_tokens(request.prompt + request.completions[i], self.tokenizer, self.max_len)  # type: ignore[operator]
                               for i in todo]).input_ids
         keep: list[int] = []

@@ -30,7 +30,7 @@ from rewardstack._hub import load_source
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
-from rewardstack._scorers.charbound import head_for_tokens
+from rewardstack._scorers.encoding import head_for_tokens
 from rewardstack._models import DIVERSITY, RELEVANCE
 
 log = logging.getLogger("rewardstack.embedding")
@@ -153,7 +153,7 @@ class Embedder:
                 # Overflow windows of `length` (length - 2 content tokens each), no stride.
                 encd = self.tokenizer(texts, truncation=True, max_length=length, return_overflowing_tokens=True)
                 owner.extend(encd["overflow_to_sample_mapping"])
-            else:  # the first `length` ids only: read a head that provably gives them (charbound.py)
+            else:  # the first `length` ids only: read a head that provably gives them (encoding.py, head_for_tokens)
                 encd = self.tokenizer([head_for_tokens(t, self.tokenizer, length) for t in texts], truncation=True,
                                       max_length=length)
                 owner.extend(range(len(texts)))

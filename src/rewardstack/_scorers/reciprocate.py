@@ -19,8 +19,7 @@ from rewardstack.config import ModelConfig
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.kvcache import choose_path
-from rewardstack._scorers.charbound import head_for_tokens
-from rewardstack._scorers.encoding import sane_max_length
+from rewardstack._scorers.encoding import head_for_tokens, sane_max_length
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.planner import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
