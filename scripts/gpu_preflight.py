@@ -29,6 +29,7 @@ NEEDED: list[tuple[str, str]] = [
     ("google.protobuf", "protobuf"),
     ("prometheus_client", "prometheus-client"),
     ("tqdm", "tqdm"),
+    ("pydantic", "pydantic"),  # the step's wire schema; the card's image lacks it (scripts/gpu-carry.txt)
 ]
 MISSING_EXIT = 3
 HERE = Path(__file__).resolve().parent
