@@ -31,7 +31,7 @@ the model's value and status are unchanged. The derivation (docs/SEMANTICS.md, "
      spans a space), `Prepend` (start only), `Strip` (ends only: the head ends in a non-space),
      and `Replace` of a pattern without whitespace;
    - pre-tokenizers that split at that space: ByteLevel with its GPT-2 regex (a piece before a
-     space never extends over it, and `\s+(?!\S)` only groups whitespace), BERT's and the
+     space never extends over it, and `\\s+(?!\\S)` only groups whitespace), BERT's and the
      whitespace splitters (whitespace ends a piece), Metaspace with splitting (the space becomes
      `▁`, which starts a new piece), and sequences of these; digits/punctuation splitters too;
    - models (BPE, WordPiece, Unigram, WordLevel) see one piece at a time, so equal pieces give
