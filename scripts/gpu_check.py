@@ -50,8 +50,7 @@ from rewardstack.config import default_config
 from rewardstack._planning import simulate as S
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._models import resolve, spec
-from rewardstack._memory.costmodel import CostModel
-from rewardstack._memory.planner import plan_batches
+from rewardstack._memory.costmodel import CostModel, plan_batches
 from rewardstack._planning.plan import scorer_max_batch
 from rewardstack._settings import parse_bytes
 from rewardstack._replay.synthetic import heavy_tailed_lengths

@@ -12,8 +12,7 @@ import random
 from pathlib import Path
 
 from rewardstack.config import from_dict
-from rewardstack._memory.costmodel import CostModel
-from rewardstack._memory.planner import PADDING_SLACK, padding_groups, plan_batches
+from rewardstack._memory.costmodel import PADDING_SLACK, CostModel, padding_groups, plan_batches
 from rewardstack.stack import RewardStack
 
 

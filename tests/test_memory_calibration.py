@@ -20,8 +20,7 @@ from rewardstack.config import ModelConfig
 from rewardstack._memory import MemoryManager, Profile
 from rewardstack import _paths as paths
 from rewardstack._memory.calibration import CalibrationCache, cache_path_for
-from rewardstack._memory.costmodel import CostModel, profile_shapes
-from rewardstack._memory.planner import plan_batches
+from rewardstack._memory.costmodel import CostModel, plan_batches, profile_shapes
 from rewardstack._scorers.prefix import PrefixRunner, split_prefix
 from rewardstack._scorers.reciprocate import TEMPLATE, ReciprocateScorer
 from rewardstack._standins.tokenizer import DECODER_INPUTS, save_tokenizer

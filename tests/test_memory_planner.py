@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 
-from rewardstack._memory.costmodel import CostModel
-from rewardstack._memory.planner import max_fitting_length, plan_batches
+from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches
 
 
 def test_every_batch_fits_and_every_input_is_planned_once() -> None:

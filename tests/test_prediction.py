@@ -17,10 +17,9 @@ from typing import Any, Sequence
 import pytest
 
 from causal_fixtures import make_runtime, model_config
-from rewardstack._memory.costmodel import CostModel, prefix_profile_shapes
+from rewardstack._memory.costmodel import CostModel, padding_groups, plan_batches, prefix_profile_shapes
 from rewardstack._memory.manager import MemoryObserver
 from rewardstack._memory.device import PeakWindow
-from rewardstack._memory.planner import padding_groups, plan_batches
 from rewardstack._scorers import dpo, reciprocate
 from rewardstack._scorers.base import ScoreRequest
 from rewardstack._standins import make_dpo_standin, make_nsfw_standin, make_reciprocate_standin

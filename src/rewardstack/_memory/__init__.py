@@ -5,8 +5,8 @@ manager plans batches that fit the budget, runs each under the OOM guard and ret
 input. Everything here runs on CPU against a simulated budget, so it is tested without CUDA.
 
 - `budget`: how many bytes the passes may use, sized on the card (`Budget`, `Card`).
-- `costmodel`: a pass's predicted peak from its shape, fitted to a profile (`CostModel`, `profile`).
-- `planner`: token-budget batching against the cost model (`plan_batches`).
+- `costmodel`: a pass's predicted peak from its shape, fitted to a profile (`CostModel`, `profile`),
+  and the planner: token-budget batching against it (`plan_batches`).
 - `guard`: the OOM guard: split, retry, fall back, never drop an input (`run_guarded`, `Outcome`).
 - `placement`: which models stay on the device, run on CPU or swap in (`Placement`).
 - `device`: the CUDA counters and the CPU tensor-bytes tracker, snapshots, peak windows, allocator.

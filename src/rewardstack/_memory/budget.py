@@ -194,7 +194,12 @@ class Card:
             # Another process's memory is not ours: never plan past what was free at start.
             free_at_start = self.startup.device_free + self.startup.reserved  # type: ignore[operator]
             outside = self.measure_non_torch()
-            self._cap_allocator(cfg, card)
+            dm = getattr(getattr(cfg, "memory", None), "device_memory", None)
+            if dm and self.device.type == "cuda" and not self.injected:  # pragma: no cover - CUDA-only path
+                # A hard cap, so the allocator fails where that card would.
+                fraction = min(1.0, card / self.startup.device_total)  # type: ignore[operator]
+                torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+                log.info("allocator capped at %.3f of the card (device_memory %d bytes)", fraction, card)
         usable = usable_bytes(card, cfg, free_at_start=free_at_start, outside_torch=outside)
         weights_budget, act = split_card(usable, weights, cfg.memory_budget)
         budget = Budget(str(self.device), int(act), "config" if cfg.memory_budget is not None else "device",
@@ -207,21 +212,11 @@ class Card:
         set stays as set. True when the budget changed; without a card, or unlimited, nothing is read."""
         if self.startup is None or budget.activation_bytes is None:
             return False
-        before = budget.non_torch_bytes
-        grown = self.measure_non_torch() - before
+        grown = self.measure_non_torch() - budget.non_torch_bytes
         if grown <= 0 or budget.source == "config":
             return False
         budget.non_torch_bytes = self.non_torch_bytes
         budget.activation_bytes = max(0, budget.activation_bytes - grown)
         log.info("memory outside torch grew by %d bytes while profiling: %s", grown, budget.describe())
         return True
-
-    def _cap_allocator(self, cfg: Any, card: int) -> None:
-        """`[memory] device_memory` on CUDA: a hard cap, so the allocator fails where that card would."""
-        dm = getattr(getattr(cfg, "memory", None), "device_memory", None)
-        if not dm or self.device.type != "cuda" or self.injected:
-            return
-        fraction = min(1.0, card / self.startup.device_total)  # type: ignore[union-attr,operator]  # pragma: no cover - CUDA-only path
-        torch.cuda.set_per_process_memory_fraction(fraction, self.device)  # pragma: no cover - CUDA-only path
-        log.info("allocator capped at %.3f of the card (device_memory %d bytes)", fraction, card)  # pragma: no cover
 

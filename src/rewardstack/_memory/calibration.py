@@ -45,33 +45,22 @@ from rewardstack._fileio import atomic_write_text
 from rewardstack._memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack._memory.device import PeakWindow, TensorBytesTracker
 from rewardstack._models import owner_of
+from rewardstack._realmodels import sha256_of
 
 log = logging.getLogger("rewardstack.memory")
 
 FORMAT = 5  # a cache of another format is read as empty (the start profiles again); docs/LOG.md has the history
 CHECKPOINT_FILES = (".safetensors", ".bin", ".pt", ".json")  # what a fit depends on in a checkpoint folder
-_CHUNK = 1 << 22
-
-
-def device_name(device: torch.device | str) -> str:
-    """What the fits depend on about the device: the GPU's model name, or the device type."""
-    dev = torch.device(device)
-    if dev.type == "cuda":  # pragma: no cover - CUDA-only path
-        return torch.cuda.get_device_name(dev)
-    return dev.type
 
 
 def environment(device: torch.device | str) -> dict[str, str]:
-    """The machine part of a calibration key."""
+    """The machine part of a calibration key: the device (the GPU's model name, or the device type)
+    and the torch and transformers versions."""
     import transformers
 
-    return {"device": device_name(device), "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def calibration_key(model: dict[str, Any], profile: dict[str, Any], env: dict[str, str]) -> str:
-    """A stable digest of (model, profile arguments, environment)."""
-    blob = json.dumps({"model": model, "profile": profile, "env": env, "format": FORMAT}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    return {"device": name, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def cache_path_for(config_source: Path | str | None, explicit: str | Path | None = None) -> Path | None:
@@ -85,7 +74,7 @@ def cache_path_for(config_source: Path | str | None, explicit: str | Path | None
     return paths.calibration_file()
 
 
-def checkpoint_identity(path: str, cache: "CalibrationCache | None" = None) -> dict[str, Any]:
+def checkpoint_identity(path: str, cache: "CalibrationCache") -> dict[str, Any]:
     """What a fit depends on of one checkpoint: a local folder by the sha256 over its weight and
     config files' names and contents (a copy elsewhere is the same checkpoint; a file rewritten is
     another), a hub id as given (its revision is in the scorer's settings). `cache` remembers
@@ -96,17 +85,8 @@ def checkpoint_identity(path: str, cache: "CalibrationCache | None" = None) -> d
     h = hashlib.sha256()
     for f in sorted(folder.iterdir()):
         if f.suffix in CHECKPOINT_FILES and f.is_file():
-            h.update(f"{f.name}\0{cache.file_digest(f) if cache is not None else file_digest(f)}\0".encode())
+            h.update(f"{f.name}\0{cache.file_digest(f)}\0".encode())
     return {"sha256": h.hexdigest()}
-
-
-def file_digest(path: Path) -> str:
-    """The sha256 of a file's content, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class CalibrationCache:
@@ -134,14 +114,15 @@ class CalibrationCache:
             return {}, {}
 
     def file_digest(self, path: Path) -> str:
-        """`file_digest(path)`, remembered by the file's absolute path, size, mtime and inode."""
+        """The sha256 of a file's content (`sha256_of`), remembered by the file's absolute path,
+        size, mtime and inode."""
         st = path.stat()
         ident = [st.st_size, st.st_mtime_ns, st.st_ino]
         key = str(path.resolve())
         seen = self._digests.get(key)
         if isinstance(seen, list) and len(seen) == 4 and seen[:3] == ident:
             return str(seen[3])
-        digest = file_digest(path)
+        digest = sha256_of(path)
         self._digests[key] = [*ident, digest]
         self._unsaved = True
         return digest
@@ -280,16 +261,20 @@ class Calibrator:
         self.model_keys[model_cfg.name] = d
 
     def key(self, request: Profile, tracked: bool) -> str | None:
-        """The profile's calibration key (None: its model was never described, so nothing is cached)."""
+        """The profile's calibration key, a stable digest of (model, profile arguments, environment)
+        (None: its model was never described, so nothing is cached)."""
         model = self.model_keys.get(request.name, self.model_keys.get(owner_of(request.name)))
         if model is None:
             return None
-        return calibration_key({"scorer": request.name, **model}, request.key_args(tracked), environment(self.device))
+        blob = json.dumps({"model": {"scorer": request.name, **model}, "profile": request.key_args(tracked),
+                           "env": environment(self.device), "format": FORMAT}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
     def fit(self, request: Profile, cache: CalibrationCache | None, tracker: TensorBytesTracker | None) -> CostModel:
         """The profile's cost model: the cache's fit under its key, else tuned, profiled (peaks
         measured under `tracker` on the simulated device) and saved there."""
         name = request.name
+        self.profile_runs[name] = request.run
         key = self.key(request, tracked=tracker is not None)
         entry = cache.get(key) if (cache is not None and key is not None) else None
         if entry is not None:
@@ -297,7 +282,6 @@ class Calibrator:
             if request.apply is not None:
                 request.apply(dict(entry.get("settings", {})))
             log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
-            self.profile_runs[name] = request.run
             return cost
         started = time.perf_counter()
         settings: dict[str, Any] = {}
@@ -319,7 +303,6 @@ class Calibrator:
         self.publish(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started, len(shapes)))
         if cache is not None and key is not None:
             cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
-        self.profile_runs[name] = request.run
         return cost
 
     # -- the queue kept while models load on the host -----------------------------------------
@@ -340,10 +323,9 @@ class Calibrator:
         self._pending.append((name, work))
         return True
 
-    def run_queue(self, before: Callable[[str], None]) -> list[str]:
+    def run_queue(self, before: Callable[[str], Any]) -> list[str]:
         """Run the queued work in order, `before(name)` first for each; the names run."""
         pending, self._pending = self._pending or [], None
-        done = []
         from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
 
         bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
@@ -355,9 +337,8 @@ class Calibrator:
             seconds = time.perf_counter() - t0
             if seconds >= 1.0:  # a profile, not a cache hit
                 log.info("calibration of %s took %.1fs", name, seconds)
-            done.append(name)
         bar.close()
-        return done
+        return [name for name, _ in pending]
 
 
 def measure_peak(fn: Callable[[], Any], name: str, tracker: TensorBytesTracker | None, device: torch.device) -> int:
@@ -368,7 +349,12 @@ def measure_peak(fn: Callable[[], Any], name: str, tracker: TensorBytesTracker |
             with tracker.window(name) as w, _no_budget(tracker):
                 fn()
             return w.peak_increase
-        return _cuda_peak(fn, device)  # pragma: no cover - CUDA-only path
+        # CUDA: a nestable window of the allocator's peak (an open telemetry or replay window keeps its own).
+        torch.cuda.synchronize(device)  # pragma: no cover - CUDA-only path
+        with PeakWindow(device, None) as cw:  # pragma: no cover
+            fn()
+            torch.cuda.synchronize(device)
+        return int(cw.peak_increase or 0)  # pragma: no cover
 
 
 @contextmanager
@@ -385,10 +371,3 @@ def _no_budget(tracker: TensorBytesTracker | None, *, enter: bool = False) -> It
     finally:
         tracker.budget_bytes = saved
 
-
-def _cuda_peak(fn: Callable[[], Any], device: torch.device) -> int:  # pragma: no cover - CUDA-only path
-    torch.cuda.synchronize(device)
-    with PeakWindow(device, None) as w:  # nestable: an open telemetry or replay window keeps its peak
-        fn()
-        torch.cuda.synchronize(device)
-    return int(w.peak_increase or 0)

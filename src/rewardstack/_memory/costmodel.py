@@ -1,4 +1,4 @@
-"""Predicts the peak activation bytes of one forward pass from its padded shape.
+"""Predicts the peak activation bytes of one forward pass from its padded shape, and plans batches by it.
 
 bytes(B, L) = a + b*B*L + c*B*L^2 + d*B + e*L + f*L^2.
 
@@ -44,6 +44,16 @@ The profile (`profile`) measures a grid of shapes (`profile_shapes`), the prefix
 was measured: `admits(B, L)` is false for a batch longer, wider or with more tokens than the
 largest profiled shape (as vLLM sizes its cache from a profile run at the maximum batched shape),
 and the planner never builds such a batch.
+
+The planner (`plan_batches`) is token-budget batching: as in TEI, a batch costs batch_size x
+longest_length (padding is paid for), so inputs are sorted by length first. A batch is closed when
+adding the next input would push the predicted peak past the budget (times a safety margin and the
+model's trust), or would make a shape the cost model never measured (`admits`). Predictions are
+only used inside the profiled range, never extrapolated. With `slack`, a batch is also closed when
+its padded rectangle would waste more than that share of it on padding (`padding_groups`' rule): a
+scorer that runs each batch in such padding groups then runs exactly the batch that was planned
+and predicted, not a smaller rectangle inside it (charging the whole rectangle would over-predict
+the calls several times over).
 """
 
 from __future__ import annotations
@@ -68,9 +78,8 @@ TWO_PIECE_ABOVE = 0.05  # a single sum fitting within 5% everywhere is kept as i
 def _features(batch: float, length: float, chunk: int | None = None, chunk_rows: bool = False) -> list[float]:
     """The terms of the model, in the order of `TERMS`."""
     bl = batch * length
-    if not chunk:
-        chunked = 0.0
-    else:
+    chunked = 0.0
+    if chunk:
         chunked = min(bl, chunk) if chunk_rows else batch * min(length, chunk)
     # DPO's penalty temporaries: each chunk row against the columns its sequence has seen, past
     # the first chunk (below it the rows x columns square is c's B*L^2, with the attention mask).
@@ -110,10 +119,7 @@ class CostModel:
     def admits(self, batch: int, length: int) -> bool:
         """Whether (batch, length) lies inside the profiled shapes (always, for a model never profiled)."""
         ext = self.extents()
-        if ext is None:
-            return True
-        max_b, max_l, max_t = ext
-        return batch <= max_b and length <= max_l and batch * length <= max_t
+        return ext is None or (batch <= ext[0] and length <= ext[1] and batch * length <= ext[2])
 
     def coefficients(self) -> list[float]:
         """The coefficients in the order of `TERMS`."""
@@ -173,21 +179,18 @@ class CostModel:
             raise ValueError("cannot fit a cost model to no samples")
         self.samples = [tuple(int(v) for v in s) for s in samples]  # type: ignore[misc]
         coef = _fit_terms(self.samples, self.chunk, self.chunk_rows)
-        self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (float(v) for v in coef)
         self.alt = None
         errors = _relative_errors(self.samples, [coef], self.chunk, self.chunk_rows)
         if len(self.samples) >= TWO_PIECE_MIN_SAMPLES and float(np.abs(errors).max()) > TWO_PIECE_ABOVE:
             two = _fit_two_pieces(self.samples, self.chunk, self.chunk_rows)
             if two is not None and two[2] < 0.5 * float(np.sum(errors**2)):
-                first, second, _ = two
-                self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (float(v) for v in first)
-                self.alt = [float(v) for v in second]
+                coef, self.alt = two[0], [float(v) for v in two[1]]
+        self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h = (float(v) for v in coef)
         return self
 
     def max_error(self) -> float:
         """The largest relative error of the fit over the samples it saw."""
-        errs = [abs(self.predict(b, l) - m) / max(m, 1) for b, l, m in self.samples]
-        return max(errs) if errs else 0.0
+        return max((abs(self.predict(b, l) - m) / max(m, 1) for b, l, m in self.samples), default=0.0)
 
     def distrust(self, factor: float = 0.8, floor: float = 0.25) -> None:
         """Lower trust after an OOM: later plans use a smaller share of the budget."""
@@ -246,9 +249,7 @@ def _identifiable_terms(
     if len(lengths) >= 3:
         terms.append(2)  # c*B*L^2
     if len(batches) >= 2 and len(lengths) >= 2:
-        terms.append(3)  # d*B (separable from B*L only with two lengths)
-    if len(batches) >= 2 and len(lengths) >= 2:
-        terms.append(4)  # e*L (separable from B*L only with two batches)
+        terms += [3, 4]  # d*B and e*L: separable from B*L only with two lengths (d) and two batches (e)
     if len(batches) >= 2 and len(lengths) >= 3:
         terms.append(5)  # f*L^2
     sizes = {b * l for b, l, _ in samples} if chunk_rows else lengths
@@ -383,8 +384,7 @@ def prefix_profile_shapes(shapes: Sequence[tuple[int, int]]) -> list[tuple[int, 
     out: set[tuple[int, int, int]] = set()
 
     def narrow(l: int) -> int:
-        wider = [b for b, ll in shapes if ll == l and b > 1]
-        return min(wider) if wider else 1
+        return min((b for b, ll in shapes if ll == l and b > 1), default=1)
 
     for l in lengths:
         for b in {1, narrow(l)}:
@@ -405,15 +405,12 @@ def _measure_all(items: Sequence[tuple[int, ...]], make: Callable[..., Callable[
     samples: list[tuple[int, ...]] = []
     skipped: list[tuple[int, ...]] = []
     for item in items:
-        peak: int | None = None
         try:
-            peak = measure(make(*item))
+            samples.append((*item, int(measure(make(*item)))))
+            continue
         except torch.OutOfMemoryError:
             skipped.append(item)
-        if peak is None:  # outside the except block: its frames no longer pin the tensors
-            gc.collect()
-            continue
-        samples.append((*item, int(peak)))
+        gc.collect()  # after the OOM, outside the except block: its frames no longer pin the tensors
     if skipped:
         log.warning("profile: %s %s ran out of memory and were skipped", what, skipped)
     return samples
@@ -451,3 +448,102 @@ def profile(
         if measured:
             cost.lone = CostModel().fit(measured)  # type: ignore[arg-type]  # `admits` is the main fit's
     return cost
+
+
+# -- the planner: batches packed against the cost model ------------------------------------
+def plan_limit(budget_bytes: float, cost: CostModel, margin: float) -> float:
+    """The share of the budget a plan may fill for this cost model."""
+    return budget_bytes * margin * cost.trust
+
+
+def max_fitting_length(cost: CostModel, budget_bytes: float, margin: float, upper: int) -> int:
+    """The longest single input (batch of 1) predicted to fit, at most `upper`; 0 if none does.
+
+    Never longer than the longest profiled length: past it the prediction would be a guess.
+    """
+    limit = plan_limit(budget_bytes, cost, margin)
+    ext = cost.extents()
+    if ext is not None:
+        upper = min(upper, ext[1])
+    lo, hi = 0, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost.predict(1, mid) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+PADDING_SLACK = 0.25
+"""The share of a padded rectangle that may be padding (`padding_groups`, `plan_batches(slack=)`)."""
+
+
+def wastes_too_much(count: int, longest: int, tokens: int, slack: float) -> bool:
+    """Whether `count` inputs of `tokens` real tokens padded to `longest` waste more than `slack`."""
+    return count * longest > (1.0 + slack) * tokens
+
+
+def padding_groups(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list[list[int]]:
+    """Split a batch into groups whose padded rectangle wastes at most `slack` of it.
+
+    The planner packs by memory; with a generous budget it may put a 40-token and an 8,000-token
+    input together, which pays 8,000 positions for both. Splitting further only lowers memory.
+    Returns lists of positions into `lengths`, ascending by length.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return _greedy_groups(order, lengths, lambda count, longest, tokens: wastes_too_much(count, longest, tokens, slack))
+
+
+def _greedy_groups(order: Sequence[int], lengths: Sequence[int],
+                   closes: Callable[[int, int, int], bool]) -> list[list[int]]:
+    """Walk `order` (ascending by length) and start a new group wherever `closes(count, longest,
+    tokens)` says the current one may not take the next input (count, longest and real tokens
+    with it). The one greedy pass both the padding split and the batch planner run."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    tokens = 0
+    for i in order:
+        n = max(1, lengths[i])  # ascending order: the newcomer is the longest
+        if cur and closes(len(cur) + 1, n, tokens + n):
+            groups.append(cur)
+            cur, tokens = [], 0
+        cur.append(i)
+        tokens += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def plan_batches(
+    lengths: Sequence[int],
+    cost: CostModel,
+    budget_bytes: float,
+    *,
+    margin: float = 0.9,
+    max_batch: int | None = None,
+    largest_first: bool = False,
+    slack: float | None = None,
+    prefix: int = 0,
+) -> list[list[int]]:
+    """Group input indices into batches whose padded rectangle is predicted to fit the budget.
+
+    Batches hold indices into `lengths`, each batch sorted by ascending length. Callers cut inputs
+    to `max_fitting_length` first; an input that still does not fit alone gets a batch of its own
+    (the OOM guard then handles it). `largest_first` returns the batch with the largest predicted
+    peak first: a wrong prediction fails fast, and the caching allocator reserves its biggest
+    block once instead of growing (and fragmenting) step by step. `slack`: also close a batch
+    whose padding would pass that share (see the module docstring). `prefix`: the inputs' shared
+    prefix, run before the batches (`CostModel.predict(prefix=)`).
+    """
+    limit = plan_limit(budget_bytes, cost, margin)
+
+    def closes(count: int, longest: int, tokens: int) -> bool:
+        fits = cost.predict(count, longest, prefix) <= limit and cost.admits(count, longest)
+        padded = slack is not None and wastes_too_much(count, longest, tokens, slack)
+        return not fits or padded or (max_batch is not None and count > max_batch)
+
+    batches = _greedy_groups(sorted(range(len(lengths)), key=lambda i: (lengths[i], i)), lengths, closes)
+    if largest_first:
+        batches.sort(key=lambda b: -cost.predict(len(b), max(lengths[b[-1]], 1), prefix))
+    return batches

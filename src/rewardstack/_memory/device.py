@@ -57,18 +57,10 @@ ENV = "PYTORCH_CUDA_ALLOC_CONF"
 DEFAULT_CONF = "expandable_segments:True"
 
 
-def simulated_oom(requested: int, live: int, budget: int) -> torch.OutOfMemoryError:
-    """An OutOfMemoryError worded like CUDA's, for a simulated allocation that does not fit."""
-    gib = 1024**3
-    return torch.OutOfMemoryError(
-        f"Simulated device out of memory. Tried to allocate {requested / gib:.2f} GiB "
-        f"({live / gib:.2f} GiB already allocated; budget {budget / gib:.2f} GiB)"
-    )
-
-
 @dataclass
 class Window:
-    """Peak and live bytes seen inside one named `TensorBytesTracker.window`."""
+    """Peak and live bytes seen inside one named window: a `TensorBytesTracker.window` (or `watch`),
+    or a CUDA window of the `PeakLedger` (named by its device)."""
 
     name: str
     start_bytes: int = 0
@@ -105,9 +97,8 @@ def storage_of(t: torch.Tensor) -> Any | None:
     """The untyped storage of a plain tensor (None for sparse or storage-less tensors).
 
     Meta tensors count like any other: their storages have a size and no data, so a forward pass
-    on the meta device is charged exactly the bytes it would allocate (`planning.simulate`)."""
-    if t.is_sparse:
-        return None
+    on the meta device is charged exactly the bytes it would allocate (`planning.simulate`). A
+    sparse tensor has no storage to reach (`untyped_storage` raises)."""
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
@@ -127,11 +118,11 @@ class TensorBytesTracker(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.oom_count = 0
-        # id(storage object) -> (weakref to it, bytes charged). PyTorch keeps one Python object per
-        # live storage, so the id is stable while the storage lives and survives reallocation.
-        self._refs: dict[int, tuple[weakref.ref, int]] = {}
-        self._ops: dict[int, Any] = {}  # id(storage) -> the aten op that made it (OOM forensics)
-        self.last_oom: dict[str, Any] | None = None  # see `_oom_report`
+        # id(storage object) -> (weakref to it, bytes charged, the aten op that made it: OOM forensics).
+        # PyTorch keeps one Python object per live storage, so the id is stable while the storage
+        # lives and survives reallocation.
+        self._refs: dict[int, tuple[weakref.ref, int, Any]] = {}
+        self.last_oom: dict[str, Any] | None = None  # what was live at the last simulated OOM
         self._lock = threading.RLock()
         self._open: list[Window] = []  # every window open now, in any thread
         self._tls = threading.local()
@@ -139,12 +130,11 @@ class TensorBytesTracker(TorchDispatchMode):
     # -- entering (re-entrant per thread) -----------------------------------------------------
     def __enter__(self) -> "TensorBytesTracker":
         depth = getattr(self._tls, "depth", 0)
-        # Pushing the same mode twice would run every op through it twice; count instead.
-        if depth == 0 and not any(m is self for m in _get_current_dispatch_mode_stack()):
-            super().__enter__()
-            self._tls.pushed = True
-        elif depth == 0:
-            self._tls.pushed = False
+        if depth == 0:
+            # Pushing the same mode twice would run every op through it twice; count instead.
+            self._tls.pushed = not any(m is self for m in _get_current_dispatch_mode_stack())
+            if self._tls.pushed:
+                super().__enter__()
         self._tls.depth = depth + 1
         return self
 
@@ -167,15 +157,7 @@ class TensorBytesTracker(TorchDispatchMode):
             # object can reuse a freed id before a late callback runs.
             if entry is not None and entry[0] is ref:
                 del self._refs[key]
-                self._ops.pop(key, None)
                 self.live_bytes -= entry[1]
-
-    def _bump_peak(self) -> None:
-        if self.live_bytes > self.peak_bytes:
-            self.peak_bytes = self.live_bytes
-        for w in self._open:
-            if self.live_bytes > w.peak_bytes:
-                w.peak_bytes = self.live_bytes
 
     def _charge_outputs(self, outputs: list[torch.Tensor], inputs: Any, op: Any = None) -> None:
         """Charge the storages the op created; raise a simulated OOM if they do not fit.
@@ -210,16 +192,26 @@ class TensorBytesTracker(TorchDispatchMode):
             extra = sum(n for _, n in new.values()) + sum(n - self._refs[k][1] for k, n in grow.items())
             if self.budget_bytes is not None and self.live_bytes + extra > self.budget_bytes:
                 self.oom_count += 1
-                self.last_oom = self._oom_report(extra, op)
-                raise simulated_oom(extra, self.live_bytes, self.budget_bytes)
+                # What was live when the allocation failed (kept for the incident record).
+                self.last_oom = {"oom_count": self.oom_count, "requested_bytes": extra, "requested_by": str(op),
+                                 "live_bytes": self.live_bytes, "budget_bytes": self.budget_bytes,
+                                 "largest": self.largest_live()}
+                gib = 1024**3  # worded like CUDA's
+                raise torch.OutOfMemoryError(
+                    f"Simulated device out of memory. Tried to allocate {extra / gib:.2f} GiB "
+                    f"({self.live_bytes / gib:.2f} GiB already allocated; budget {self.budget_bytes / gib:.2f} GiB)")
             for key, (st, nbytes) in new.items():
                 ref = weakref.ref(st, lambda r, k=key: self._on_free(k, r))
-                self._refs[key] = (ref, nbytes)
-                self._ops[key] = op
+                self._refs[key] = (ref, nbytes, op)
             for key, nbytes in grow.items():
-                self._refs[key] = (self._refs[key][0], nbytes)
+                ref, _, made_by = self._refs[key]
+                self._refs[key] = (ref, nbytes, made_by)
             self.live_bytes += extra
-            self._bump_peak()
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes = self.live_bytes
+            for w in self._open:
+                if self.live_bytes > w.peak_bytes:
+                    w.peak_bytes = self.live_bytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -239,12 +231,7 @@ class TensorBytesTracker(TorchDispatchMode):
         """The `n` largest storages charged now: bytes and the aten op that made each."""
         with self._lock:
             top = sorted(((e[1], k) for k, e in self._refs.items()), reverse=True)[:n]
-            return [{"bytes": b, "op": str(self._ops.get(k))} for b, k in top]
-
-    def _oom_report(self, requested: int, op: Any) -> dict[str, Any]:
-        """What was live when an allocation failed (kept in `last_oom` for the incident record)."""
-        return {"oom_count": self.oom_count, "requested_bytes": requested, "requested_by": str(op),
-                "live_bytes": self.live_bytes, "budget_bytes": self.budget_bytes, "largest": self.largest_live()}
+            return [{"bytes": b, "op": str(self._refs[k][2])} for b, k in top]
 
     @contextmanager
     def window(self, name: str = "window") -> Iterator[Window]:
@@ -338,10 +325,9 @@ class MemorySnapshot:
 
 def process_rss() -> tuple[int | None, int | None]:
     """(resident set size, its high-water mark) of this process, in bytes."""
-    rss: int | None = None
     try:
         with open("/proc/self/statm", "rb") as f:
-            rss = int(f.read().split()[1]) * _PAGE
+            rss: int | None = int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):  # not Linux
         rss = None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -411,44 +397,36 @@ def take_snapshot(device: torch.device | str = "cpu", tracker: TensorBytesTracke
     return snap
 
 
-@dataclass
-class _Open:
-    device: str
-    start: int
-    peak: int
-
-
 class PeakLedger:
     """Owns the allocator's peak counter: the windows open on each device and the only resets."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[str, list[_Open]] = {}
+        self._open: dict[str, list[Window]] = {}
 
     def _fold(self, device: torch.device) -> None:
         windows = self._open.get(str(device))
         if windows:
             peak = int(torch.cuda.max_memory_allocated(device))
             for w in windows:
-                w.peak = max(w.peak, peak)
+                w.peak_bytes = max(w.peak_bytes, peak)
 
-    def open(self, device: torch.device) -> _Open:
+    def open(self, device: torch.device) -> Window:
         """Open a window on `device`: fold the counter into the open ones, then reset it."""
         with self._lock:
             self._fold(device)
             torch.cuda.reset_peak_memory_stats(device)
             start = int(torch.cuda.memory_allocated(device))
-            w = _Open(str(device), start, start)
+            w = Window(str(device), start, start)
             self._open.setdefault(str(device), []).append(w)
             return w
 
-    def close(self, device: torch.device, w: _Open) -> int:
-        """Close a window; its peak (absolute bytes). The outer windows keep theirs."""
+    def close(self, device: torch.device, w: Window) -> None:
+        """Close a window, its peak (absolute bytes) folded in. The outer windows keep theirs."""
         with self._lock:
             self._fold(device)
             windows = self._open.get(str(device), [])
             windows[:] = [o for o in windows if o is not w]
-            return w.peak
 
 
 _ledger = PeakLedger()  # the process's one: every CUDA peak window and measurement goes through it
@@ -469,9 +447,8 @@ class PeakWindow:
         self.watch = watch  # a stretch of several calls (a step): watch the tracker without entering it
         self.start: int | None = None
         self.peak: int | None = None
-        self._cm: Any = None
-        self._window: Any = None
-        self._open: _Open | None = None
+        self._cm: Any = None  # the tracker's window or watch
+        self._window: Window | None = None
 
     @property
     def peak_increase(self) -> int | None:
@@ -481,26 +458,24 @@ class PeakWindow:
         return self.peak - self.start
 
     def __enter__(self) -> "PeakWindow":
-        if self.tracker is not None:
-            if self.tracker.is_active():  # never start counting a thread that runs in host memory
-                self._cm = self.tracker.window("call")
-                self._window = self._cm.__enter__()
-                self.start = self._window.start_bytes
-            elif self.watch:  # the calls inside enter the tracker themselves
-                self._cm = self.tracker.watch("step")
-                self._window = self._cm.__enter__()
-                self.start = self._window.start_bytes
-        elif self.device.type == "cuda":
-            self._open = _ledger.open(self.device)
-            self.start = self._open.start
+        if self.tracker is not None and (self.tracker.is_active() or self.watch):
+            # Never start counting a thread that runs in host memory; a step's window (`watch`) only
+            # watches: the calls inside enter the tracker themselves.
+            self._cm = self.tracker.window("call") if self.tracker.is_active() else self.tracker.watch("step")
+            self._window = self._cm.__enter__()
+        elif self.tracker is None and self.device.type == "cuda":
+            self._window = _ledger.open(self.device)
+        if self._window is not None:
+            self.start = self._window.start_bytes
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._cm is not None:
             self._cm.__exit__(*exc)
+        elif self._window is not None:
+            _ledger.close(self.device, self._window)
+        if self._window is not None:
             self.peak = self._window.peak_bytes
-        elif self._open is not None:
-            self.peak = _ledger.close(self.device, self._open)
 
 
 def configure_allocator(environ: dict[str, str] | None = None) -> str | None:
@@ -521,10 +496,6 @@ def configure_allocator(environ: dict[str, str] | None = None) -> str | None:
     env[ENV] = DEFAULT_CONF
     log.info("allocator: %s=%s", ENV, DEFAULT_CONF)
     return DEFAULT_CONF
-
-
-def _cuda_stats(device: torch.device) -> Mapping[str, int]:  # pragma: no cover - CUDA-only path
-    return torch.cuda.memory_stats(device)
 
 
 def _cuda_empty(device: torch.device) -> None:  # pragma: no cover - CUDA-only path
@@ -549,7 +520,7 @@ def maybe_empty_cache(
     dev = torch.device(device)
     if dev.type != "cuda" and stats is None:
         return None
-    s = (stats or _cuda_stats)(dev)
+    s = (stats or torch.cuda.memory_stats)(dev)
     reserved = int(s.get("reserved_bytes.all.current", 0))
     allocated = int(s.get("allocated_bytes.all.current", 0))
     inactive = int(s.get("inactive_split_bytes.all.current", 0))

@@ -12,8 +12,9 @@ memory for a model that placement put on the CPU (`untracked`: outside every dis
 invisible to the simulated device, with no device budget and no fallback).
 
 `injector` (the soak's `rewardstack._replay.faults.FaultInjector`) is any object whose
-`during(model, batch)` context raises an `InjectedOOM` inside a pass: the guard counts an injected
-OOM like a real one but does not lower the cost model's trust for it.
+`during(model, batch)` context raises an `InjectedOOM` inside a pass: the guard records an injected
+OOM like a real one (`OomRecord.injected` says which it was; the manager lowers the cost model's
+trust for a real one only).
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from rewardstack._memory.costmodel import CostModel
 from rewardstack._memory.device import TensorBytesTracker
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,14 +79,12 @@ def free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-@contextmanager
-def untracked() -> Iterator[None]:
+def untracked() -> AbstractContextManager[Any]:
     """Run outside every dispatch mode: host memory, invisible to the simulated device."""
-    with _disable_current_modes():
-        yield
+    return _disable_current_modes()
 
 
-def _where(on_host: bool, tracker: TensorBytesTracker | None) -> AbstractContextManager[Any]:
+def where_run(on_host: bool, tracker: TensorBytesTracker | None) -> AbstractContextManager[Any]:
     """Where a model's passes run: host memory, the simulated device, or the real one."""
     if on_host:
         return untracked()
@@ -98,13 +96,10 @@ def _attempt(model: str, batch: list[int], forward: Forward, injector: Any
     """(values, OOM message, injected, other error) of one pass. Returning leaves the except block,
     so the failed pass's frames and tensors are freed before the caller frees memory and retries."""
     try:
-        if injector is None:
-            return forward(batch), None, False, None
         # The injected OOM strikes inside the pass, after its first allocations, so the path that
         # frees a failed pass's tensors runs as after a real OOM.
-        with injector.during(model, batch):
-            values = forward(batch)
-        return values, None, False, None
+        with injector.during(model, batch) if injector is not None else nullcontext():
+            return forward(batch), None, False, None
     except torch.OutOfMemoryError as e:
         return None, str(e).splitlines()[0] if str(e) else "out of memory", isinstance(e, InjectedOOM), None
     except Exception as e:  # noqa: BLE001 - one bad input must not take the loop down
@@ -152,8 +147,7 @@ def run_guarded(
         on_oom(OomRecord(model=model, batch=len(batch), length=max(lengths[i] for i in batch),
                          lengths=[int(lengths[i]) for i in batch], message=oom or "", action=action,
                          injected=injected, indices=list(batch)))
-        if action == "cpu_fallback":
-            assert fallback is not None
+        if action == "cpu_fallback" and fallback is not None:
             try:
                 (v,) = fallback(batch)
                 results[batch[0]] = Outcome(value=v)
@@ -164,51 +158,17 @@ def run_guarded(
     return results
 
 
-def run_batches(
-    name: str,
-    batches: list[list[int]],
-    lengths: Sequence[int],
-    forward: Forward,
-    *,
-    cost: CostModel,
-    device: torch.device,
-    on_host: bool,
-    tracker: TensorBytesTracker | None,
-    injector: Any,
-    fallback: Forward | None,
-    on_oom: Callable[[OomRecord], None],
-) -> dict[int, Outcome]:
-    """Run `batches` under the guard where the model runs (`on_host`: in host memory, with no
-    device budget, no injected device OOMs and no fallback). Every OOM goes to `on_oom`; a real
-    one also lowers `cost`'s trust, which clean batches bring back."""
-
-    def oom(rec: OomRecord) -> None:
-        on_oom(rec)
-        if not rec.injected:
-            cost.distrust()
-        log.warning("OOM in %s: batch %d x %d (lengths %s) -> %s: %s",
-                    rec.model, rec.batch, rec.length, rec.lengths[:8], rec.action, rec.message)
-
-    with torch.inference_mode(), _where(on_host, tracker):
-        if on_host:
-            return run_guarded(name, batches, lengths, forward, device=torch.device("cpu"), fallback=None, on_oom=oom)
-        return run_guarded(name, batches, lengths, forward, device=device, fallback=fallback, on_oom=oom,
-                           injector=injector, on_ok=lambda batch: cost.record_clean())
-
-
 def prepare_batches(name: str, prepare: Callable[[], Any], *, device: torch.device, on_host: bool,
                     tracker: TensorBytesTracker | None) -> None:
     """Run `prepare` where the batches will run; an OOM here is left to the guarded batches."""
-    failed = False
     with torch.inference_mode():
         try:
-            with _where(on_host, tracker):
+            with where_run(on_host, tracker):
                 prepare()
+            return
         except torch.OutOfMemoryError as e:
             log.warning("%s: out of memory preparing the batches (%s); each batch retries it", name, e)
-            failed = True
-    if failed:  # outside the except block: the traceback no longer pins the tensors
-        free_device_memory(device)
+    free_device_memory(device)  # after the OOM, outside the except block: the traceback no longer pins the tensors
 
 
 def cpu_fallback(owner: str, forward: Forward, placement: "Placement | None") -> Forward:

@@ -48,11 +48,10 @@ import torch
 
 from rewardstack._memory.budget import Budget, Card, weights_bytes
 from rewardstack._memory.calibration import CalibrationCache, Calibrator, Profile, ProfileRecord, cache_path_for, measure_peak
-from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches
 from rewardstack._memory.device import MemorySnapshot, TensorBytesTracker
-from rewardstack._memory.guard import Forward, OomRecord, Outcome, cpu_fallback, prepare_batches, run_batches
+from rewardstack._memory.guard import Forward, OomRecord, Outcome, cpu_fallback, prepare_batches, run_guarded, where_run
 from rewardstack._memory.placement import Decision, Placement, PlacementMove
-from rewardstack._memory.planner import max_fitting_length, plan_batches
 from rewardstack._models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
@@ -208,7 +207,7 @@ class MemoryManager:
         """Plan placement of the registered models under a weight budget (bytes on the device)."""
         # An injected (simulated) card: account, move nothing.
         self.placement = Placement(self.device, weights_budget, move=False if self.card.injected else None)
-        self.placement.listeners.append(lambda move: self._publish("moved", move))
+        self.placement.on_move = lambda move: self._publish("moved", move)
         for name, (mods, cpu_ok) in self._registered.items():
             self.placement.register(name, mods, cpu_ok=cpu_ok)
         return self.placement.plan()
@@ -257,11 +256,8 @@ class MemoryManager:
     def setup(self, cfg: Any) -> Budget:
         """Resolve the budget from a StackConfig (`Card.resolve`, where the rule is written) and
         place the registered models under the weights' share."""
-        seen: dict[int, torch.nn.Module] = {}
-        for mods, _ in self._registered.values():
-            for m in mods:
-                seen[id(m)] = m
-        weights = weights_bytes(list(seen.values()))
+        # A module registered by two models counts once, as each storage does (`weights_bytes`).
+        weights = weights_bytes([m for mods, _ in self._registered.values() for m in mods])
         budget, weights_budget = self.card.resolve(cfg, weights)
         self.budget = budget
         log.info("memory budget: %s (stack weights %d bytes)", budget.describe(), weights)
@@ -296,15 +292,9 @@ class MemoryManager:
 
         if self.calibrator.queue(name, work):
             # Keep the name taken (a checkpoint shared by two scorers is profiled once).
-            return self.cost_models.setdefault(name, CostModel())
-        self._ensure_placed(name)  # a profile after start-up (DPO's smaller chunk) runs where scoring does
+            return self.cost_model(name)
+        self._bring_in(owner_of(name))  # a profile after start-up (DPO's smaller chunk) runs where scoring does
         return work()
-
-    def _ensure_placed(self, name: str) -> None:
-        """Bring `name`'s model (its owner's) where it runs, if placement manages it."""
-        owner = owner_of(name)
-        if self.placement is not None and owner in self.placement.names():
-            self.placement.ensure(owner)
 
     @contextmanager
     def deferred_calibration(self) -> Iterator[None]:
@@ -322,7 +312,7 @@ class MemoryManager:
         """
         if self.placement is None and self._registered:
             self.place(None)  # no setup (a manager handed in): every model resident, moved there now
-        done = self.calibrator.run_queue(self._ensure_placed)
+        done = self.calibrator.run_queue(lambda name: self._bring_in(owner_of(name)))
         if self.budget is not None and self.card.charge_growth(self.budget):
             self.set_budget(self.budget.activation_bytes)
         if self.calibration is not None:
@@ -418,9 +408,12 @@ class MemoryManager:
             for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
                 forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix, completions=completions)
             fallback = cpu_fallback(owner, forward, self.placement) if not on_host and self._cpu_ok(owner) else None
-            results = run_batches(name, batches, lengths, forward, cost=cost, device=self.device, on_host=on_host,
-                                  tracker=self.tracker, injector=self.injector, fallback=fallback,
-                                  on_oom=self._record_oom)
+            # In host memory: no device budget, no injected device OOMs, no fallback, no trust regained.
+            device, injector = (torch.device("cpu"), None) if on_host else (self.device, self.injector)
+            with torch.inference_mode(), where_run(on_host, self.tracker):
+                results = run_guarded(name, batches, lengths, forward, device=device, fallback=fallback,
+                                      injector=injector, on_oom=lambda rec: self._record_oom(rec, cost),
+                                      on_ok=None if on_host else lambda batch: cost.record_clean())
             return [results[i] for i in range(len(lengths))]
 
     @contextmanager
@@ -435,16 +428,23 @@ class MemoryManager:
             self._serving = saved
 
     def _bring_in(self, owner: str) -> bool:
-        """Put `owner` where it runs; True when it runs on the host (placed on the CPU)."""
+        """Put `owner` where it runs, if placement manages it; True when it runs on the host (placed on
+        the CPU)."""
         if self.placement is None or owner not in self.placement.names():
             return False
         self.placement.ensure(owner)
         return self.device_for(owner) != self.device or self.placement.decisions[owner].where == "cpu"
 
-    def _record_oom(self, rec: OomRecord) -> None:
+    def _record_oom(self, rec: OomRecord, cost: CostModel) -> None:
+        """Keep and publish an OOM the guard handled; a real one (not injected) lowers `cost`'s trust,
+        which batches that run clean bring back (`CostModel.record_clean`)."""
         self.oom_log.append(rec)
         self.ooms_total += 1
         self._publish("oom", rec)
+        if not rec.injected:
+            cost.distrust()
+        log.warning("OOM in %s: batch %d x %d (lengths %s) -> %s: %s",
+                    rec.model, rec.batch, rec.length, rec.lengths[:8], rec.action, rec.message)
 
     def _cpu_ok(self, owner: str) -> bool:
         reg = self._registered.get(owner)

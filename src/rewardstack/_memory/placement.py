@@ -98,7 +98,7 @@ class Placement:
         self._lru: OrderedDict[str, None] = OrderedDict()  # swapped-in models, least recent first
         self.swaps = 0
         self.evictions = 0
-        self.listeners: list[Callable[[PlacementMove], None]] = []
+        self.on_move: Callable[[PlacementMove], None] | None = None
         """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
 
     # -- registration -----------------------------------------------------------------------
@@ -111,8 +111,7 @@ class Placement:
             # `_apply` moves an offloaded model off the device instead of assuming it is not there.
             if any(_same_device(p.device, self.device) for p in m.parameters()):
                 self._on_device.add(id(m))
-        total = sum(self._sizes[id(m)] for m in {id(m): m for m in modules}.values())
-        self._models[name] = _Model(name, list(modules), cpu_ok, int(total))
+        self._models[name] = _Model(name, list(modules), cpu_ok, self._bytes_of({id(m) for m in modules}))
         self.decisions.pop(name, None)
 
     def names(self) -> list[str]:
@@ -152,8 +151,7 @@ class Placement:
                     rest.append(m)
             resident: set[int] = set()
             chosen: list[_Model] = []
-            order = sorted(rest, key=lambda m: (m.size, m.name))
-            for m in order:
+            for m in sorted(rest, key=lambda m: (m.size, m.name)):
                 trial = resident | self._ids(m.name)
                 others = [o for o in rest if o is not m and o not in chosen]
                 # Keep room for the largest model that will have to be swapped in.
@@ -172,12 +170,12 @@ class Placement:
         self._apply()
         return dict(dec)
 
+    def _resident_ids(self) -> set[int]:
+        return set().union(*(self._ids(n) for n, d in self.decisions.items() if d.where == "resident"))
+
     def _apply(self) -> None:
         """Put resident models on the device and the others on the host."""
-        keep: set[int] = set()
-        for name, d in self.decisions.items():
-            if d.where == "resident":
-                keep |= self._ids(name)
+        keep = self._resident_ids()
         for i in list(self._mods):
             self._set(i, i in keep)
         self._lru.clear()
@@ -205,8 +203,6 @@ class Placement:
         """Make `name` runnable: swap it onto the device (evicting LRU swapped-in models) if needed."""
         if name not in self._models:
             return Decision("resident", "not registered with placement")
-        if not self.decisions:
-            self.plan()
         d = self.decisions.get(name) or self.plan()[name]
         if d.where != "swap":
             return d
@@ -219,11 +215,9 @@ class Placement:
         budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
         evicted: list[str] = []
         while self._bytes_of(self._on_device | need) > budget and self._lru:
-            victim = next(iter(self._lru))
-            self._lru.pop(victim)
+            victim, _ = self._lru.popitem(last=False)
             # A module shared with another model still on the device stays.
-            still = set().union(*(self._ids(n) for n in self._lru), *(
-                self._ids(n) for n, dd in self.decisions.items() if dd.where == "resident"), need)
+            still = set().union(*(self._ids(n) for n in self._lru), self._resident_ids(), need)
             for mid in self._ids(victim) - still:
                 self._set(mid, False)
             evicted.append(victim)
@@ -234,13 +228,10 @@ class Placement:
         self.swaps += 1
         log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
                  f", evicted {evicted}" if evicted else "", self.swaps)
-        if self.listeners:
-            seconds = time.perf_counter() - p0
-            moves = [PlacementMove(name, "in", self.decisions[name].bytes, seconds, t0)]
-            moves += [PlacementMove(v, "out", self.decisions[v].bytes, None, t0) for v in evicted]
-            for listener in list(self.listeners):
-                for move in moves:
-                    listener(move)
+        if self.on_move is not None:
+            self.on_move(PlacementMove(name, "in", d.bytes, time.perf_counter() - p0, t0))
+            for v in evicted:
+                self.on_move(PlacementMove(v, "out", self.decisions[v].bytes, None, t0))
         return d
 
     @contextmanager
@@ -284,10 +275,8 @@ class Placement:
             "device_bytes": self.device_bytes(),
             "swaps": self.swaps,
             "evictions": self.evictions,
-            "models": {n: {"where": d.where, "reason": d.reason, "bytes": d.bytes,
-                           "counted_bytes": counted[n][0] if n in counted else d.bytes,
-                           "shared_with": counted[n][1] if n in counted else []}
-                       for n, d in self.decisions.items()},
+            "models": {n: {"where": d.where, "reason": d.reason, "bytes": d.bytes, "counted_bytes": counted[n][0],
+                           "shared_with": counted[n][1]} for n, d in self.decisions.items()},
             "swapped_in": list(self._lru),
         }
 

@@ -35,7 +35,7 @@ from rewardstack._scorers.encoding import head_for_tokens
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
 from rewardstack._memory.manager import Allowance, Pass
-from rewardstack._memory.planner import PADDING_SLACK
+from rewardstack._memory.costmodel import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, padding_groups, split_prefix
 from rewardstack._models import DAHOAS
 

@@ -56,7 +56,7 @@ from rewardstack._scorers.dpo_numerics import (  # noqa: F401 - re-exported: the
 )
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._memory.manager import Allowance, Pass
-from rewardstack._memory.planner import PADDING_SLACK
+from rewardstack._memory.costmodel import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from rewardstack._memory.calibration import Profile
-from rewardstack._memory.costmodel import CostModel
-from rewardstack._memory.planner import max_fitting_length
+from rewardstack._memory.costmodel import CostModel, max_fitting_length
 from rewardstack._scorers.attention import MIN_BLOCK, AttentionChoice
 from rewardstack._scorers.dpo_numerics import LogitHead, chunked_logprobs
 

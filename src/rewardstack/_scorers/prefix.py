@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from rewardstack._scorers.encoding import pad_rows
-from rewardstack._memory.planner import padding_groups  # noqa: F401 - the scorers' name for the planner's rule
+from rewardstack._memory.costmodel import padding_groups  # noqa: F401 - the scorers' name for the planner's rule
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:

@@ -21,7 +21,7 @@ from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._scorers.encoding import head_for_tokens, sane_max_length
 from rewardstack._memory.manager import Allowance, Pass
-from rewardstack._memory.planner import PADDING_SLACK
+from rewardstack._memory.costmodel import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 from rewardstack._models import RECIPROCATE
 
