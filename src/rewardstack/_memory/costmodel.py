@@ -224,9 +224,11 @@ class CostModel:
         return (f"bytes = {terms(self.coefficients())}{alt} (chunk {self.chunk}, trust {self.trust:.2f}, "
                 f"{len(self.samples)} shapes, max fit error {self.max_error():.1%}{prefixed}{lone})")
 
-    def to_dict(self) -> dict:
-        """JSON-able form (the calibration cache, logs and telemetry)."""
-        return asdict(self)
+    def to_dict(self, samples: bool = True) -> dict:
+        """JSON-able form (the calibration cache, logs and telemetry); `samples=False` leaves out
+        the measured shapes the fit came from (what `plan` and the telemetry's records show)."""
+        d = asdict(self)
+        return d if samples else {k: v for k, v in d.items() if k != "samples"}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":

@@ -193,7 +193,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
         if on_card and p.input_fits:
             p.max_batch_at_bound, cost = _checked_batch(name, cfg, p.dtype, archs[name], p.bound, limit, cost, samples)
             p.max_batch_tokens = p.max_batch_at_bound * p.bound
-        p.cost, p.cost_fit_error = _cost_dict(cost), cost.max_error()
+        p.cost, p.cost_fit_error = cost.to_dict(samples=False), cost.max_error()
         if on_card and not p.input_fits:
             cannot = True
         if p.where == "cpu" and owner_of(name) not in _MASKS:
@@ -209,12 +209,6 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
 
 
 _MASKS = tuple(m.name for m in MODELS if not m.is_reward and not m.is_rule)  # may run on the CPU
-
-
-def _cost_dict(c: CostModel) -> dict:
-    d = c.to_dict()
-    d.pop("samples", None)
-    return d
 
 
 def scorer_max_batch(name: str, cfg: StackConfig, bound: int) -> int:

@@ -302,11 +302,7 @@ class Monitor(MemoryObserver, StepObserver):
 
     def _cost_dict(self, model: str) -> dict[str, Any] | None:
         cm = getattr(self._memory, "cost_models", {}).get(model) if self._memory is not None else None
-        if cm is None:
-            return None
-        d = cm.to_dict()
-        d.pop("samples", None)
-        return d
+        return None if cm is None else cm.to_dict(samples=False)
 
     # -- steps ------------------------------------------------------------------------------
     def step_done(self, report: StepReport) -> None:
