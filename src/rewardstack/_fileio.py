@@ -207,6 +207,7 @@ def merge_json_section(path: str | os.PathLike[str], section: str, value: Any) -
     return atomic_write_json(target, doc)
 
 
+# -- reading untrusted JSON ------------------------------------------------------------------------
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays a step (or request body) may have."""
 

@@ -39,6 +39,7 @@ BLACKLIST = models.BLACKLIST.name
 DIVERSITY = models.DIVERSITY.name
 
 
+# -- the running normalizer ------------------------------------------------------------------------
 @dataclass
 class RunningNormalizer:
     """count / mean / var of everything seen so far, with `count` capped at `count_limit`."""
@@ -93,6 +94,7 @@ class RunningNormalizer:
         return n
 
 
+# -- the state and the stateful half of a step -----------------------------------------------------
 @dataclass
 class ForwardResult:
     """What the stateless part gives for one step: raw values per model and diversity's embeddings.

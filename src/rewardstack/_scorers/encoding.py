@@ -302,6 +302,7 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
 
 
+# -- every family: the length bound and padding ----------------------------------------------------
 def sane_max_length(tokenizer: Any, config: Any, override: int | None) -> int:
     """cfg.max_length, else the tokenizer's model_max_length if sane (<= 1e6), else the config's."""
     if override:
@@ -338,6 +339,7 @@ def pad_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool = False,
     return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
 
 
+# -- the character bound before tokenizing ---------------------------------------------------------
 _SAFE_NORMALIZERS = {"BertNormalizer", "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "Strip",
                      "Precompiled", "Prepend", "Replace", "Nmt"}
 _SAFE_PRE_TOKENIZERS = {"ByteLevel", "BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Metaspace", "Digits",

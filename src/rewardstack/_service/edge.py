@@ -201,6 +201,7 @@ def authorize(request: Request) -> str | None:
 
 
 
+# -- connections: timeouts, the cap, the drain, quiet logs -----------------------------------------
 FD_RESERVE = 64
 """Descriptors kept for everything but client connections (model files, state, logs, pipes)."""
 
