@@ -162,8 +162,11 @@ def _mixed(standins: Path, root: Path, clients: int, steps: int, device: str) ->
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process so far (Linux /proc), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User and system CPU time of a process so far (Linux /proc), in seconds; NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
