@@ -10,20 +10,25 @@ DeBERTa-v2 sequence classifier) as a user-named reward model, `[rewards.oa]`. Ro
   latency p50/p99 (goal: batched >= 3x the throughput);
 - mixed: one validator sending `--steps` numbered steps of the stand-in stack alone, then while
   the trainer clients send; the validator's step latency p50/p99 (every step applied once, in order);
-- telemetry: the batched load with `--run-dir` on and off, interleaved, `--repeats` times each,
-  the best (min time) of each counted (goal: on within 1% of off).
+- telemetry: the batched load (four times `--requests`) with `--run-dir` on and off, interleaved,
+  `--repeats` times each, the best (min time) of each counted (goal: on within 1% of off), and the
+  server's CPU time for the same requests.
+
+The servers share a `REWARDSTACK_HOME` of their own for the run: the pass size is tuned on this
+machine as the first server loads, not read from a calibration cache tuned elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from bench.service import ServerProcess, _pct
 
@@ -117,6 +122,22 @@ def _serve(config: Path, root: Path, *extra: str) -> ServerProcess:
 TABLES = ("batching", "mixed", "telemetry")
 
 
+@contextlib.contextmanager
+def _fresh_home(home: Path) -> Iterator[None]:
+    """The servers' `REWARDSTACK_HOME` for one measurement: a calibration cache of their own, so the
+    pass size is tuned on this machine now (the first server tunes it, the rest read it) and not
+    read from a cache another run tuned on a busier machine."""
+    saved = os.environ.get("REWARDSTACK_HOME")
+    os.environ["REWARDSTACK_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("REWARDSTACK_HOME", None)
+        else:
+            os.environ["REWARDSTACK_HOME"] = saved
+
+
 def _batching(standins: Path, root: Path, clients: int, requests: int, device: str) -> list[str]:
     rows: dict[str, dict[str, Any]] = {}
     for tag, service in (("batched", ""), ("one at a time", "stateless_batch = 1")):
@@ -188,7 +209,8 @@ def _telemetry(standins: Path, root: Path, clients: int, requests: int, repeats:
     best = {t: min(w) for t, w in walls.items()}
     cost = best["on"] / best["off"] - 1
     cpu = {t: statistics.median(c) for t, c in cpus.items()}
-    return [f"telemetry: the batched trainer load with --run-dir on and off, interleaved, best of {repeats}",
+    return [f"telemetry: the batched trainer load ({requests} requests a client) with --run-dir on and off, "
+            f"interleaved, best of {repeats}",
             f"off {best['off']:.2f} s, on {best['on']:.2f} s: {100 * cost:+.1f}% "
             f"(medians {statistics.median(walls['off']):.2f} / {statistics.median(walls['on']):.2f} s); "
             f"TARGET <= 1%: {'met' if cost <= 0.01 else 'NOT met'}",
@@ -205,7 +227,7 @@ def measure(clients: int, requests: int, steps: int, repeats: int, standins: Pat
     from rewardstack._standins import make_standins
 
     parts = []
-    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp, _fresh_home(Path(tmp) / "home"):
         root = Path(tmp)
         standins = standins.resolve() if standins is not None else Path(make_standins(root / "standins")).parent
         if "batching" in tables:
@@ -213,7 +235,8 @@ def measure(clients: int, requests: int, steps: int, repeats: int, standins: Pat
         if "mixed" in tables:
             parts.append(_mixed(standins, root, clients, steps, device))
         if "telemetry" in tables:
-            parts.append(_telemetry(standins, root, clients, requests, repeats, device))
+            # Four times the batching rows' load: a 1% difference is lost in a run of under a second.
+            parts.append(_telemetry(standins, root, clients, 4 * requests, repeats, device))
     return [line for k, part in enumerate(parts) for line in ([""] if k else []) + part]
 
 

@@ -36,7 +36,7 @@ from rewardstack._memory.manager import MemoryObserver
 from rewardstack._memory.placement import PlacementMove
 from rewardstack._memory.device import PeakWindow
 from rewardstack._memory.device import MemorySnapshot, take_snapshot
-from rewardstack._models import owner_of
+from rewardstack._models import USER_PREFIX, owner_of
 from rewardstack._stepobservers import StepObserver, StepReport
 from rewardstack._telemetry.account import card_account
 from rewardstack._telemetry.alarms import Alarms
@@ -82,6 +82,11 @@ def _text(completions: list[str | None], comp: int | None) -> str | None:
     return completions[comp] if comp is not None and 0 <= comp < len(completions) else None
 
 
+LOOSE_CHUNK = 256
+"""Trainer-route call records written to the timeline together (so a trainer-only service's
+records reach the run directory without holding memory for a step that never comes)."""
+
+
 class Monitor(MemoryObserver, StepObserver):
     """Records model calls, steps, placement moves and OOMs; see the module docstring."""
 
@@ -110,6 +115,9 @@ class Monitor(MemoryObserver, StepObserver):
         self.started = time.time()
         self._lock = threading.Lock()
         self._calls: list[dict[str, Any]] = []
+        # Call records of the trainer routes' models (`rewards.<name>`): never part of a validator
+        # step, so never held for one; written in chunks (`LOOSE_CHUNK`) with no step.
+        self._loose: list[dict[str, Any]] = []
         self._moves: list[dict[str, Any]] = []
         self._profiles: list[dict[str, Any]] = []
         self._pending: list[_Pending] = []
@@ -250,7 +258,20 @@ class Monitor(MemoryObserver, StepObserver):
 
     def _add_call(self, rec: dict[str, Any]) -> None:
         with self._lock:
-            self._calls.append(rec)
+            if not str(rec["model"]).startswith(USER_PREFIX):
+                self._calls.append(rec)
+                return
+            self._loose.append(rec)
+            if len(self._loose) < LOOSE_CHUNK:
+                return
+            loose, self._loose = self._loose, []
+        self._write_loose(loose)
+
+    def _write_loose(self, loose: list[dict[str, Any]]) -> None:
+        if self.run_dir is not None and loose:
+            for c in loose:
+                self.run_dir.timeline({**c, "step": None})
+            self.run_dir.flush()
 
     def oom(self, rec: "OomRecord") -> None:
         """An OOM the guard handled: settle the call's outcome and prepare the incident record."""
@@ -490,8 +511,10 @@ class Monitor(MemoryObserver, StepObserver):
         if self.run_dir is not None:
             with self._lock:
                 calls, self._calls = self._calls, []
+                loose, self._loose = self._loose, []
                 profiles, self._profiles = self._profiles, []
                 pending, self._pending = self._pending, []
+            self._write_loose(loose)
             for c in calls:  # forward passes of a step that never ended (an interrupted run)
                 self.run_dir.timeline({**c, "step": None})
             for pr in profiles:
