@@ -177,3 +177,27 @@ def test_dahoas_pt_checkpoint_loads_without_a_second_copy(tmp_path: Path) -> Non
         assert got["rise"] <= 1.3 * size, (got, size)
     finally:
         ckpt.unlink(missing_ok=True)
+
+
+def test_serve_recalibrate_flag_reaches_the_workers_stack(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    import rewardstack._service.worker as worker_mod
+    from rewardstack import cli
+
+    seen = {}
+
+    def fake_stack(cfg, load_state=True, recalibrate=False):  # noqa: ANN001, ANN202
+        seen["recalibrate"] = recalibrate
+        raise RuntimeError("stop after the stack is asked for")
+
+    monkeypatch.setattr(worker_mod, "RewardStack", fake_stack)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "s"}"\n')
+    # The worker fails to load (the fake stack), so the server stops by itself with an error.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = cli.main(["serve", "--config", str(cfg), "--port", str(port), "--recalibrate"])
+    assert seen == {"recalibrate": True}
+    assert code != 0

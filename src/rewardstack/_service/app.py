@@ -80,11 +80,13 @@ def metrics_registry() -> Any:
     return registry()
 
 
-def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None) -> FastAPI:
-    """The FastAPI app; its lifespan starts the worker (models load in the worker's thread)."""
+def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None,
+               recalibrate: bool = False) -> FastAPI:
+    """The FastAPI app; its lifespan starts the worker (models load in the worker's thread, profiled
+    again with `recalibrate` instead of reading saved cost models and tuned settings)."""
     worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
                               max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
-                              lane=Lane(settings))
+                              lane=Lane(settings), recalibrate=recalibrate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -40,6 +40,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--run-dir", help="telemetry run directory: timeline, events, incidents, summary (default [telemetry].run_dir)")
     s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir, else "
                    "$REWARDSTACK_HOME/<config stem>-<hash>/state)")
+    s.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved "
+                   "cost models (and time the speed settings again: docs/MEMORY.md)")
     s.set_defaults(func=cmd_serve)
 
 
@@ -91,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "run_dir", None):
         config.telemetry.run_dir = args.run_dir
-    app = create_app(config, settings, access)
+    app = create_app(config, settings, access, recalibrate=bool(getattr(args, "recalibrate", False)))
     worker = app.state.worker
 
     stopped_by: list[str] = []  # the signal that asked for the shutdown, for its one line

@@ -114,7 +114,8 @@ class Worker:
 
     def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
                  max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None,
-                 run_dir: str | None = None, turn_work: int | None = None, lane: Lane | None = None) -> None:
+                 run_dir: str | None = None, turn_work: int | None = None, lane: Lane | None = None,
+                 recalibrate: bool = False) -> None:
         self.config = config
         self.lane = lane if lane is not None else Lane(config.service)
         """The trainer routes' stateless requests, scored in batches between validator turns (service/batching.py)."""
@@ -133,7 +134,7 @@ class Worker:
         """Most work (`protocol.step_work`) one turn takes, after its first job (`service.max_work_chars`)."""
         self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
         self.stack: RewardStack | None = None
-        self._factory = stack_factory or (lambda cfg: RewardStack(cfg, load_state=False))
+        self._factory = stack_factory or (lambda cfg: RewardStack(cfg, load_state=False, recalibrate=recalibrate))
         self._lock = threading.Lock()  # guards `closed` against a racing submit
         self.closed = False
         self.draining = False
