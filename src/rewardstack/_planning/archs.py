@@ -20,7 +20,6 @@ from rewardstack.errors import RewardStackError
 from rewardstack._models import spec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 class SimulationError(RewardStackError):

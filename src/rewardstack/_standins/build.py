@@ -31,9 +31,6 @@ def offline_config_text() -> str:
     return resources.files("rewardstack").joinpath("configs/offline.toml").read_text(encoding="utf-8")
 
 
-DPO_FAMILIES = ("gpt2", "btlm")
-
-
 TINY_PASS_TOKENS = 8192
 """Tokens per encoder pass in the tiny stack: 16 windows of 512, the accelerator default
 (`rewardstack._scorers.encoding.default_pass_tokens`), so passes are few and the memory budget, not

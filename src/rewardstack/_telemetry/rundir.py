@@ -126,11 +126,6 @@ class RunDir:
         self._timeline_bytes = 0
         self._enforce()
 
-    def capped_bytes(self) -> int:
-        """Bytes on disk under the cap now: every timeline segment and every incident file."""
-        total = self._timeline_bytes + sum(_size(p) for p in self._segments)
-        return total + sum(_size(p) for p in self.incident_dir.iterdir())
-
     def _enforce(self) -> None:
         half = self.max_bytes // 2
         # The timeline: its current segment stays (and grows to `segment_bytes` before it rotates);
