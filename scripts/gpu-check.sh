@@ -26,13 +26,8 @@ if [ -z "$mode" ]; then
 fi
 case "$mode" in
   image)
-    wheels=${GPU_CHECK_WHEELS:-.whl}  # the rehearsal points this elsewhere: it links the carried packages itself
-    if compgen -G "$wheels/*.whl" >/dev/null; then
-      site=${TMPDIR:-/tmp}/rewardstack-site
-      echo "installing $(ls "$wheels"/*.whl | wc -l) carried wheel(s) from $wheels/ into $site (--no-index)"
-      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
-      export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-    fi
+    source scripts/_carried.sh
+    carried_wheels "${GPU_CHECK_WHEELS:-.whl}"  # the rehearsal points this elsewhere: it links the carried packages itself
     # The working tree's rewardstack first: nothing of the project is installed on the image.
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
     ;;

@@ -11,11 +11,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" >/dev/null; then
-  site=${TMPDIR:-/tmp}/rewardstack-site
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source scripts/_carried.sh
+carried_wheels .whl
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log=${OUT:+$OUT/gpu-trainers.log}
 exec > >(tee ${log:+"$log"}) 2>&1
