@@ -21,14 +21,14 @@ machine as the first server loads, not read from a calibration cache tuned elsew
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from unittest import mock
 
 from bench.service import ServerProcess, _pct
 
@@ -122,22 +122,6 @@ def _serve(config: Path, root: Path, *extra: str) -> ServerProcess:
 TABLES = ("batching", "mixed", "telemetry")
 
 
-@contextlib.contextmanager
-def _fresh_home(home: Path) -> Iterator[None]:
-    """The servers' `REWARDSTACK_HOME` for one measurement: a calibration cache of their own, so the
-    pass size is tuned on this machine now (the first server tunes it, the rest read it) and not
-    read from a cache another run tuned on a busier machine."""
-    saved = os.environ.get("REWARDSTACK_HOME")
-    os.environ["REWARDSTACK_HOME"] = str(home)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("REWARDSTACK_HOME", None)
-        else:
-            os.environ["REWARDSTACK_HOME"] = saved
-
-
 def _batching(standins: Path, root: Path, clients: int, requests: int, device: str) -> list[str]:
     rows: dict[str, dict[str, Any]] = {}
     for tag, service in (("batched", ""), ("one at a time", "stateless_batch = 1")):
@@ -227,8 +211,12 @@ def measure(clients: int, requests: int, steps: int, repeats: int, standins: Pat
     from rewardstack._standins import make_standins
 
     parts = []
-    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp, _fresh_home(Path(tmp) / "home"):
+    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp, mock.patch.dict(os.environ):
         root = Path(tmp)
+        # The servers' own REWARDSTACK_HOME (the environment is restored after): the pass size is tuned
+        # on this machine now (the first server tunes it, the rest read it), not read from a cache
+        # tuned on a busier machine.
+        os.environ["REWARDSTACK_HOME"] = str(root / "home")
         standins = standins.resolve() if standins is not None else Path(make_standins(root / "standins")).parent
         if "batching" in tables:
             parts.append(_batching(standins, root, clients, requests, device))

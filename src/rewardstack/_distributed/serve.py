@@ -104,7 +104,7 @@ class NamespaceState:
         state = self.ns.state
         try:
             verdict = namespaces.admit(state, self.ns.name, step, sequence=sequence, epoch=epoch,
-                                     expected=state.sequence + 1, max_chars=state.config.input.max_chars)
+                                       expected=state.sequence + 1, max_chars=state.config.input.max_chars)
         except ServiceError as e:
             return _refusal(e)
         if verdict in (namespaces.GO, namespaces.AHEAD):

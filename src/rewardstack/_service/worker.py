@@ -338,7 +338,7 @@ class Worker:
                 state = ns.state if ns is not None else RewardState(self.config)
                 exp = expected.setdefault(job.namespace, state.sequence + 1)
                 verdict = namespaces.admit(state, job.namespace, job.step, sequence=job.sequence, epoch=job.epoch,
-                                         expected=exp, max_chars=limit)
+                                           expected=exp, max_chars=limit)
                 if verdict == namespaces.GO and ns is None:  # a new namespace, made for a step that will be scored
                     self.namespaces.get(job.namespace)
                     created.append(job.namespace)

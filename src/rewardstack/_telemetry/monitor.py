@@ -265,9 +265,9 @@ class Monitor(MemoryObserver, StepObserver):
             if len(self._loose) < LOOSE_CHUNK:
                 return
             loose, self._loose = self._loose, []
-        self._write_loose(loose)
+        self._write_without_step(loose)
 
-    def _write_loose(self, loose: list[dict[str, Any]]) -> None:
+    def _write_without_step(self, loose: list[dict[str, Any]]) -> None:
         if self.run_dir is not None and loose:
             for c in loose:
                 self.run_dir.timeline({**c, "step": None})
@@ -514,9 +514,7 @@ class Monitor(MemoryObserver, StepObserver):
                 loose, self._loose = self._loose, []
                 profiles, self._profiles = self._profiles, []
                 pending, self._pending = self._pending, []
-            self._write_loose(loose)
-            for c in calls:  # forward passes of a step that never ended (an interrupted run)
-                self.run_dir.timeline({**c, "step": None})
+            self._write_without_step(loose + calls)  # and forward passes of a step that never ended (an interrupted run)
             for pr in profiles:
                 self.run_dir.timeline({**pr, "step": None})
             for p in pending:
