@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -123,7 +123,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return await service_error(request, ServiceError(500, "internal", f"internal error ({type(exc).__name__})"))
 
 
-def require_json(request: Request) -> None:
+# The request dependencies below are coroutines, though they never wait: FastAPI runs a plain
+# function dependency in a worker thread, and those handoffs took half the event loop's time per
+# one-sample trainer request (bench/RESULTS.md).
+async def require_json(request: Request) -> None:
     """A FastAPI dependency: 415 unless the body is declared `application/json`.
 
     A web page can make a browser send a cross-origin POST without asking the server first only
@@ -149,7 +152,7 @@ def _is_local_name(name: str, bound: str) -> bool:
     return name == bound.lower() or is_loopback(name)
 
 
-def loopback_guard(host: str, access: Access) -> Callable[[Request], None] | None:
+def loopback_guard(host: str, access: Access) -> Callable[[Request], Awaitable[None]] | None:
     """A FastAPI dependency for every route of a service bound to loopback without a token, else None.
 
     Without a token, being on this machine is the only credential, and a browser on this machine
@@ -162,7 +165,7 @@ def loopback_guard(host: str, access: Access) -> Callable[[Request], None] | Non
     if access.required or not is_loopback(host):
         return None
 
-    def guard(request: Request) -> None:
+    async def guard(request: Request) -> None:
         name = _host_name(request.headers.get("host", ""))
         if not _is_local_name(name, host):
             raise ServiceError(403, "forbidden_host", f"Host {name or '(none)'!r} is not this machine: without a token "
@@ -187,7 +190,7 @@ def bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def authorize(request: Request) -> str | None:
+async def authorize(request: Request) -> str | None:
     """A FastAPI dependency: the namespace the caller's token is bound to (ALL_NAMESPACES: any;
     None: no tokens are configured), or 401. The app's `Access` is `request.app.state.access`."""
     access: Access = request.app.state.access
