@@ -51,10 +51,11 @@ class FakeAllocator:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
-    """A fake allocator read through `torch.cuda`'s functions (what the peak ledger calls)."""
+    """A fake allocator read through `torch.cuda`'s functions (what the peak ledger calls: the nested
+    counters and the reset)."""
     fake = FakeAllocator()
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: fake.current)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: fake.high)
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict",
+                        lambda device=None: {"allocated_bytes": {"all": {"current": fake.current, "peak": fake.high}}})
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: fake.reset_peak(device))
     return fake
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from rewardstack.config import StackConfig
-from rewardstack._memory.device import MemorySnapshot, cuda_snapshot
+from rewardstack._memory.device import MemorySnapshot, allocated_bytes, cuda_snapshot
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -157,7 +157,7 @@ class Card:
         (the live activation bytes on a card; 0 without one)."""
         if self.startup is None:
             return 0
-        allocated = self.snapshot().allocated if self.injected else torch.cuda.memory_allocated(self.device)
+        allocated = self.snapshot().allocated if self.injected else allocated_bytes(self.device)[0]
         return max(0, allocated - resident - self.startup.allocated)  # type: ignore[operator]
 
     def size(self, cfg: Any) -> int | None:

@@ -397,6 +397,16 @@ def take_snapshot(device: torch.device | str = "cpu", tracker: TensorBytesTracke
     return snap
 
 
+def allocated_bytes(device: torch.device | str) -> tuple[int, int]:
+    """The CUDA allocator's bytes in live tensors on `device`: (now, peak since the last reset).
+
+    Read from the allocator's nested counters in one call: `torch.cuda.memory_allocated` and
+    `max_memory_allocated` each flatten every counter into a new dict first, ~0.1 ms apiece, which
+    was most of what telemetry cost a short pass on a card (docs/TELEMETRY.md)."""
+    counters = torch.cuda.memory.memory_stats_as_nested_dict(device).get("allocated_bytes", {}).get("all", {})
+    return int(counters.get("current", 0)), int(counters.get("peak", 0))
+
+
 class PeakLedger:
     """Owns the allocator's peak counter: the windows open on each device and the only resets."""
 
@@ -404,19 +414,18 @@ class PeakLedger:
         self._lock = threading.Lock()
         self._open: dict[str, list[Window]] = {}
 
-    def _fold(self, device: torch.device) -> None:
-        windows = self._open.get(str(device))
-        if windows:
-            peak = int(torch.cuda.max_memory_allocated(device))
-            for w in windows:
-                w.peak_bytes = max(w.peak_bytes, peak)
+    def _fold(self, device: torch.device) -> int:
+        """Fold the peak counter into the open windows; the bytes live now."""
+        now, peak = allocated_bytes(device)
+        for w in self._open.get(str(device), ()):
+            w.peak_bytes = max(w.peak_bytes, peak)
+        return now
 
     def open(self, device: torch.device) -> Window:
         """Open a window on `device`: fold the counter into the open ones, then reset it."""
         with self._lock:
-            self._fold(device)
+            start = self._fold(device)
             torch.cuda.reset_peak_memory_stats(device)
-            start = int(torch.cuda.memory_allocated(device))
             w = Window(str(device), start, start)
             self._open.setdefault(str(device), []).append(w)
             return w
