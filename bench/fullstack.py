@@ -28,7 +28,7 @@ from bench.common import timed
 from rewardstack.config import load_config
 from rewardstack._scorers.base import ScoreRequest
 from rewardstack.stack import RewardStack, Step
-from rewardstack._rewardstate import RewardState
+from rewardstack._state import RewardState
 
 
 @dataclass

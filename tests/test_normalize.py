@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rewardstack._rewardstate import RunningNormalizer
+from rewardstack._state import RunningNormalizer
 
 
 class ReferenceNormalizer:

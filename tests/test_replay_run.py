@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from rewardstack.cli import main
-from rewardstack._rewardstate import RunningNormalizer
 from rewardstack._replay.readers import read_run
 from rewardstack._replay.replay import parse_steps, replay
 from rewardstack.stack import RewardStack
-from rewardstack._state import StateStore
+from rewardstack._state import RunningNormalizer, StateStore
 from rewardstack._replay.synthetic import text
 
 from conftest import use_builder

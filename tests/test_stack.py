@@ -11,7 +11,7 @@ from rewardstack import RewardStack
 from rewardstack.config import ALL_MODELS, from_dict
 from rewardstack._models import DIVERSITY as _DIVERSITY
 from rewardstack.errors import InputError
-from rewardstack._rewardstate import RunningNormalizer
+from rewardstack._state import RunningNormalizer
 from rewardstack.stack import Step
 
 from conftest import use_builder

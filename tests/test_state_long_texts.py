@@ -18,9 +18,8 @@ from pathlib import Path
 from rewardstack.config import from_dict
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import admit
-from rewardstack._rewardstate import RewardState
 from rewardstack._wire import RECENT_BYTES, RECENT_RESULTS
-from rewardstack._state import FORMAT_VERSION, StateStore
+from rewardstack._state import FORMAT_VERSION, RewardState, StateStore
 
 EMOJI = "\U0001F600"  # 4 bytes in UTF-8, 12 in an ASCII-escaped JSON string
 MAX_COMPLETIONS, MAX_CHARS = 256, 65_536  # [input] max_completions and max_chars: the largest step admitted

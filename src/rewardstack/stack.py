@@ -10,7 +10,7 @@ keeps one second part per client; the Ray scale-out runs them in different proce
 
 - the stateless part, `RewardStack.forward(step) -> ForwardResult`: every forward pass (the reward
   models, the masks without state, diversity's embeddings); text in, raw values and embeddings out;
-- the stateful part, `RewardState.apply(forward) -> StepResult` (rewardstack._rewardstate):
+- the stateful part, `RewardState.apply(forward) -> StepResult` (rewardstack._state):
   normalizers, the blacklist, the diversity history and the committed sequence number; raw values
   in, rewards and event out.
 
@@ -28,15 +28,13 @@ from rewardstack.errors import StateError
 from rewardstack._memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack._memory.manager import check_device
 from rewardstack._memory.device import take_snapshot
-from rewardstack._rewardstate import RunningNormalizer
 from rewardstack._oplog import OperatorLog, log_models
 from rewardstack._readview import ReadView
-from rewardstack._rewardstate import ForwardResult, RewardState, checked_score
+from rewardstack._state import ForwardResult, RewardState, RunningNormalizer, StateStore, checked_score
 from rewardstack._scorers import build_scorer
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.embedding import Embedding
 from rewardstack._scorers.loading import ModelCache
-from rewardstack._state import StateStore
 from rewardstack._stepobservers import StepObserver, StepReport, step_record
 from rewardstack._stepresult import StepResult
 from rewardstack._wire import Step, check_completions

@@ -49,7 +49,7 @@ from rewardstack._service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLim
 from rewardstack._service import namespaces
 from rewardstack._settings import ServiceSettings
 from rewardstack.stack import Step
-from rewardstack._rewardstate import ForwardResult, RewardState
+from rewardstack._state import ForwardResult, RewardState
 from rewardstack._wire import RECENT_RESULTS
 
 log = logging.getLogger("rewardstack.distributed")

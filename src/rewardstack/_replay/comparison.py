@@ -137,7 +137,7 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
 
     `clean`: the clean run's events by `step_hash` (an `EventIndex`), or as a list.
     """
-    from rewardstack._rewardstate import RunningNormalizer
+    from rewardstack._state import RunningNormalizer
 
     by_hash = clean if isinstance(clean, Mapping) else {e.get("step_hash"): e for e in clean}
     counts: Counter[str] = Counter()

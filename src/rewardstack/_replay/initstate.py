@@ -27,7 +27,7 @@ def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
     used logged values per model and how many were scored.
     """
     from rewardstack._scorers.base import ScoreRequest, ScoreResult, Status
-    from rewardstack._rewardstate import ForwardResult
+    from rewardstack._state import ForwardResult
 
     counts: dict[str, int] = {"logged": 0, "scored": 0}
     for rs in steps:

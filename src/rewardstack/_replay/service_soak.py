@@ -182,7 +182,7 @@ def library_run(config: str, per_namespace: dict[str, list[dict[str, Any]]]) -> 
     from rewardstack._fileio import event_line
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack, Step
-    from rewardstack._rewardstate import RewardState
+    from rewardstack._state import RewardState
 
     cfg = load_config(config)
     with tempfile.TemporaryDirectory(prefix="rewardstack-soak-library-") as tmp:
@@ -305,8 +305,7 @@ def _serve_under_kills(args: argparse.Namespace, server: Server, per_ns: dict[st
 def _judge_namespace(args: argparse.Namespace, cfg: Any, run_dir: Path, c: Client, lib_events: dict[str, Any],
                      lib_states: dict[str, Any], active: list[str], failures: list[str]) -> dict[str, Any]:
     """One namespace's answers and final state against the library's; what differs is added to `failures`."""
-    from rewardstack._rewardstate import RewardState
-    from rewardstack._state import StateStore
+    from rewardstack._state import RewardState, StateStore
 
     diffs = []
     for seq, answer in c.answers.items():

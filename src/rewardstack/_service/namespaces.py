@@ -55,9 +55,8 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError, RewardStackError, StateError
 from rewardstack._fileio import canonical_chunks, event_line
 from rewardstack._readview import ReadView
-from rewardstack._rewardstate import ForwardResult, RewardState
+from rewardstack._state import ForwardResult, RewardState, StateLock, StateStore
 from rewardstack._service.errors import ServiceError
-from rewardstack._state import StateLock, StateStore
 from rewardstack._stepresult import StepResult
 from rewardstack._wire import RECENT_RESULTS, Step
 

@@ -39,7 +39,7 @@ from rewardstack._service.namespaces import Namespace, NamespaceLimitError, Name
 from rewardstack._service import namespaces
 from rewardstack._service.protocol import memory_summary, namespace_limit, step_work
 from rewardstack.stack import RewardStack, Step
-from rewardstack._rewardstate import ForwardResult, RewardState
+from rewardstack._state import ForwardResult, RewardState
 
 log = logging.getLogger("rewardstack.service")
 
