@@ -51,7 +51,7 @@ from rewardstack._planning import simulate as S
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._models import resolve, spec
 from rewardstack._memory.costmodel import CostModel, plan_batches
-from rewardstack._planning.plan import scorer_max_batch
+from rewardstack._planning.plan import plan_weights, scorer_max_batch
 from rewardstack._settings import parse_bytes
 from rewardstack._replay.synthetic import heavy_tailed_lengths
 
@@ -333,7 +333,7 @@ def largest_swapped(cfg: Any, card: int) -> tuple[str, int] | None:
     for n in names:
         arch, dt = S.load_arch(S.model_path(n, cfg)), S.model_dtype(n, cfg)
         owners.setdefault(n.split("[", 1)[0], []).extend(S.meta_modules(n, dt, arch))
-    weights = sum(S.stack_weights(cfg).values())
+    weights = sum(p.weights_bytes for p in plan_weights(cfg))
     wb, _ = split_card(int(card * cfg.gpu_utilization) - cfg.headroom_bytes, weights, cfg.memory_budget)
     placement = Placement("cuda", wb, move=False)
     for owner, ms in owners.items():

@@ -10,14 +10,28 @@ from typing import Any
 import pytest
 import torch
 
+from rewardstack.config import default_config
 from rewardstack._planning import simulate as S
 from rewardstack._planning.metadevice import SimTracker
+from rewardstack._planning.plan import plan_weights
 from rewardstack._memory.device import TensorBytesTracker
 
 GIB = 1024**3
 REPORT_ALLOC = 4.40 * GIB  # "Tried to allocate 4.40 GiB"
 REPORT_CARD = 39.56 * GIB  # "(GPU 0; 39.56 GiB total capacity"
 REPORT_ALLOCATED = 28.93 * GIB  # "28.93 GiB already allocated"
+
+
+def length_for_allocation(model: str, target_bytes: int, *, lo: int, hi: int) -> tuple[int, S.SimResult]:
+    """The shortest input whose reference call's largest single allocation reaches `target_bytes`."""
+    assert S.reference_need(model, hi).largest_alloc_bytes >= target_bytes, f"no input up to {hi} tokens"
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if S.reference_need(model, mid).largest_alloc_bytes >= target_bytes:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, S.reference_need(model, lo)
 
 
 def test_tracker_charges_meta_tensors_exactly() -> None:
@@ -39,7 +53,7 @@ def test_tracker_charges_meta_tensors_exactly() -> None:
 def test_reproduces_the_reports_4_40_gib_allocation() -> None:
     """The unbounded reference OpenAssistant call (DeBERTa-v3-large, float32, batch 1): the
     shortest input whose largest single allocation prints as 4.40 GiB, and what that tensor is."""
-    n, need = S.length_for_allocation("rlhf_reward_model", int(4.395 * GIB), lo=4096, hi=16384)
+    n, need = length_for_allocation("rlhf_reward_model", int(4.395 * GIB), lo=4096, hi=16384)
     assert S.gib(need.largest_alloc_bytes) == "4.40 GiB"
     assert 8_550 <= n <= 8_620, n  # the spec's "about 8,600 tokens"
     # The tensor: DeBERTa's attention scores, query x key^T, [batch x 16 heads, L, L] in float32.
@@ -51,7 +65,7 @@ def test_reproduces_the_reports_4_40_gib_allocation() -> None:
     assert S.reference_need("rlhf_reward_model", n - 1).largest_alloc_bytes < int(4.395 * GIB)
     # Beside the default stack's weights on the report's card: the weights leave room for the one
     # 4.40 GiB tensor, but not for the whole pass, whose peak holds several such tensors at once.
-    weights = sum(S.stack_weights().values())
+    weights = sum(p.weights_bytes for p in plan_weights(default_config()))
     assert weights + need.largest_alloc_bytes < REPORT_CARD
     assert weights + need.peak_bytes > REPORT_CARD
     # The report's "28.93 GiB already allocated" is the weights plus about two live score tensors.

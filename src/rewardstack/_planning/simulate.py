@@ -336,20 +336,6 @@ def reference_need(model: str, n_tokens: int, *, config: Any | None = None, dtyp
     return simulate_peak(model, 1, n_tokens, dtype, padded=False, config=config, exact=exact)
 
 
-def length_for_allocation(model: str, target_bytes: int, *, lo: int = 2, hi: int = 65_536,
-                          config: Any | None = None, dtype: str | None = None) -> tuple[int, SimResult]:
-    """The shortest input whose reference call's largest single allocation reaches `target_bytes`."""
-    if reference_need(model, hi, config=config, dtype=dtype).largest_alloc_bytes < target_bytes:
-        raise SimulationError(f"{model}: no input up to {hi} tokens allocates {target_bytes} bytes at once")
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if reference_need(model, mid, config=config, dtype=dtype).largest_alloc_bytes >= target_bytes:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo, reference_need(model, lo, config=config, dtype=dtype)
-
-
 def length_for_peak(model: str, budget_bytes: int, *, lo: int = 2, hi: int = 65_536,
                     config: Any | None = None, dtype: str | None = None) -> int:
     """The shortest input whose reference call's peak exceeds `budget_bytes` (it would OOM there)."""
@@ -360,23 +346,6 @@ def length_for_peak(model: str, budget_bytes: int, *, lo: int = 2, hi: int = 65_
         else:
             lo = mid + 1
     return lo
-
-
-def stack_weights(config: Any | None = None, dtype: str | None = None) -> dict[str, int]:
-    """Weight bytes of every active model of a stack (a checkpoint two scorers share counted once,
-    under the first), from the architectures alone."""
-    from rewardstack.config import default_config
-
-    cfg = config if config is not None else default_config()
-    out: dict[str, int] = {}
-    seen: set[tuple[str, str]] = set()
-    for name in active_models(cfg):
-        arch = load_arch(model_path(name, cfg))
-        dt = dtype or model_dtype(name, cfg)
-        key = (arch.key(), dt)
-        out[name] = 0 if key in seen else weights_bytes(meta_modules(name, dt, arch))
-        seen.add(key)
-    return out
 
 
 def active_models(config: Any) -> list[str]:
@@ -392,4 +361,3 @@ def active_models(config: Any) -> list[str]:
 def gib(n: float) -> str:
     """Bytes as GiB with two decimals, the way CUDA's OOM message prints them."""
     return f"{n / 1024**3:.2f} GiB"
-
