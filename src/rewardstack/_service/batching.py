@@ -20,7 +20,7 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from rewardstack.errors import InputError
@@ -42,36 +42,47 @@ class Scored:
     tokens: int
 
 
-class StatelessJob:
-    """One trainer request: inputs (a text, or a chat the model's template renders), the models."""
+@dataclass(kw_only=True)
+class Claim:
+    """A request waiting for the worker: the worker claims it (`try_start`) unless its client
+    withdrew it first (`try_cancel`: deadline passed, client gone, shutdown), never both; `answer`
+    settles its future once. The validators' jobs (service/worker.py) and the trainers' alike."""
 
-    def __init__(self, items: Sequence[Any], fields: Sequence[str], models: Sequence[str], deadline: float) -> None:
-        self.items, self.fields, self.models, self.deadline = list(items), list(fields), list(models), deadline
-        self.work = sum(len(str(item)) for item in self.items) * max(1, len(self.models))
-        """Characters the models read (each input once per model): what a batch is bounded by."""
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-        self.enqueued = time.monotonic()
-        self._phase = "queued"
-        self._lock = threading.Lock()
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    enqueued: float = field(default_factory=time.monotonic)
+    phase: str = "queued"
+    """queued -> started (the worker took it) or cancelled."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def try_start(self) -> bool:
         """Worker side: claim the job; False if it was withdrawn first."""
         with self._lock:
-            if self._phase != "queued":
+            if self.phase != "queued":
                 return False
-            self._phase = "started"
+            self.phase = "started"
             return True
 
     def try_cancel(self) -> bool:
-        """Client side: withdraw the job; False once the worker has started it."""
+        """Client side: withdraw the job; False once the worker has started it (it will commit)."""
         with self._lock:
-            if self._phase == "queued":
-                self._phase = "cancelled"
-            return self._phase == "cancelled"
+            if self.phase == "queued":
+                self.phase = "cancelled"
+            return self.phase == "cancelled"
 
-    def answer(self, outcome: Scored | BaseException) -> None:
+    def answer(self, outcome: Any) -> None:
+        """The job's answer, or the exception its waiter raises (the first one only)."""
         if not self.future.done():
             (self.future.set_exception if isinstance(outcome, BaseException) else self.future.set_result)(outcome)
+
+
+class StatelessJob(Claim):
+    """One trainer request: inputs (a text, or a chat the model's template renders), the models."""
+
+    def __init__(self, items: Sequence[Any], fields: Sequence[str], models: Sequence[str], deadline: float) -> None:
+        super().__init__()
+        self.items, self.fields, self.models, self.deadline = list(items), list(fields), list(models), deadline
+        self.work = sum(len(str(item)) for item in self.items) * max(1, len(self.models))
+        """Characters the models read (each input once per model): what a batch is bounded by."""
 
 
 class Lane:

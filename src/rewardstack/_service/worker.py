@@ -28,12 +28,12 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
-from rewardstack._service.batching import Lane
+from rewardstack._service.batching import Claim, Lane
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import Namespace, NamespaceLimitError, Namespaces
 from rewardstack._service import namespaces
@@ -63,7 +63,7 @@ class Answer:
 
 
 @dataclass
-class Job:
+class Job(Claim):
     """One request to score a step for a namespace."""
 
     namespace: str
@@ -72,41 +72,12 @@ class Job:
     sequence: int | None
     deadline: float
     """time.monotonic() after which the job is not started."""
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    enqueued: float = field(default_factory=time.monotonic)
-    phase: str = "queued"
-    """queued -> started (the worker took it) or cancelled (deadline, client gone, shutdown)."""
-    _lock: threading.Lock = field(default_factory=threading.Lock)
     applied_as: int | None = None
     epoch: int | None = None
     """The client's session (`namespaces.admit` fences an older one)."""
     kind: str = "score"
     """`score` a step, or open a `SESSION` (then `client` says who opens it)."""
     client: dict[str, Any] | None = None
-
-    def try_start(self) -> bool:
-        """Worker side: claim the job; False if it was cancelled first."""
-        with self._lock:
-            if self.phase != "queued":
-                return False
-            self.phase = "started"
-            return True
-
-    def try_cancel(self) -> bool:
-        """Client side: withdraw the job; False if the worker has started it (it will commit)."""
-        with self._lock:
-            if self.phase != "queued":
-                return self.phase == "cancelled"
-            self.phase = "cancelled"
-            return True
-
-    def answer(self, outcome: Answer | BaseException) -> None:
-        if self.future.done():
-            return
-        if isinstance(outcome, BaseException):
-            self.future.set_exception(outcome)
-        else:
-            self.future.set_result(outcome)
 
 
 class Worker:
