@@ -42,7 +42,7 @@ class Scored:
     tokens: int
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)  # a request is itself: compared and hashed by identity
 class Claim:
     """A request waiting for the worker: the worker claims it (`try_start`) unless its client
     withdrew it first (`try_cancel`: deadline passed, client gone, shutdown), never both; `answer`
