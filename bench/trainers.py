@@ -180,7 +180,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _telemetry_http(standins: Path, root: Path, clients: int, requests: int, repeats: int, device: str) -> list[str]:
-    """The issue's protocol over HTTP: servers with --run-dir on and off, interleaved, best of each;
+    """End to end over HTTP: servers with --run-dir on and off, interleaved, best of each;
     a second "off" server in every round (an A/A pair) shows what the protocol can resolve."""
     tags = ("off", "on", "off again")
     walls: dict[str, list[float]] = {t: [] for t in tags}
@@ -266,8 +266,8 @@ def _telemetry_inprocess(standins: Path, root: Path, clients: int, rounds: int, 
 
 
 def _telemetry(standins: Path, root: Path, clients: int, requests: int, repeats: int, device: str) -> list[str]:
-    """What telemetry costs: in one process (the figure the goal is judged on), then over HTTP (the
-    issue's protocol: best of several servers each, with its A/A pair). Judged on the median of
+    """What telemetry costs: in one process (the figure the goal is judged on), then over HTTP (best of
+    several servers each, with its A/A pair). Judged on the median of
     paired CPU-time ratios because on this machine the best of each side moves by about 1% between
     two identical sides (the A/A rows print how far), which a paired median does not."""
     lines, cost = _telemetry_inprocess(standins, root, clients, 80 * repeats, device)
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--requests", type=int, default=6, help="requests per client per row")
     ap.add_argument("--steps", type=int, default=12, help="validator steps per mixed row")
-    ap.add_argument("--repeats", type=int, default=3, help="telemetry on/off servers each (in one process: ten times as many rounds)")
+    ap.add_argument("--repeats", type=int, default=3, help="telemetry on/off servers each (in one process: 80 times as many batches each)")
     ap.add_argument("--standins", help="a folder of already built stand-ins (default: built in a temporary folder)")
     ap.add_argument("--device", default="cpu", help="where the server runs the models (`cuda` on a card)")
     ap.add_argument("--tables", default=",".join(TABLES), help="which tables, comma-separated: " + ", ".join(TABLES))
