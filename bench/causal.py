@@ -13,7 +13,7 @@ DPO runs on two stand-ins of the same family (GPT-2 body, the BERT tokenizer, 8k
 - a proportioned one (default hidden 512, 8 layers), whose body outweighs its head per token, nearer
   BTLM-3B (where the head is ~5% of a token's work; a CPU bench cannot afford that ratio).
 For each it also prints the floor plus the head's matmul over the scored rows (work the exact
-semantics need), the ratios against the issue's targets, met or not, and for the tiny one the peak
+semantics need), the ratios against the targets, met or not, and for the tiny one the peak
 of one 8,000-token call against the L x V full-logit figure.
 
 Timings run without the tensor tracker (as on a GPU, where the allocator counts for free); peaks

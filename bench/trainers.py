@@ -266,10 +266,10 @@ def _telemetry_inprocess(standins: Path, root: Path, clients: int, rounds: int, 
 
 
 def _telemetry(standins: Path, root: Path, clients: int, requests: int, repeats: int, device: str) -> list[str]:
-    """What telemetry costs: in one process (the figure the goal is judged on), then over HTTP (best of
-    several servers each, with its A/A pair). Judged on the median of
-    paired CPU-time ratios because on this machine the best of each side moves by about 1% between
-    two identical sides (the A/A rows print how far), which a paired median does not."""
+    """What telemetry costs: in one process (the figure the goal is judged on), then over HTTP (best
+    of several servers each, with its A/A pair). Judged on the median of paired CPU-time ratios
+    because on this machine the best of each side moves by about 1% between two identical sides
+    (the A/A rows print how far), which a paired median does not."""
     lines, cost = _telemetry_inprocess(standins, root, clients, 80 * repeats, device)
     lines += [f"TARGET telemetry costs <= 1% (in one process, CPU time, median of paired ratios): {100 * cost:+.2f}% "
               f"{'met' if cost <= 0.01 else 'NOT met'}", ""]
