@@ -27,7 +27,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -26,7 +26,6 @@ import torch
 from bench import floors
 from bench.common import timed
 from rewardstack.config import load_config
-from rewardstack._scorers.base import ScoreRequest
 from rewardstack.stack import RewardStack, Step
 from rewardstack._state import RewardState
 

@@ -102,7 +102,7 @@ def main() -> None:
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
     from rewardstack._standins import make_standins
-    from rewardstack._telemetry import Monitor, RunDir
+    from rewardstack._telemetry import RunDir
     from rewardstack._telemetry.metrics import metrics_for
 
     hf_logging.disable_progress_bar()
