@@ -34,3 +34,17 @@ def test_trainer_calls_reach_the_run_directory_without_a_step(tmp_path: Path) ->
     after = [r for r in read_timeline(tmp_path / "run") if r["type"] == "call"]
     assert sum(r["model"] == "rewards.oa" for r in after) == 2 * LOOSE_CHUNK + 5  # the rest at close
     assert sum(r["model"] == "rlhf_reward_model" for r in after) == 3
+
+
+def test_close_writes_what_no_step_ended_calls_and_profiles_alike(tmp_path: Path) -> None:
+    from rewardstack._memory.calibration import ProfileRecord
+
+    mon = Monitor(run_dir=RunDir(tmp_path / "run"))
+    _calls(mon, "rlhf_reward_model", 2)  # a validator step's passes; the step never ends
+    mon.profiled(ProfileRecord("dpo_reward_model[chunk=64]", "dpo_reward_model", 1.0, 0.5, 6))
+    mon.close()
+    records = list(read_timeline(tmp_path / "run"))
+    calls = [r for r in records if r["type"] == "call"]
+    profiles = [r for r in records if r["type"] == "profiling"]
+    assert len(calls) == 2 and all(r["step"] is None for r in calls)
+    assert [(p["name"], p["shapes"], p["step"]) for p in profiles] == [("dpo_reward_model[chunk=64]", 6, None)]

@@ -267,10 +267,10 @@ class Monitor(MemoryObserver, StepObserver):
             loose, self._loose = self._loose, []
         self._write_without_step(loose)
 
-    def _write_without_step(self, loose: list[dict[str, Any]]) -> None:
-        if self.run_dir is not None and loose:
-            for c in loose:
-                self.run_dir.timeline({**c, "step": None})
+    def _write_without_step(self, records: list[dict[str, Any]]) -> None:
+        if self.run_dir is not None and records:
+            for rec in records:
+                self.run_dir.timeline({**rec, "step": None})
             self.run_dir.flush()
 
     def oom(self, rec: "OomRecord") -> None:
@@ -514,9 +514,8 @@ class Monitor(MemoryObserver, StepObserver):
                 loose, self._loose = self._loose, []
                 profiles, self._profiles = self._profiles, []
                 pending, self._pending = self._pending, []
-            self._write_without_step(loose + calls)  # and forward passes of a step that never ended (an interrupted run)
-            for pr in profiles:
-                self.run_dir.timeline({**pr, "step": None})
+            # Trainer calls, the forward passes and profiles of a step that never ended (an interrupted run).
+            self._write_without_step(loose + calls + profiles)
             for p in pending:
                 p.record.setdefault("step", None)
                 comps = p.completions or [None] * len(p.record["indices"])
