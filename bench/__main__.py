@@ -36,14 +36,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
 from bench import causal, curves, fullstack, prediction, results, trainers
-from bench.common import MiB
-from rewardstack._paths import real_models
-from rewardstack._realmodels import CACHE_ENV as REAL_CACHE_ENV
+from bench.common import MiB, own_home
 from rewardstack._replay.synthetic import heavy_tailed_steps
 
 HERE = Path(__file__).resolve().parent
@@ -135,14 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     def stage(name: str) -> None:
         print(f"[{time.perf_counter() - t_all:6.0f} s] {name}", file=sys.stderr, flush=True)
 
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):
+    with tempfile.TemporaryDirectory() as tmp, own_home(Path(tmp) / "home"):
         root = Path(tmp)
-        # A REWARDSTACK_HOME of the run's own (the environment is restored after): the speed settings
-        # and cost models are timed on this machine now, not read from a calibration cache another
-        # run tuned, perhaps on a busier machine (bench.trainers does the same). The real checkpoints
-        # stay where they were fetched.
-        os.environ.setdefault(REAL_CACHE_ENV, str(real_models()))
-        os.environ["REWARDSTACK_HOME"] = str(root / "home")
         stage("full stack: rewardstack, reference, pipelines, floor")
         # 1. full stack
         st = fullstack.measure(root, steps, ref_idx, device=args.device, repeats=1 if q else REPEATS)

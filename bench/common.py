@@ -1,13 +1,21 @@
-"""Helpers every benchmark shares: wall time of a call and its peak of live tensor bytes."""
+"""Helpers every benchmark shares: wall time of a call, its peak of live tensor bytes, and a
+`REWARDSTACK_HOME` of the run's own."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 import torch
 
 from rewardstack._memory import TensorBytesTracker
+from rewardstack._paths import real_models
+from rewardstack._realmodels import CACHE_ENV as REAL_CACHE_ENV
 
 MiB = 2**20
 
@@ -25,3 +33,15 @@ def peak_of(fn: Callable[[], Any]) -> int:
     with torch.inference_mode(), tracker.window("peak") as w:
         fn()
     return w.peak_increase
+
+
+@contextmanager
+def own_home(home: Path) -> Iterator[None]:
+    """Run the body with `REWARDSTACK_HOME` set to `home` (the environment restored after): speed
+    settings and cost models are timed on this machine now, not read from a calibration cache
+    another run tuned, perhaps on a busier machine. The real checkpoints stay where they were
+    fetched."""
+    with mock.patch.dict(os.environ):
+        os.environ.setdefault(REAL_CACHE_ENV, str(real_models()))
+        os.environ["REWARDSTACK_HOME"] = str(home)
+        yield

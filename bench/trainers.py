@@ -32,8 +32,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
+from bench.common import own_home
 from bench.service import ServerProcess, _pct
 
 
@@ -286,12 +286,8 @@ def measure(clients: int, requests: int, steps: int, repeats: int, standins: Pat
     from rewardstack._standins import make_standins
 
     parts = []
-    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp, mock.patch.dict(os.environ):
-        root = Path(tmp)
-        # The servers' own REWARDSTACK_HOME (the environment is restored after): the pass size is tuned
-        # on this machine now (the first server tunes it, the rest read it), not read from a cache
-        # tuned on a busier machine.
-        os.environ["REWARDSTACK_HOME"] = str(root / "home")
+    with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp, own_home(Path(tmp) / "home"):
+        root = Path(tmp)  # the first server tunes the pass size in that home, the rest read it
         standins = standins.resolve() if standins is not None else Path(make_standins(root / "standins")).parent
         if "batching" in tables:
             parts.append(_batching(standins, root, clients, requests, device))
