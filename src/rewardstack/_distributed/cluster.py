@@ -50,12 +50,6 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     return True
 
 
-def alive_nodes() -> list[dict[str, Any]]:
-    """The cluster's alive nodes as `ray.nodes()` describes them."""
-    ray = require_ray()
-    return [n for n in ray.nodes() if n.get("Alive")]
-
-
 def default_gpus_per_worker() -> float:
     """1 where this machine or the cluster has a CUDA device, else 0 (a CPU machine never waits)."""
     ray = require_ray()
@@ -79,7 +73,7 @@ def check_shared_path(path: str | Path, what: str) -> None:
     Raises ClusterError naming the nodes that do not see a file the driver wrote there.
     """
     ray = require_ray()
-    nodes = alive_nodes()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) <= 1:
         return
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

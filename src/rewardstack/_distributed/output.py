@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from rewardstack.config import ALL_MODELS, StackConfig
 from rewardstack.errors import ConfigError
 from rewardstack._fileio import atomic_write, atomic_write_bytes
+from rewardstack._telemetry.rundir import read_jsonl
 
 MANIFEST = "manifest.jsonl"
 CONFIG_FILE = "config.json"
@@ -51,21 +52,10 @@ def _num(x: float) -> float | None:
 def rows_from_event(step_index: int, event: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of one scored step, from the event `RewardStack.score_step` built."""
     uids = event.get("uids")
-    rows = []
-    for i in range(len(event["rewards"])):
-        row: dict[str, Any] = {
-            "step_index": step_index,
-            "step_name": event["name"],
-            "uid": uids[i] if uids is not None else None,
-            "completion_index": i,
-        }
-        for name in ALL_MODELS:
-            row[name] = _num(event[name][i])
-            row[name + "_normalized"] = _num(event[name + "_normalized"][i])
-        row["reward"] = _num(event["rewards"][i])
-        row["status"] = event["statuses"][i]
-        rows.append(row)
-    return rows
+    columns = [c for name in ALL_MODELS for c in (name, name + "_normalized")]
+    return [{"step_index": step_index, "step_name": event["name"], "uid": uids[i] if uids is not None else None,
+             "completion_index": i, **{c: _num(event[c][i]) for c in columns}, "reward": _num(event["rewards"][i]),
+             "status": event["statuses"][i]} for i in range(len(event["rewards"]))]
 
 
 def config_fingerprint(config: StackConfig) -> str:
@@ -118,27 +108,18 @@ def read_meta(path: Path) -> dict[str, Any] | None:
 
 def remove_stale_temps(out_dir: Path) -> int:
     """Delete temporary tables a killed worker left behind; returns how many."""
-    n = 0
-    for tmp in out_dir.glob(f"{TMP_PREFIX}*.tmp"):
+    temps = list(out_dir.glob(f"{TMP_PREFIX}*.tmp"))
+    for tmp in temps:
         tmp.unlink(missing_ok=True)
-        n += 1
-    return n
+    return len(temps)
 
 
 def read_manifest(out_dir: Path) -> dict[str, dict[str, Any]]:
     """The last manifest line of each run (a torn last line, from a kill, is ignored)."""
     path = out_dir / MANIFEST
-    entries: dict[str, dict[str, Any]] = {}
     if not path.exists():
-        return entries
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(entry, dict) and "run" in entry:
-            entries[entry["run"]] = entry
-    return entries
+        return {}
+    return {e["run"]: e for e in read_jsonl(path) if isinstance(e, dict) and "run" in e}
 
 
 def append_manifest(out_dir: Path, entries: Iterable[dict[str, Any]]) -> None:

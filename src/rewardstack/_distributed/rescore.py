@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 import uuid
@@ -32,6 +33,7 @@ from rewardstack._distributed import output as out
 from rewardstack._distributed.cluster import RAY_NAMESPACE, check_shared_path, require_ray
 from rewardstack._distributed.progress import RescoreProgress
 from rewardstack._distributed.runs import Run
+from rewardstack._distributed.scoring import worker_config
 from rewardstack.errors import ClusterError
 from rewardstack._state import StateLock, StateLockedError
 
@@ -40,20 +42,25 @@ log = logging.getLogger("rewardstack.distributed")
 
 # -- the actors ---------------------------------------------------------------------------------
 class RescoreWorker:
-    """A Ray actor holding one loaded stack; scores whole runs from fresh state and writes them."""
+    """A Ray actor holding one loaded stack; scores whole runs, each from fresh state, and writes them.
+
+    The stack's stateless part (`RewardStack.forward`) runs the forward passes, and a new stateful
+    part (`RewardState`: normalizers, blacklist, diversity history) is made for every run, so
+    nothing of one run leaks into the next.
+    """
 
     def __init__(self, config: StackConfig, threads: int | None = None) -> None:
         import torch
-
         from transformers.utils import logging as hf_logging
 
-        from rewardstack._distributed.scoring import RunScorer, worker_identity
+        from rewardstack.stack import RewardStack
 
         hf_logging.disable_progress_bar()  # one bar per model in every worker's log is noise
         if threads:
             torch.set_num_threads(threads)  # one actor per core share: no oversubscription
-        self.identity = worker_identity()
-        self.scorer = RunScorer(config)
+        self.identity = {"pid": os.getpid(), "host": os.uname().nodename}
+        # load_state=False: a rescore never reads or writes the validator's state directory.
+        self.stack = RewardStack(config, load_state=False)
 
     def ready(self) -> dict[str, Any]:
         """Who this worker is, once its stack is loaded."""
@@ -63,47 +70,48 @@ class RescoreWorker:
                   interval_s: float = 1.0) -> dict[str, Any]:
         """Score `run`, write its table (temporary name, then rename) and return its manifest entry.
 
-        A run that cannot be read is a failed entry with the reason (it would fail again); a kill
-        of this process leaves at most a temporary file, which the driver removes.
+        Every readable step in order (read by replay's readers: every format `rewardstack replay`
+        reads); a bad record is listed and skipped. A run that cannot be read is a failed entry with
+        the reason (it would fail again); a kill of this process leaves at most a temporary file,
+        which the driver removes.
         """
-        last = [0.0]
+        from rewardstack._replay import readers
 
-        def report(steps: int, completions: int) -> None:
-            now = time.monotonic()
-            if progress is not None and now - last[0] >= interval_s:
-                last[0] = now
+        last = -math.inf
+
+        def report(steps: int, completions: int, force: bool = False) -> None:
+            nonlocal last
+            if force or time.monotonic() - last >= interval_s:
+                last = time.monotonic()
                 progress.report.remote(job, run.id, attempt, steps, completions, self.identity)
 
         entry: dict[str, Any] = {"run": run.id, "input": run.path, "attempts": attempt, "worker": self.identity}
-        if progress is not None:
-            progress.report.remote(job, run.id, attempt, 0, 0, self.identity)  # started, on this worker
+        report(0, 0, force=True)  # started, on this worker
+        started = time.time()
         try:
             fingerprint = run.fingerprint()
-            scores = self.scorer.score_run(run, report)
+            read = readers.read_run([run.path])
+            state = self.stack.new_state()
+            rows: list[dict[str, Any]] = []
+            completions = 0
+            for index, rs in enumerate(read.steps):
+                rows += out.rows_from_event(index, state.apply(self.stack.forward(rs.step)).event)
+                completions += len(rs.step.completions)
+                report(index + 1, completions)
         except Exception as e:  # noqa: BLE001 - a bad run is recorded, the worker goes on
             log.exception("run %s failed", run.path)
             return entry | {"status": "failed", "error": f"{type(e).__name__}: {e}"}
-        if progress is not None:
-            progress.report.remote(job, run.id, attempt, scores.steps, scores.completions, self.identity)
-        summary = {"steps": scores.steps, "completions": scores.completions, "bad_records": len(scores.bad_records)}
+        report(len(read.steps), completions, force=True)
+        summary = {"steps": len(read.steps), "completions": completions, "bad_records": len(read.errors)}
         table_meta = meta | summary | {"run": run.id, "input": run.path, "input_fingerprint": fingerprint}
-        path = out.write_table(Path(out_dir), run.id, scores.rows, table_meta)
+        path = out.write_table(Path(out_dir), run.id, rows, table_meta)
         return entry | summary | {
-            "status": "complete", "output": path.name, "seconds": round(scores.seconds, 3),
-            "bad": scores.bad_records[:20], "input_fingerprint": fingerprint,
+            "status": "complete", "output": path.name, "seconds": round(time.time() - started, 3),
+            "bad": list(read.errors)[:20], "input_fingerprint": fingerprint,
         }
 
 
 # -- the pool -----------------------------------------------------------------------------------
-def pool_size(gpus_per_worker: float, cpus_per_worker: float) -> int:
-    """How many workers the cluster holds: by GPUs when workers take GPUs, else by CPUs."""
-    ray = require_ray()
-    res = ray.cluster_resources()
-    if gpus_per_worker > 0:
-        return max(1, int(res.get("GPU", 0) / gpus_per_worker))
-    return max(1, int(res.get("CPU", 1) / max(cpus_per_worker, 1e-9)))
-
-
 class RescorePool:
     """Worker actors with one loaded stack each; reusable across `rescore` calls (a notebook, tests).
 
@@ -114,15 +122,12 @@ class RescorePool:
     def __init__(self, config: StackConfig, size: int, *, gpus_per_worker: float = 0.0,
                  cpus_per_worker: float = 1.0) -> None:
         ray = require_ray()
-        from rewardstack._distributed.scoring import worker_config
-
         self.config = worker_config(config, gpus_per_worker)
         self.fingerprint = out.config_fingerprint(self.config)
-        threads = max(1, int(cpus_per_worker))
         cls = ray.remote(RescoreWorker)
         self.actors = [
             cls.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=-1, max_task_retries=0,
-                        namespace=RAY_NAMESPACE).remote(self.config, threads)
+                        namespace=RAY_NAMESPACE).remote(self.config, max(1, int(cpus_per_worker)))
             for _ in range(size)
         ]
         self.dead: set[int] = set()
@@ -167,14 +172,19 @@ class RescoreReport:
 ProgressHook = Callable[[dict[str, Any]], None]
 
 
-def _is_complete(run: Run, path: Path, fingerprint: str) -> bool:
+def _complete_entry(run: Run, out_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The manifest entry of `run` when its table is whole for this input and config; else None."""
+    path = out.output_path(out_dir, run.id)
     meta = out.read_meta(path)
-    if meta is None or meta.get("config_fingerprint") != fingerprint:
-        return False
     try:
-        return meta.get("input_fingerprint") == run.fingerprint()
-    except OSError:
-        return False
+        if meta is None or meta.get("config_fingerprint") != fingerprint:
+            return None
+        if meta.get("input_fingerprint") != run.fingerprint():
+            return None
+    except OSError:  # an input gone since
+        return None
+    return {"run": run.id, "input": run.path, "status": "complete", "output": path.name,
+            **{k: meta.get(k) for k in ("steps", "completions", "bad_records")}}
 
 
 def _eta(seconds: float) -> str:
@@ -216,12 +226,7 @@ def rescore(
     ray = require_ray()
     started = time.monotonic()
     out_dir = Path(output).resolve()
-    if pool is not None:
-        fingerprint = pool.fingerprint
-    else:
-        from rewardstack._distributed.scoring import worker_config
-
-        fingerprint = out.config_fingerprint(worker_config(config, gpus_per_worker))
+    fingerprint = pool.fingerprint if pool is not None else out.config_fingerprint(worker_config(config, gpus_per_worker))
     out.claim_output(out_dir, fingerprint)
     check_shared_path(out_dir, "the output folder")
     lock = output_lock(out_dir)
@@ -235,13 +240,16 @@ def rescore(
             _say(stream, f"rescore: all {report.total} runs already complete in {out_dir}")
             return report
         if pool is None:
-            size = workers or pool_size(gpus_per_worker, cpus_per_worker)
+            # By default as many workers as the cluster holds: by GPUs when workers take GPUs, else by CPUs.
+            res = ray.cluster_resources()
+            size = workers or max(1, int(res.get("GPU", 0) / gpus_per_worker) if gpus_per_worker > 0
+                                  else int(res.get("CPU", 1) / max(cpus_per_worker, 1e-9)))
             pool = RescorePool(config, min(size, len(todo)), gpus_per_worker=gpus_per_worker,
                                cpus_per_worker=cpus_per_worker)
-        job = _Job(pool, report, todo, len(todo), deque(pool.alive()), started)
+        job = _Job(ray, pool, report, todo, out_dir, fingerprint, max_attempts, progress_interval_s, started)
         _say(stream, f"rescore: {job.n_todo} runs to score on {len(pool.alive())} workers "
                      f"({report.skipped} already complete)")
-        _drive(ray, job, out_dir, fingerprint, max_attempts, progress_interval_s, on_progress, stream)
+        job.drive(on_progress, stream)
         pool.progress.forget.remote(job.id)
         report.seconds = time.monotonic() - started
         _say(stream, f"rescore: {report.complete} runs scored, {report.skipped} already complete, "
@@ -258,177 +266,154 @@ def rescore(
 def _plan(runs: Sequence[Run], out_dir: Path, fingerprint: str, report: RescoreReport) -> deque[tuple[Run, int]]:
     """The runs to score (each at attempt 1), biggest first; the runs already complete count as skipped."""
     manifest = out.read_manifest(out_dir)
-    todo: deque[tuple[Run, int]] = deque()
+    todo: list[tuple[Run, int]] = []
     recovered = []
     for run in runs:
-        if _is_complete(run, out.output_path(out_dir, run.id), fingerprint):
-            report.skipped += 1
-            if manifest.get(run.id, {}).get("status") != "complete":
-                # The table was renamed but its manifest line never written (driver killed).
-                meta = out.read_meta(out.output_path(out_dir, run.id)) or {}
-                recovered.append({"run": run.id, "input": run.path, "status": "complete",
-                                  "output": out.output_path(out_dir, run.id).name,
-                                  **{k: meta.get(k) for k in ("steps", "completions", "bad_records")}})
-        else:
+        entry = _complete_entry(run, out_dir, fingerprint)
+        if entry is None:
             todo.append((run, 1))
+            continue
+        report.skipped += 1
+        if manifest.get(run.id, {}).get("status") != "complete":
+            recovered.append(entry)  # the table was renamed but its manifest line never written (driver killed)
     out.append_manifest(out_dir, recovered)
     # Biggest runs first: the job then ends on small runs, not on one long run while the rest idle.
     return deque(sorted(todo, key=lambda item: -item[0].size()))
 
 
-@dataclass
 class _Job:
     """A rescore under way: its runs to do and in flight, its workers, the progress board's latest answer."""
 
-    pool: RescorePool
-    report: RescoreReport
-    todo: deque[tuple[Run, int]]
-    n_todo: int
-    idle: deque[int]
-    started: float
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    in_flight: dict[Any, tuple[int, Run, int]] = field(default_factory=dict)
-    probes: dict[Any, int] = field(default_factory=dict)
-    """`ready()` calls to workers Ray is restarting: a worker takes runs again once it answers."""
-    snapshot_ref: Any = field(init=False)
-    snap: dict[str, Any] = field(default_factory=dict)
-    last_print: float = 0.0
-    last_done: int = -1
+    def __init__(self, ray: Any, pool: RescorePool, report: RescoreReport, todo: deque[tuple[Run, int]], out_dir: Path,
+                 fingerprint: str, max_attempts: int, interval_s: float, started: float) -> None:
+        self.ray, self.pool, self.report = ray, pool, report
+        self.todo, self.out_dir, self.fingerprint = todo, out_dir, fingerprint
+        self.max_attempts, self.interval_s, self.started = max_attempts, interval_s, started
+        self.n_todo = len(todo)
+        self.idle = deque(pool.alive())
+        self.id = uuid.uuid4().hex
+        self.in_flight: dict[Any, tuple[int, Run, int]] = {}
+        self.probes: dict[Any, int] = {}
+        """`ready()` calls to workers Ray is restarting: a worker takes runs again once it answers."""
+        self.snapshot_ref = pool.progress.snapshot.remote(self.id)
+        self.snap: dict[str, Any] = {}
+        self.last_print = 0.0
+        self.last_done = -1
 
-    def __post_init__(self) -> None:
-        self.snapshot_ref = self.pool.progress.snapshot.remote(self.id)
-
-
-def _drive(ray: Any, job: _Job, out_dir: Path, fingerprint: str, max_attempts: int, interval_s: float,
-           on_progress: ProgressHook | None, stream: TextIO | None) -> None:
-    """Hand the runs to idle workers and collect them, until none is left to do or in flight."""
-    meta = {"config_fingerprint": fingerprint}
-    while job.todo or job.in_flight:
-        while job.todo and job.idle:
-            worker = job.idle.popleft()
-            run, attempt = job.todo.popleft()
-            ref = job.pool.actors[worker].score_run.remote(run, str(out_dir), meta, job.pool.progress, job.id, attempt,
-                                                           interval_s)
-            job.in_flight[ref] = (worker, run, attempt)
-        if not job.in_flight and not job.probes:
-            break  # no worker left alive: the runs still to do are failed below
-        ready, _ = ray.wait([*job.in_flight, *job.probes], num_returns=1, timeout=min(interval_s, 1.0))
-        for ref in ready:
-            if ref in job.probes:
-                worker = job.probes.pop(ref)
-                state = _probe(ray, ref, job.pool, worker)
-                if state == "alive":
-                    job.idle.append(worker)
-                elif state == "restarting":
-                    time.sleep(0.1)  # not up yet: ask again shortly
-                    job.probes[job.pool.actors[worker].ready.remote()] = worker
-                continue
-            worker, run, attempt = job.in_flight.pop(ref)
-            entry, worker_ok = _collect(ray, ref, job.pool, worker, run, attempt, max_attempts, job.todo, out_dir,
-                                        fingerprint, job.report)
-            if worker_ok:
-                job.idle.append(worker)
-            elif worker not in job.pool.dead:
-                # Ray is bringing it back (a new process, the stack loaded again): wait for it,
-                # rather than hand it a run it would refuse while restarting.
-                job.probes[job.pool.actors[worker].ready.remote()] = worker
-            if entry is not None:
-                job.report.entries[run.id] = entry
-                out.append_manifest(out_dir, [entry])
-                if entry["status"] == "complete":
-                    job.report.complete += 1
-                    job.report.completions += int(entry.get("completions") or 0)
+    def drive(self, on_progress: ProgressHook | None, stream: TextIO | None) -> None:
+        """Hand the runs to idle workers and collect them, until none is left to do or in flight."""
+        meta = {"config_fingerprint": self.fingerprint}
+        while self.todo or self.in_flight:
+            while self.todo and self.idle:
+                worker = self.idle.popleft()
+                run, attempt = self.todo.popleft()
+                ref = self.pool.actors[worker].score_run.remote(run, str(self.out_dir), meta, self.pool.progress, self.id,
+                                                                attempt, self.interval_s)
+                self.in_flight[ref] = (worker, run, attempt)
+            if not self.in_flight and not self.probes:
+                break  # no worker left alive: the runs still to do are failed below
+            ready, _ = self.ray.wait([*self.in_flight, *self.probes], num_returns=1, timeout=min(self.interval_s, 1.0))
+            for ref in ready:
+                if ref in self.probes:
+                    self._probe(ref, self.probes.pop(ref))
                 else:
-                    job.report.failed.append(entry)
-        if not job.pool.alive() and job.todo:
-            for run, attempt in job.todo:
-                entry = {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt - 1,
-                         "error": "no worker could start (see the worker errors above)"}
-                job.report.entries[run.id] = entry
-                job.report.failed.append(entry)
-            out.append_manifest(out_dir, [job.report.entries[r.id] for r, _ in job.todo])
-            job.todo.clear()
-        _show_progress(ray, job, on_progress, stream)
+                    self._collect(ref, *self.in_flight.pop(ref))
+            if not self.pool.alive() and self.todo:
+                for run, attempt in self.todo:
+                    self._finish(run, {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt - 1,
+                                       "error": "no worker could start (see the worker errors above)"})
+                self.todo.clear()
+            self._show_progress(on_progress, stream)
 
+    def _finish(self, run: Run, entry: dict[str, Any]) -> None:
+        self.report.entries[run.id] = entry
+        out.append_manifest(self.out_dir, [entry])
+        if entry["status"] == "complete":
+            self.report.complete += 1
+            self.report.completions += int(entry.get("completions") or 0)
+        else:
+            self.report.failed.append(entry)
 
-def _show_progress(ray: Any, job: _Job, on_progress: ProgressHook | None, stream: TextIO | None) -> None:
-    """Give `on_progress` the board's latest snapshot and, when due, print runs done, completions/s and the ETA."""
-    now = time.monotonic()
-    # A line every 2 s while runs finish, every 15 s while workers load or score long runs.
-    done_runs = job.report.complete + len(job.report.failed)
-    due = stream is not None and now - job.last_print >= (2.0 if done_runs != job.last_done else 15.0)
-    if on_progress is not None or due:
+    def _init_failed(self, e: Exception, worker: int) -> bool:
+        """Whether `worker`'s constructor raised (bad model path on that node, ...): Ray will not restart it."""
+        if not getattr(e, "actor_init_failed", False):
+            return False
+        log.error("worker %d could not start: %s", worker, e)
+        self.pool.dead.add(worker)
+        return True
+
+    def _probe(self, ref: Any, worker: int) -> None:
+        """A restarted worker's `ready()` answered: it takes runs again, is dead, or is asked again shortly."""
+        from ray.exceptions import RayActorError
+
+        try:
+            self.ray.get(ref)
+            self.idle.append(worker)
+        except RayActorError as e:
+            if not self._init_failed(e, worker):
+                time.sleep(0.1)  # not up yet: ask again shortly
+                self.probes[self.pool.actors[worker].ready.remote()] = worker
+
+    def _collect(self, ref: Any, worker: int, run: Run, attempt: int) -> None:
+        """A finished task: its run is done or failed, or goes back in the queue when its worker died."""
+        from ray.exceptions import RayActorError
+
+        try:
+            entry = self.ray.get(ref)
+        except RayActorError as e:
+            if self._init_failed(e, worker):
+                self.todo.appendleft((run, attempt))  # not this run's fault
+                return
+            # Ray is bringing it back (a new process, the stack loaded again): wait for it, rather
+            # than hand it a run it would refuse while restarting.
+            self.probes[self.pool.actors[worker].ready.remote()] = worker
+            complete = _complete_entry(run, self.out_dir, self.fingerprint)
+            if complete is not None:  # it died after the rename: the table is whole
+                self._finish(run, complete | {"attempts": attempt})
+            elif attempt < self.max_attempts:
+                log.warning("worker %d died during run %s (attempt %d); Ray replaces it and the run restarts "
+                            "from scratch", worker, run.path, attempt)
+                self.report.restarts += 1
+                self.todo.appendleft((run, attempt + 1))
+            else:
+                self._finish(run, {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt,
+                                   "error": f"its worker died {attempt} times: {str(e).splitlines()[0]}"})
+            return
+        except Exception as e:  # noqa: BLE001 - a task error fails this run, not the job
+            entry = {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt,
+                     "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        self.idle.append(worker)
+        self._finish(run, entry)
+
+    def _show_progress(self, on_progress: ProgressHook | None, stream: TextIO | None) -> None:
+        """Give `on_progress` the board's latest snapshot and, when due, print runs done, completions/s and the ETA."""
+        now = time.monotonic()
+        # A line every 2 s while runs finish, every 15 s while workers load or score long runs.
+        done_runs = self.report.complete + len(self.report.failed)
+        due = stream is not None and now - self.last_print >= (2.0 if done_runs != self.last_done else 15.0)
+        if on_progress is None and not due:
+            return
         # Never wait on the board: use the latest snapshot it has answered.
-        if ray.wait([job.snapshot_ref], timeout=0)[0]:
-            job.snap = ray.get(job.snapshot_ref)
-            job.snapshot_ref = job.pool.progress.snapshot.remote(job.id)
-        current = {wr[1].id: (wr[2], wr[0]) for wr in job.in_flight.values()}
-        partial = sum(s["completions"] for rid, s in job.snap.items()
+        if self.ray.wait([self.snapshot_ref], timeout=0)[0]:
+            self.snap = self.ray.get(self.snapshot_ref)
+            self.snapshot_ref = self.pool.progress.snapshot.remote(self.id)
+        current = {run.id: (attempt, worker) for worker, run, attempt in self.in_flight.values()}
+        partial = sum(s["completions"] for rid, s in self.snap.items()
                       if rid in current and s["attempt"] == current[rid][0])
-        elapsed = now - job.started
-        rate = (job.report.completions + partial) / elapsed if elapsed > 0 else 0.0
+        elapsed = now - self.started
+        rate = (self.report.completions + partial) / elapsed if elapsed > 0 else 0.0
         # Per run, the mean of the runs this call completed (the report counts only those).
-        per_run = job.report.completions / job.report.complete if job.report.complete else math.nan
-        left = (job.n_todo - done_runs) * per_run - partial
+        per_run = self.report.completions / self.report.complete if self.report.complete else math.nan
+        left = (self.n_todo - done_runs) * per_run - partial
         eta = left / rate if rate > 0 else math.nan
         if on_progress is not None:
-            on_progress({"runs_done": done_runs, "runs_todo": job.n_todo, "completions_per_s": rate,
-                         "eta_s": eta, "in_flight": {rid: job.snap.get(rid) for rid in current},
+            on_progress({"runs_done": done_runs, "runs_todo": self.n_todo, "completions_per_s": rate,
+                         "eta_s": eta, "in_flight": {rid: self.snap.get(rid) for rid in current},
                          "workers": {rid: w for rid, (_, w) in current.items()}})
         if due:
-            job.last_print, job.last_done = now, done_runs
-            _say(stream, f"rescore: {done_runs}/{job.n_todo} runs done ({len(job.report.failed)} failed), "
+            self.last_print, self.last_done = now, done_runs
+            _say(stream, f"rescore: {done_runs}/{self.n_todo} runs done ({len(self.report.failed)} failed), "
                          f"{rate:.1f} completions/s, ETA {_eta(eta)}")
-
-
-def _probe(ray: Any, ref: Any, pool: RescorePool, worker: int) -> str:
-    """`alive`, `restarting` or `dead` (its constructor failed), from a `ready()` call."""
-    from ray.exceptions import RayActorError
-
-    try:
-        ray.get(ref)
-        return "alive"
-    except RayActorError as e:
-        if getattr(e, "actor_init_failed", False):
-            log.error("worker %d could not start again: %s", worker, e)
-            pool.dead.add(worker)
-            return "dead"
-        return "restarting"
-
-
-def _collect(ray: Any, ref: Any, pool: RescorePool, worker: int, run: Run, attempt: int, max_attempts: int,
-             todo: deque, out_dir: Path, fingerprint: str,
-             report: RescoreReport) -> tuple[dict[str, Any] | None, bool]:
-    """(the manifest entry of a finished task or None when the run goes back in the queue, whether
-    the worker is still alive)."""
-    from ray.exceptions import RayActorError
-
-    try:
-        return ray.get(ref), True
-    except RayActorError as e:
-        if getattr(e, "actor_init_failed", False):
-            # The constructor raised (bad model path on that node, ...): Ray will not restart it.
-            log.error("worker %d could not start: %s", worker, e)
-            pool.dead.add(worker)
-            todo.appendleft((run, attempt))  # not this run's fault
-            return None, False
-        path = out.output_path(out_dir, run.id)
-        if _is_complete(run, path, fingerprint):
-            # It died after the rename: the table is whole.
-            meta = out.read_meta(path) or {}
-            return {"run": run.id, "input": run.path, "status": "complete", "attempts": attempt, "output": path.name,
-                    **{k: meta.get(k) for k in ("steps", "completions", "bad_records")}}, False
-        if attempt < max_attempts:
-            log.warning("worker %d died during run %s (attempt %d); Ray replaces it and the run restarts "
-                        "from scratch", worker, run.path, attempt)
-            report.restarts += 1
-            todo.appendleft((run, attempt + 1))
-            return None, False
-        return {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt,
-                "error": f"its worker died {attempt} times: {str(e).splitlines()[0]}"}, False
-    except Exception as e:  # noqa: BLE001 - a task error fails this run, not the job
-        return {"run": run.id, "input": run.path, "status": "failed", "attempts": attempt,
-                "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}, True
 
 
 def _say(stream: TextIO | None, text: str) -> None:

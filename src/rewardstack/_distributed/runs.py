@@ -3,7 +3,7 @@
 A run is what `replay` calls one: a parquet file, a step or event JSONL file, or a validator log
 (`completions.log`, or the folder holding it with its rotated siblings). It is scored in order by one
 stack from fresh state, because normalization is stateful within a run. Steps are read through
-`rewardstack._replay.readers`. Nothing here imports Ray.
+`rewardstack._replay.readers` (in the worker). Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Sequence
 
 from rewardstack.errors import InputError
-from rewardstack.stack import Step
 
 RUN_SUFFIXES = (".parquet", ".jsonl", ".log", ".log.gz", ".log.zip")
 """Files a folder argument expands to, one run each (a folder holding `completions.log` is one run)."""
@@ -48,10 +47,6 @@ class Run:
         return out
 
 
-def _is_log_folder(p: Path) -> bool:
-    return any(p.glob("completions*.log*"))
-
-
 def make_run(path: str | Path) -> Run:
     """The run at `path` (a file, or a validator log folder); raises InputError if it is neither."""
     p = Path(path).resolve()
@@ -82,7 +77,7 @@ def discover_runs(paths: Sequence[str | Path], *, list_files: Sequence[str | Pat
     runs: list[Run] = []
     seen: set[str] = set()
     for p in names:
-        if p.is_dir() and not _is_log_folder(p):
+        if p.is_dir() and not any(p.glob("completions*.log*")):  # not a validator log folder
             members = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(RUN_SUFFIXES))
             if not members:
                 raise InputError(f"{p} holds no runs (files ending in {', '.join(RUN_SUFFIXES)})")
@@ -95,23 +90,3 @@ def discover_runs(paths: Sequence[str | Path], *, list_files: Sequence[str | Pat
                 runs.append(run)
     return runs
 
-
-@dataclass
-class RunRead:
-    """What reading a run gives: its steps with their positions, and the records that were bad."""
-
-    steps: list[tuple[int, Step]]
-    bad: list[str]
-    """One message per skipped record (position and reason)."""
-
-
-def read_run(run: Run) -> RunRead:
-    """Every readable step of `run` in order, with its 0-based position among them (as `replay --steps`).
-
-    Read by replay's readers (every format `rewardstack replay` reads, detected from the content);
-    a bad record is listed and skipped, a file that is no run log raises LogFormatError.
-    """
-    from rewardstack._replay import readers
-
-    read = readers.read_run([run.path])
-    return RunRead([(i, rs.step) for i, rs in enumerate(read.steps)], list(read.errors))
