@@ -49,15 +49,9 @@ class Trend:
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of ys against xs (0 for fewer than two points)."""
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return 0.0
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    """Least-squares slope of ys against xs (at least two distinct xs: a full window of steps)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
 class SlopeAlarm:
@@ -74,7 +68,6 @@ class SlopeAlarm:
         self.seen = 0
         self.points: deque[tuple[int, float]] = deque(maxlen=window)
         self.armed = True
-        self.tripped = 0
         self.last_slope: float | None = None
 
     def observe(self, step: int, value: float) -> Trend | None:
@@ -91,7 +84,6 @@ class SlopeAlarm:
         self.last_slope = k
         if k > self.threshold and self.armed:
             self.armed = False
-            self.tripped += 1
             return Trend(self.series, k, self.threshold, self.window, self.points[0][0], self.points[-1][0],
                          ys[0], ys[-1], self.unit)
         if k < self.threshold / 2:
@@ -134,10 +126,7 @@ class Alarms:
         }
         tripped = []
         for name, alarm in self.alarms.items():
-            v = values.get(name)
-            if v is None:
-                continue
-            t = alarm.observe(step, v)
+            t = alarm.observe(step, values[name]) if values[name] is not None else None
             if t is not None:
                 tripped.append(t)
         self.trends.extend(tripped)

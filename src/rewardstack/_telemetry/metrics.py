@@ -48,6 +48,7 @@ class Metrics:
         self.registry = reg
         p = "rewardstack_"
         g = lambda name, doc, labels=(): Gauge(p + name, doc, labels, registry=reg)  # noqa: E731
+        h = lambda name, doc, buckets: Histogram(p + name, doc, ["model"], buckets=buckets, registry=reg)  # noqa: E731
         self.allocated = g("device_memory_allocated_bytes", "Bytes held by live tensors on the device (simulated device on CPU).")
         self.reserved = g("device_memory_reserved_bytes", "Bytes the caching allocator holds from the driver.")
         self.fragmentation = g("device_memory_fragmentation_bytes", "Reserved bytes that hold no live tensor (reserved minus allocated).")
@@ -56,12 +57,10 @@ class Metrics:
         self.budget = g("memory_budget_bytes", "The activation budget the batch planner fills.")
         self.host_rss = g("host_memory_rss_bytes", "Resident set size of the scoring process.")
         self.alloc_retries = Counter(p + "device_alloc_retries_total", "Device allocations retried after flushing the allocator's cache.", registry=reg)
-        self.call_peak = Histogram(p + "model_call_peak_bytes", "Peak bytes of one model call above what was live before it.",
-                                   ["model"], buckets=BYTES_BUCKETS, registry=reg)
-        self.call_seconds = Histogram(p + "model_call_duration_seconds", "Wall time of one model call (one planned batch).",
-                                      ["model"], buckets=SECONDS_BUCKETS, registry=reg)
-        self.cost_error = Histogram(p + "cost_model_error_ratio", "Relative error of the cost model per call: (measured - predicted) / predicted.",
-                                    ["model"], buckets=ERROR_BUCKETS, registry=reg)
+        self.call_peak = h("model_call_peak_bytes", "Peak bytes of one model call above what was live before it.", BYTES_BUCKETS)
+        self.call_seconds = h("model_call_duration_seconds", "Wall time of one model call (one planned batch).", SECONDS_BUCKETS)
+        self.cost_error = h("cost_model_error_ratio", "Relative error of the cost model per call: (measured - predicted) / predicted.",
+                            ERROR_BUCKETS)
         self.ooms_recovered = Counter(p + "ooms_recovered_total", "OOMs recovered by splitting the batch or scoring on the CPU.", ["model"], registry=reg)
         self.ooms_lost = Counter(p + "ooms_lost_total", "OOMs that left an input unscored (status 'oom').", ["model"], registry=reg)
         self.completions = Counter(p + "completions_total", "Completions scored, by model and status.", ["model", "status"], registry=reg)
@@ -94,9 +93,8 @@ def metrics_for(reg: CollectorRegistry | None = None) -> Metrics:
 class MetricsServer:
     """A running exposition endpoint; `port` is the bound port, `close()` stops it."""
 
-    def __init__(self, server: Any, thread: Any) -> None:
+    def __init__(self, server: Any) -> None:
         self._server = server
-        self._thread = thread
         self.host, self.port = server.server_address[:2]
 
     def close(self) -> None:
@@ -111,5 +109,5 @@ def serve(port: int, *, host: str = "127.0.0.1", reg: CollectorRegistry | None =
         raise ValueError(f"metrics are served on loopback only, not {host}")
     from prometheus_client import start_http_server
 
-    server, thread = start_http_server(port, addr=host, registry=reg if reg is not None else registry())
-    return MetricsServer(server, thread)
+    server, _ = start_http_server(port, addr=host, registry=reg if reg is not None else registry())
+    return MetricsServer(server)

@@ -21,24 +21,16 @@ from rewardstack._telemetry.rundir import RunDir
 log = logging.getLogger("rewardstack.telemetry")
 
 
-def open_telemetry(
-    stack: Any,
-    *,
-    run_dir: str | Path | None = None,
-    metrics_port: int | None = None,
-    settings: Any = None,
-) -> "Telemetry | None":
+def open_telemetry(stack: Any, *, run_dir: str | Path | None = None, metrics_port: int | None = None) -> "Telemetry | None":
     """Telemetry for a scoring command: the run directory and/or metrics endpoint asked for.
 
-    `run_dir` and `metrics_port` (command-line flags) override the `[telemetry]` table (`settings`,
-    the stack config's by default). Neither set: None, nothing is watched.
+    `run_dir` and `metrics_port` (command-line flags) override the stack config's `[telemetry]`
+    table (whose `run_dir` the config resolved against its own folder). Neither set: None, nothing
+    is watched.
     """
-    settings = settings if settings is not None else getattr(stack.config, "telemetry", None)
-    if run_dir is None and settings is not None and settings.run_dir:
-        base = stack.config.source.parent if getattr(stack.config, "source", None) else Path.cwd()
-        run_dir = base / settings.run_dir
-    if metrics_port is None and settings is not None:
-        metrics_port = getattr(settings, "metrics_port", None)
+    settings = stack.config.telemetry
+    run_dir = run_dir if run_dir is not None else settings.run_dir or None
+    metrics_port = metrics_port if metrics_port is not None else settings.metrics_port
     if run_dir is None and metrics_port is None:
         return None
     return Telemetry(stack, run_dir=run_dir, metrics_port=metrics_port, settings=settings)
