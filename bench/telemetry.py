@@ -80,7 +80,7 @@ def _wrap_cost(calls: int = 20000) -> float:
         for k in range(calls):
             wrapped([0, 1])
             if k % 1000 == 999:
-                mon._calls.clear()  # the step end would take them
+                mon._records.clear()  # the step end would take them
         watched = time.perf_counter() - t
     return (watched - bare) / calls
 

@@ -20,7 +20,7 @@ from conftest import standin_config
 from rewardstack._planning.plan import StackPlan, format_plan, plan_weights
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry import Monitor, RunDir, read_timeline
-from rewardstack._telemetry.card import weight_bands
+from rewardstack._telemetry.report import weight_bands
 
 GIB = 1024**3
 

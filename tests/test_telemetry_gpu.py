@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rewardstack._telemetry import PeakWindow, RunDir, take_snapshot
-from rewardstack._telemetry.incidents import History
+from rewardstack._telemetry.monitor import History
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,7 +40,7 @@ def test_history_snapshot_is_written_for_the_visualizer(tmp_path) -> None:  # no
         snap = hist.capture()
         del x
         rd = RunDir(tmp_path)
-        path = rd.incident({"step": 1, "model": "m"}, snapshot=History.writer(snap))
+        path = rd.incident({"step": 1, "model": "m"}, snapshot=snap)
         rd.close()
         written = sorted(p.name for p in (tmp_path / "incidents").iterdir())
         assert path.name in written and any(n.endswith(".snapshot.pickle") for n in written)

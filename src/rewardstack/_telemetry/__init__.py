@@ -1,24 +1,25 @@
 """Telemetry: where the memory goes, per model call, per step and per OOM, afterwards and live.
 
 - `monitor`: `Monitor` (a subscriber of the memory manager and of the stack's steps: call, step
-  and placement records, incidents, alarms, metrics, summary); `session`: `open_telemetry` and
-  `Telemetry` for commands (the monitor with its run directory and endpoint).
+  and placement records, OOM incidents and the CUDA allocation history, alarms, metrics,
+  summary); `session`: `open_telemetry` and `Telemetry` for commands (the monitor with its run
+  directory and endpoint).
 - re-exported from the memory layer, where they are measured: `MemorySnapshot` (allocator or
   simulated-device figures, RSS; subtractable) and `PeakWindow` (the nestable peak of one stretch
   of work).
 - `rundir`: the run directory (timeline, events, incidents, summary) and its size cap.
-- `metrics`: the Prometheus registry (`registry`, `render`, `serve`).
-- `incidents`: OOM incident records and the CUDA allocation history.
+- `metrics`: the Prometheus registry (`metrics.registry`, `render`, `metrics.serve`).
 - `alarms`: leak and fragmentation alarms over memory at rest.
-- `report`: `rewardstack report RUN_DIR`, plots and one self-contained HTML page.
+- `report`: `rewardstack report RUN_DIR`, plots (the card's account per step among them) and one
+  self-contained HTML page.
 
 Record fields and units: docs/TELEMETRY.md.
 """
 
 from rewardstack._memory.device import PeakWindow
 from rewardstack._memory.device import MemorySnapshot, take_snapshot
-from rewardstack._telemetry.alarms import Alarms, Trend
-from rewardstack._telemetry.metrics import registry, render, serve
+from rewardstack._telemetry.alarms import Alarms
+from rewardstack._telemetry.metrics import render
 from rewardstack._telemetry.monitor import Monitor
 from rewardstack._telemetry.rundir import RunDir, read_incidents, read_timeline
 from rewardstack._telemetry.session import Telemetry, open_telemetry
@@ -30,12 +31,9 @@ __all__ = [
     "PeakWindow",
     "RunDir",
     "Telemetry",
-    "Trend",
     "open_telemetry",
     "read_incidents",
     "read_timeline",
-    "registry",
     "render",
-    "serve",
     "take_snapshot",
 ]

@@ -5,6 +5,12 @@ writes to `RUN_DIR/report/` (or `--out`): five PNG plots drawn with matplotlib's
 backend, and `report.html`, one self-contained page with the plots embedded (no network, no
 scripts). The same short summary is printed on the terminal: the inputs behind the highest peaks,
 the OOMs, the leak verdict and the cost model's error.
+
+The card's picture (`plot_card`) draws the account the monitor records in each step record
+(`card`): a stacked area over steps (one band per model's weights on the card, then activations,
+then fragmentation), step boundaries as vertical lines, the card's size and the weights +
+activation budget as horizontal lines, swaps and OOMs marked per step, each call's peak as a dot;
+`card_tables` gives the report's placement/swap section and per-step table.
 """
 
 from __future__ import annotations
@@ -19,8 +25,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from rewardstack._telemetry.drawing import input_name, model_colors, pyplot, save_figure
-from rewardstack._telemetry.rundir import EVENTS, SUMMARY, read_incidents, read_jsonl, read_timeline
+from rewardstack._telemetry.rundir import EVENTS, ON_CARD, SUMMARY, read_incidents, read_jsonl, read_timeline
 
 MIB = 1024**2
 PLOTS = [
@@ -43,13 +48,12 @@ class RunData:
         if not self.root.is_dir():
             raise FileNotFoundError(f"no run directory at {self.root}")
         records = list(read_timeline(self.root))
-        self.start = next((r for r in records if r.get("type") == "start"), None)
-        self.calls = [r for r in records if r.get("type") == "call"]
-        self.steps = [r for r in records if r.get("type") == "step"]
-        self.ooms = [r for r in records if r.get("type") == "oom"]
-        self.moves = [r for r in records if r.get("type") == "placement"]
-        self.alarms = [r for r in records if r.get("type") == "alarm"]
-        self.profiles = [r for r in records if r.get("type") == "profiling"]
+        by: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+        for rec in records:
+            by[rec.get("type")].append(rec)
+        self.start = by["start"][0] if by["start"] else None
+        self.calls, self.steps, self.ooms = by["call"], by["step"], by["oom"]
+        self.moves, self.alarms, self.profiles = by["placement"], by["alarm"], by["profiling"]
         events = self.root / EVENTS
         self.events = list(read_jsonl(events)) if events.exists() else []
         summary = self.root / SUMMARY
@@ -71,6 +75,43 @@ class RunData:
 
 
 # -- plots ------------------------------------------------------------------------------------
+def pyplot():  # noqa: ANN202
+    """matplotlib's pyplot, headless, with the report's style (the card picture shares it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 11, "axes.titlesize": 13, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def model_colors(models: list[str]) -> dict[str, Any]:
+    """One stable colour per model, the same in every picture of the report."""
+    plt = pyplot()
+    cmap = plt.get_cmap("tab10" if len(models) <= 10 else "tab20")
+    return {m: cmap(i % cmap.N) for i, m in enumerate(models)}
+
+
+def save_figure(plt: Any, fig: Any, path: Path) -> None:
+    """Lay out, write and close one figure (every plot of the report ends so)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def input_name(call: dict[str, Any]) -> str:
+    """The input that set a call's padded length, by the step's completion index (`longest`): the
+    numbering of `events.jsonl` and every other record; the prompt (relevance embeds it); or, from
+    a scorer that did not name its inputs, its own index, said to be the scorer's."""
+    lg = call.get("longest") or {}
+    if lg.get("completion") is not None:
+        return f"completion {lg['completion']}"
+    if call.get("completions") is not None:
+        return "the prompt"
+    return f"the scorer's input {lg.get('input')}"
+
+
 def plot_memory(d: RunData, path: Path) -> None:
     """Memory at rest per step, each call's peak by model, every OOM, the budget line; host RSS below."""
     plt = pyplot()
@@ -176,8 +217,7 @@ def plot_step_time(d: RunData, path: Path) -> None:
     xs = [s["step"] for s in d.steps]
     series = {m: [s.get("models", {}).get(m, {}).get("seconds", 0.0) for s in d.steps] for m in models}
     # A profile runs inside the step but outside every model call: its own band, not the grey rest.
-    prof = profiling_by_step(d)
-    profiling = [prof.get(s["step"], 0.0) for s in d.steps]
+    profiling = [s.get("profiling_seconds") or 0.0 for s in d.steps]
     other = [max(0.0, (s.get("seconds") or 0.0) - sum(series[m][i] for m in models) - profiling[i])
              for i, s in enumerate(d.steps)]
     bands = [(m, series[m], colors[m]) for m in models]
@@ -220,16 +260,185 @@ def plot_statuses(d: RunData, path: Path) -> None:
     save_figure(plt, fig, path)
 
 
-def profiling_by_step(d: RunData) -> dict[Any, float]:
-    """Seconds of profiling per step: the `profiling` records, else the step records' own sums."""
-    out: dict[Any, float] = defaultdict(float)
-    for p in d.profiles:
-        out[p.get("step")] += p.get("seconds") or 0.0
-    if not out:
-        for s in d.steps:
-            if s.get("profiling_seconds"):
-                out[s["step"]] = float(s["profiling_seconds"])
-    return out
+# -- the card -------------------------------------------------------------------------------------
+def _steps_with_card(d: Any) -> list[dict[str, Any]]:
+    return [s for s in d.steps if isinstance(s.get("card"), dict)]
+
+
+def weight_bands(cards: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per model, its weights on the card at each step (bytes; 0 off the card): the chart's bands.
+    Each checkpoint is counted once (`counted_bytes`), so the bands add up to `weights_on_card`;
+    a record from before `counted_bytes` counts each model whole."""
+    def counted(w: dict[str, Any]) -> int:
+        return int(w.get("counted_bytes", w.get("bytes", 0))) if w.get("state") in ON_CARD else 0
+
+    return {m: [counted(c["weights"].get(m, {})) for c in cards] for m in dict.fromkeys(m for c in cards for m in c["weights"])}
+
+
+def _sharing(cards: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Model -> the models it shares a checkpoint with (from the last record that says)."""
+    return {m: list(w["shared_with"]) for c in cards for m, w in c["weights"].items() if w.get("shared_with")}
+
+
+def plot_card(d: Any, path: Path) -> None:
+    """The card over steps: weights per model, activations, fragmentation, against its size."""
+    plt = pyplot()
+    steps = _steps_with_card(d)
+    fig, ax = plt.subplots(figsize=(13, 6))
+    if not steps:
+        ax.text(0.5, 0.5, "no per-step card account in this run's timeline", ha="center", va="center", transform=ax.transAxes)
+        save_figure(plt, fig, path)
+        return
+    xs = [s["step"] for s in steps]
+    edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
+    last = steps[-1]["card"]
+    _draw_memory(ax, steps, edges, last)
+    ymax = _draw_calls(ax, d, steps)
+    ax.grid(axis="x", visible=False)
+    for e in edges:  # step boundaries
+        ax.axvline(e, color="#777777", lw=0.6, alpha=0.7)
+    every = max(1, len(xs) // 25)
+    ax.set_xticks(xs[::every])
+    ax.set_xlim(edges[0], edges[-1])
+    ax.set_ylim(0, ymax)
+    ax.set_xlabel("step (vertical lines: step boundaries; dots: each model call's peak, in call order)")
+    ax.set_ylabel("device memory (MiB)")
+    src = "simulated device (CPU)" if last.get("source") == "tracker" else "CUDA allocator" if last.get("source") == "cuda" else "host"
+    host = last.get("weights_host") or 0
+    ax.set_title(f"The card per step ({src}): weights, activations, fragmentation"
+                 + (f"; {host / MIB:,.1f} MiB of weights on the host" if host else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    save_figure(plt, fig, path)
+
+
+def _draw_memory(ax: Any, steps: list[dict[str, Any]], edges: list[float], last: dict[str, Any]) -> None:
+    """The stacked bands (each model's weights, activations, fragmentation) and the lines they must stay under."""
+    bands = weight_bands([s["card"] for s in steps])
+    shares = _sharing([s["card"] for s in steps])
+    models = list(bands)
+    colors = model_colors(models)
+
+    def band(values: list[float]) -> list[float]:
+        return values + [values[-1]]  # drawn with step="post" over each step's full width
+
+    base = [0.0] * len(steps)
+    for m in models:
+        swapped = any(s["card"]["weights"].get(m, {}).get("state") in ("swapped_in", "swapped_out") for s in steps)
+        vals = [b / MIB for b in bands[m]]
+        shared = f" (shared with {', '.join(shares[m])})" if m in shares else ""
+        if not any(vals):
+            if shared and any(s["card"]["weights"].get(m, {}).get("state") in ON_CARD for s in steps):
+                # On the card, its checkpoint counted in another model's band: said, not drawn twice.
+                ax.plot([], [], " ", label=f"{m}: its weights are {shares[m][0]}'s, counted there")
+            continue
+        top = [b + v for b, v in zip(base, vals)]
+        ax.fill_between(edges, band(base), band(top), step="post", color=colors[m], alpha=0.55,
+                        hatch="//" if swapped else None,
+                        label=f"{m} weights on the card after the step{shared}" + (" (swapped)" if swapped else ""))
+        base = top
+    act = [(s["card"].get("activation_peak") or 0) / MIB for s in steps]
+    top = [b + v for b, v in zip(base, act)]
+    # Cross-hatched on white: tab10's red is also the fourth model's weights colour.
+    ax.fill_between(edges, band(base), band(top), step="post", facecolor="white", edgecolor="#444444", hatch="xx",
+                    linewidth=0.0, label="activations (step's peak call)")
+    base = top
+    frag = [max(0, s["card"].get("fragmentation") or 0) / MIB for s in steps]
+    if any(frag):
+        top = [b + v for b, v in zip(base, frag)]
+        ax.fill_between(edges, band(base), band(top), step="post", color="#7f7f7f", alpha=0.4,
+                        label="fragmentation (reserved, no tensor)")
+    if last.get("capacity"):
+        ax.axhline(last["capacity"] / MIB, color="black", lw=1.5, label=f"card size ({last['capacity'] / MIB:,.0f} MiB)")
+    if not last.get("capacity") and last.get("weight_budget"):
+        ax.axhline(last["weight_budget"] / MIB, color="black", ls=":", lw=1.5,
+                   label=f"weight budget ({last['weight_budget'] / MIB:,.0f} MiB; activations have their own)")
+    if last.get("activation_budget") is not None:
+        line = [(s["card"]["weights_on_card"] + s["card"]["activation_budget"]) / MIB for s in steps]
+        ax.step(edges, band(line), where="post", color="red", ls="--", lw=1.3, label="weights on card + activation budget")
+
+
+def _draw_calls(ax: Any, d: Any, steps: list[dict[str, Any]]) -> float:
+    """Each call's peak as a dot, swaps and OOMs as marks along the top; returns the chart's height (MiB)."""
+    # Per-call peaks, spread across their step's width in call order.
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for c in d.calls:
+        if c.get("peak_bytes") is not None and c.get("step") is not None:
+            by_step[c["step"]].append(c)
+    woc = {s["step"]: s["card"]["weights_on_card"] for s in steps}
+    call_colors = model_colors(d.models())
+    for k, cs in by_step.items():
+        if k not in woc:
+            continue
+        for j, c in enumerate(cs):
+            x = k - 0.4 + 0.8 * (j + 0.5) / len(cs)
+            ax.scatter([x], [(woc[k] + c["peak_bytes"]) / MIB], s=12, color=call_colors[c["model"]], edgecolor="black",
+                       linewidth=0.3, zorder=4)
+    ymax = ax.get_ylim()[1]
+    swaps = Counter(m.get("step") for m in d.moves if m.get("direction") == "in")  # weights moved onto the card
+    if swaps:
+        sx = [k for k in swaps if k in woc]
+        ax.scatter(sx, [ymax * 0.97] * len(sx), marker="v", s=50, color="#1f77b4", zorder=5,
+                   label=f"swap: weights moved onto the card ({sum(swaps[k] for k in sx)})")
+    ooms = Counter(o.get("step") for o in d.ooms)
+    if ooms:
+        ox = [k for k in ooms if k in woc]
+        ax.scatter(ox, [ymax * 0.92] * len(ox), marker="X", s=90, color="red", edgecolor="black", zorder=6,
+                   label=f"OOM ({sum(ooms[k] for k in ox)})")
+    return ymax
+
+
+def _m(x: Any) -> str:
+    return "-" if x is None else f"{x / MIB:,.1f}"
+
+
+def _table(title: str, head: list[str], rows: list[list[Any]], after: str = "") -> str:
+    """One HTML section: a title, a table (each cell escaped) and a paragraph after it."""
+    def cells(tag: str, xs: list[Any]) -> str:
+        return "".join(f"<{tag}>{html.escape(str(x))}</{tag}>" for x in xs)
+
+    body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
+    return f"<h2>{title}</h2><table><tr>{cells('th', head)}</tr>{body}</table>{after}"
+
+
+def card_tables(d: RunData) -> str:
+    """HTML: placement and swaps (per model), one row per step, and the top inputs per model."""
+    steps = _steps_with_card(d)
+    parts: list[str] = []
+    if steps:
+        last = steps[-1]["card"]
+        moves = Counter(m.get("model") for m in d.moves)
+        parts.append(_table("Placement and swaps", [
+            "model", "where (last step)", "weights MiB", "counted MiB (each checkpoint once)", "shares its checkpoint with",
+            "steps swapped in", "moves"], [
+            [m, w["state"], _m(w["bytes"]), _m(w.get("counted_bytes", w["bytes"])),
+             ", ".join(w.get("shared_with") or []) or "-",
+             sum(1 for s in steps if s["card"]["weights"].get(m, {}).get("state") == "swapped_in"), moves.get(m, 0)]
+            for m, w in last["weights"].items()],
+            f"<p>card {_m(last.get('capacity'))} MiB, activation budget {_m(last.get('activation_budget'))} MiB, "
+            f"headroom {_m(last.get('headroom'))} MiB, weights on the card {_m(last.get('weights_on_card'))} MiB, "
+            f"on the host {_m(last.get('weights_host'))} MiB</p>"))
+        oom_by = Counter(o.get("step") for o in d.ooms)
+        rows = []
+        for s in steps:
+            c = s["card"]
+            left = None if c.get("capacity") is None else c["capacity"] - c["weights_on_card"] - (c.get("activation_peak") or 0)
+            rows.append([s["step"], s.get("name"), f"{(s.get('seconds') or 0):.2f}", _m(c["weights_on_card"]),
+                         _m(c.get("activation_peak")), _m(c.get("allocated")), _m(c.get("reserved")), _m(left),
+                         oom_by.get(s["step"], 0), ", ".join(f"{k} {v}" for k, v in sorted((s.get("statuses") or {}).items()))])
+        parts.append(_table("Per step", ["step", "name", "s", "weights on card MiB", "activation peak MiB", "allocated MiB",
+                                         "reserved MiB", "headroom left MiB", "OOMs", "statuses"], rows))
+    per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in d.calls:
+        if c.get("peak_bytes") is not None and not c.get("on_host"):  # a host call has no device peak
+            per[c["model"]].append(c)
+    rows = [[m, c.get("step"), _m(c["peak_bytes"]), f"{c.get('batch')} x {c.get('padded_length')}", input_name(c),
+             (c.get("longest") or {}).get("length"), ((c.get("longest") or {}).get("head") or "")[:60]]
+            for m, cs in per.items() for c in sorted(cs, key=lambda c: -c["peak_bytes"])[:3]]
+    if rows:
+        parts.append(_table("Top inputs per model", [
+            "model", "step", "peak MiB", "batch x tokens", "longest input (the step's completion index)", "its tokens",
+            "its start"], rows))
+    return "\n".join(parts)
 
 
 # -- the summary ------------------------------------------------------------------------------
@@ -264,51 +473,41 @@ def summarize(d: RunData) -> dict[str, list[str]]:
         peaks.append(f"step {c.get('step')} {c.get('model')}: peak {_mib(c.get('peak_bytes'))} "
                      f"(predicted {_mib(c.get('predicted_bytes'))}), batch {c.get('batch')} x {c.get('padded_length')} tokens; "
                      f"longest: {input_name(c)}, {lg.get('length')} tokens, \"{head}\"")
-    ooms = []
     by = Counter((c["model"], c["outcome"]) for c in d.calls if c.get("outcome") in ("split", "cpu_fallback", "oom"))
-    for (m, o), k in sorted(by.items()):
-        ooms.append(f"{m}: {k} x {o}")
+    ooms = [f"{m}: {k} x {o}" for (m, o), k in sorted(by.items())]
     for inc in d.incidents[-5:]:
         first = (inc.get("inputs") or [{}])[0]
         ooms.append(f"incident {inc['file']}: step {inc.get('step')} {inc.get('model')} {inc.get('action')}, "
                     f"{len(inc.get('inputs', []))} input(s), first: completion {first.get('completion')}, "
                     f"{first.get('length')} tokens, \"{(first.get('head') or '')[:50]}\"")
-    if not ooms:
-        ooms = ["no OOM"]
     verdict = s.get("alarms") or {}
-    trends = verdict.get("trends") or [a for a in d.alarms]
     leak = [a.get("message") or f"{a.get('series')} trended up" for a in d.alarms] or [
-        f"{t.get('series')}: {t.get('slope', 0) / MIB:+.3f} MiB/step" for t in trends]
+        f"{t.get('series')}: {t.get('slope', 0) / MIB:+.3f} MiB/step" for t in verdict.get("trends") or []]
     if not leak:
         slopes = {k: v for k, v in (verdict.get("slopes") or {}).items() if v is not None}
         detail = "; ".join(f"{k} {v / MIB:+.4f} MiB/step" if k != "inactive_split_share" else f"{k} {v:+.5f}/step"
                            for k, v in slopes.items())
         leak = ["no leak or fragmentation alarm" + (f" (last slopes: {detail})" if detail else " (window not yet full)")]
-    cost = []
     errs: dict[str, list[float]] = defaultdict(list)
     for c in d.calls:
         # a call in host memory has no device peak to compare: its "-100%" would be a false alarm
         if c.get("error_ratio") is not None and not c.get("on_host"):
             errs[c["model"]].append(c["error_ratio"])
-    for m, e in sorted(errs.items()):
-        cost.append(f"{m}: mean |error| {100 * statistics.fmean(abs(x) for x in e):.1f}%, "
-                    f"max |error| {100 * max(abs(x) for x in e):.1f}%, median {100 * statistics.median(e):+.1f}% over {len(e)} calls")
-    if not cost:
-        for m, v in sorted((s.get("models") or {}).items()):
-            if v.get("cost_model_mean_abs_error") is not None:
-                cost.append(f"{m}: mean |error| {100 * v['cost_model_mean_abs_error']:.1f}%")
-    profiling = []
-    for p in d.profiles:
-        profiling.append(f"step {p.get('step')} {p.get('name')}: {p.get('seconds', 0.0):.1f} s profiling, "
-                         f"{p.get('shapes')} shapes")
+    cost = [f"{m}: mean |error| {100 * statistics.fmean(abs(x) for x in e):.1f}%, max |error| "
+            f"{100 * max(abs(x) for x in e):.1f}%, median {100 * statistics.median(e):+.1f}% over {len(e)} calls"
+            for m, e in sorted(errs.items())] or [
+        f"{m}: mean |error| {100 * v['cost_model_mean_abs_error']:.1f}%"
+        for m, v in sorted((s.get("models") or {}).items()) if v.get("cost_model_mean_abs_error") is not None]
+    profiling = [f"step {p.get('step')} {p.get('name')}: {p.get('seconds', 0.0):.1f} s profiling, {p.get('shapes')} shapes"
+                 for p in d.profiles]
     if profiling:
         profiling.insert(0, f"{len(d.profiles)} profiles inside steps, {sum(p.get('seconds') or 0.0 for p in d.profiles):.1f} s in all")
-    return {"Run": run, "Top inputs behind the peaks": peaks or ["no measured peaks"], "OOMs": ooms,
+    return {"Run": run, "Top inputs behind the peaks": peaks or ["no measured peaks"], "OOMs": ooms or ["no OOM"],
             "Profiling inside steps": profiling or ["none: every cost model came from the load-time calibration"],
             "Leak verdict": leak, "Cost model error (measured vs predicted peak)": cost or ["no predictions to compare"]}
 
 
-def _html(d: RunData, sections: dict[str, list[str]], images: list[tuple[str, str, Path]]) -> str:
+def _html(d: RunData, sections: dict[str, list[str]], images: list[tuple[str, str, Path]], tables: str) -> str:
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>rewardstack run report</title>",
              "<style>body{font-family:sans-serif;max-width:1300px;margin:20px auto;color:#222}"
              "h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}"
@@ -321,7 +520,7 @@ def _html(d: RunData, sections: dict[str, list[str]], images: list[tuple[str, st
     for name, title, path in images:
         data = base64.b64encode(path.read_bytes()).decode("ascii")
         parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
-    parts.append("</body></html>")
+    parts += [tables, "</body></html>"]
     return "\n".join(parts)
 
 
@@ -330,8 +529,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     d = RunData(run_dir)
     out_dir = Path(out) if out is not None else d.root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    from rewardstack._telemetry.card import card_tables, plot_card
-
     drawers = [plot_card, plot_memory, plot_peak_by_model, plot_peak_vs_tokens, plot_step_time, plot_statuses]
     images = []
     for (name, title), draw in zip(PLOTS, drawers):
@@ -340,7 +537,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
         images.append((name, title, path))
     sections = summarize(d)
     page = out_dir / "report.html"
-    page.write_text(_html(d, sections, images).replace("</body></html>", card_tables(d) + "\n</body></html>"), encoding="utf-8")
+    page.write_text(_html(d, sections, images, card_tables(d)), encoding="utf-8")
     text = "\n".join(f"{title}:\n" + "\n".join(f"  - {x}" for x in lines) for title, lines in sections.items())
     return page, text
 

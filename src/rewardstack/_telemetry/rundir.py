@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from rewardstack._fileio import atomic_write_json, jsonable
 
@@ -31,6 +32,8 @@ EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
 INCIDENTS = "incidents"
 SNAPSHOT_SUFFIX = ".snapshot.pickle"
+ON_CARD = ("resident", "swapped_in")
+"""The weight states (a step record's `card`) that occupy the card."""
 _SEGMENT = re.compile(r"timeline\.(\d{6})\.jsonl$")
 
 
@@ -52,14 +55,13 @@ class RunDir:
         max_bytes: int = 256 * 1024**2,
         keep_incidents: int = 50,
         keep_snapshots: int = 3,
-        segment_bytes: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.max_bytes = int(max_bytes)
         self.keep_incidents = keep_incidents
         self.keep_snapshots = keep_snapshots
         # Small segments lose little history when the oldest goes; many keep listing cheap.
-        self.segment_bytes = min(segment_bytes or max(4096, self.max_bytes // 16), max(1, self.max_bytes // 4))
+        self.segment_bytes = min(max(4096, self.max_bytes // 16), max(1, self.max_bytes // 4))
         self.incident_dir = self.path / INCIDENTS
         self.incident_dir.mkdir(parents=True, exist_ok=True)
         self._segments = sorted(p for p in self.path.iterdir() if _SEGMENT.match(p.name))
@@ -88,14 +90,15 @@ class RunDir:
         """Push buffered timeline lines to the file (once per step)."""
         self._timeline.flush()
 
-    def incident(self, record: dict[str, Any], *, snapshot: Callable[[Path], None] | None = None) -> Path:
-        """Write one incident record (and, given `snapshot`, the file it writes beside it)."""
+    def incident(self, record: dict[str, Any], *, snapshot: Any = None) -> Path:
+        """Write one incident record (and, given the allocator's `snapshot`, its pickle beside it)."""
         self._incident_seq += 1
         stem = f"{self._incident_seq:06d}-step{record.get('step', 'na')}-{_safe(str(record.get('model', 'model')))}"
         if snapshot is not None:  # pragma: no cover - CUDA-only path (the allocator snapshot)
             snap = self.incident_dir / (stem + SNAPSHOT_SUFFIX)
             try:
-                snapshot(snap)
+                with open(snap, "wb") as f:
+                    pickle.dump(snapshot, f)  # for torch.cuda._memory_viz; rewardstack never loads it
                 record = {**record, "memory_snapshot": snap.name}
             except Exception as e:  # noqa: BLE001 - forensics must not stop scoring
                 log.warning("could not write the allocator snapshot: %s", e)
@@ -136,17 +139,16 @@ class RunDir:
             seg_total -= _size(old)
             old.unlink(missing_ok=True)
         # The incidents: the newest records and snapshots stay, within the count and half the cap.
-        files = sorted(self.incident_dir.iterdir(), key=lambda p: p.name)
-        records = [p for p in files if p.suffix == ".json"]
-        snapshots = [p for p in files if p.name.endswith(SNAPSHOT_SUFFIX)]
-        for p in records[: max(0, len(records) - self.keep_incidents)]:
+        records = sorted(self.incident_dir.glob("*.json"))
+        snapshots = sorted(self.incident_dir.glob("*" + SNAPSHOT_SUFFIX))
+        old_records = max(0, len(records) - self.keep_incidents)
+        old_snapshots = max(0, len(snapshots) - self.keep_snapshots)
+        for p in records[:old_records] + snapshots[:old_snapshots]:
             p.unlink(missing_ok=True)
-        for p in snapshots[: max(0, len(snapshots) - self.keep_snapshots)]:
-            p.unlink(missing_ok=True)
-        files = sorted((p for p in self.incident_dir.iterdir() if not p.name.endswith(".tmp")), key=lambda p: p.name)
-        total = sum(_size(p) for p in files)
         # Snapshots are the big files: they go before any record does.
-        for p in [f for f in files if f.name.endswith(SNAPSHOT_SUFFIX)] + [f for f in files if f.suffix == ".json"]:
+        kept = snapshots[old_snapshots:] + records[old_records:]
+        total = sum(_size(p) for p in kept)
+        for p in kept:
             if total <= half:
                 break
             total -= _size(p)
