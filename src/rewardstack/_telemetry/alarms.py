@@ -78,14 +78,11 @@ class SlopeAlarm:
         self.points.append((step, float(value)))
         if len(self.points) < self.window:
             return None
-        xs = [float(s) for s, _ in self.points]
-        ys = [v for _, v in self.points]
-        k = slope(xs, ys)
-        self.last_slope = k
+        steps, ys = zip(*self.points)
+        k = self.last_slope = slope(list(steps), list(ys))
         if k > self.threshold and self.armed:
             self.armed = False
-            return Trend(self.series, k, self.threshold, self.window, self.points[0][0], self.points[-1][0],
-                         ys[0], ys[-1], self.unit)
+            return Trend(self.series, k, self.threshold, self.window, steps[0], steps[-1], ys[0], ys[-1], self.unit)
         if k < self.threshold / 2:
             self.armed = True
         return None
