@@ -255,23 +255,6 @@ def _numbers(values: Any, field: str, line: int | None, uids: bool) -> list[Any]
     return out
 
 
-def times(values: Any, field: str, line: int | None = None) -> list[float] | None:
-    """Completion times as floats, 0.0 where one is not recorded; None when the list is not recorded."""
-    if _missing(values):
-        return None
-    if not isinstance(values, (list, tuple)):
-        raise InputError(f"must be a list of numbers, got {_show(values)}", line=line, field=field)
-    out = []
-    for i, v in enumerate(values):
-        if _missing(v):
-            out.append(0.0)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out.append(float(v))
-        else:
-            raise InputError(f"must be a number, got {_show(v)}", line=line, field=f"{field}[{i}]")
-    return out
-
-
 def text(value: Any, field: str) -> str | None:
     """A string; None when not recorded (null, or NaN: pandas stores a column of missing texts as doubles)."""
     if _missing(value):
@@ -298,20 +281,12 @@ def step_numbers(record: Mapping[str, Any], *, uids: str = "uids", times_of: str
     return {k: v for k, v in out.items() if not _missing(v)}
 
 
-
 def _floats(values: Any, n: int) -> list[float] | None:
     """A list of n numbers (null -> NaN), or None when the field is not such a list."""
-    if not isinstance(values, (list, tuple)) or len(values) != n:
+    if not isinstance(values, (list, tuple)) or len(values) != n or not all(
+            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
         return None
-    out = []
-    for v in values:
-        if v is None:
-            out.append(math.nan)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out.append(float(v))
-        else:
-            return None
-    return out
+    return [math.nan if v is None else float(v) for v in values]
 
 
 def _logged_models(ev: Mapping[str, Any], n: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
@@ -395,14 +370,9 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
     base, opens = bases(name, prompt, best if isinstance(best, str) else None, where)
     if isinstance(ev.get("base_prompt"), str):
         base = ev["base_prompt"]  # the event says what was scored (rewardstack's events do): no rebuilding
-    d: dict[str, Any] = {"name": name, "prompt": prompt, "completions": completions, **numbers}
-    if base is not None:
-        d["base_prompt"] = base
-    if opens:
-        d["new_forward_pass"] = True
-    if isinstance(best, str):
-        d["logged_best"] = best
-    step = Step.from_dict(d, line=line)
+    d = {"name": name, "prompt": prompt, "completions": completions, **numbers, "base_prompt": base,
+         "new_forward_pass": opens, "logged_best": best if isinstance(best, str) else None}
+    step = Step.from_dict({k: v for k, v in d.items() if v is not None}, line=line)
     cut = _recorded_cut(ev.get("model_statuses"), n)
     for i in sorted({i for ix in cut.values() for i in ix}):
         if step.completions[i] is not None:
@@ -415,11 +385,8 @@ def _recorded_cut(model_statuses: Any, n: int) -> dict[str, list[int]]:
     """Per model, the completions rewardstack's event records as `cut` (`model_statuses`)."""
     if not isinstance(model_statuses, Mapping):
         return {}
-    out = {}
-    for model, sts in model_statuses.items():
-        if isinstance(sts, list) and len(sts) == n and "cut" in sts:
-            out[str(model)] = [i for i, s in enumerate(sts) if s == "cut"]
-    return out
+    return {str(model): [i for i, s in enumerate(sts) if s == "cut"] for model, sts in model_statuses.items()
+            if isinstance(sts, list) and len(sts) == n and "cut" in sts}
 
 
 def _lines(path: Path) -> Iterator[tuple[str, int | None, str]]:

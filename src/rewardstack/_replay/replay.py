@@ -260,11 +260,6 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{int(n)} B"
 
 
-def _head(text: str) -> str:
-    h = text[:HEAD_CHARS]
-    return h + ("..." if len(text) > HEAD_CHARS else "")
-
-
 # -- replay ---------------------------------------------------------------------------------------
 
 def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]], k: int,
@@ -287,7 +282,8 @@ def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]
         tops = []
         for peak, chars, _, pos, i in ranked[:k]:
             text = steps[pos].step.completions[i] or ""
-            t = TopInput(model, pos, i, chars, _head(text), steps[pos].where, peak,
+            head = text[:HEAD_CHARS] + ("..." if len(text) > HEAD_CHARS else "")
+            t = TopInput(model, pos, i, chars, head, steps[pos].where, peak,
                          recorded_cut=i in steps[pos].cut.get(model, ()))
             if reference and (spec(model).reference_unbounded or not tops):
                 # Every top input of the OpenAssistant model (the one whose unbounded reference
