@@ -184,7 +184,8 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
                                and f["statuses"][i] != "oom" and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom")
     norm_equal, norm_diff = _normalizers_match(folded, faulted_state.get("normalizers", {}), active_rewards)
     return {
-        "events": pos + 1, "expected": len(expected_hashes), "missing": sum(1 for h in expected_hashes if h not in counts),
+        "events": pos + 1, "expected": len(expected_hashes),
+        "missing": sum(1 for h in expected_hashes if h not in counts),
         "duplicates": sum(c - 1 for c in counts.values() if c > 1),
         "in_order": order_ok and pos + 1 == len(expected_hashes), "mismatched_values": n_mismatched,
         "mismatches": mismatched, "rebatched_values": sum(rebatched_by_model.values()),

@@ -33,7 +33,8 @@ _MAKERS: dict[str, Callable[[random.Random, str], str]] = {
     "huge": lambda rng, prompt: text(rng, HUGE_CHARS),
     "repeated_token": lambda rng, prompt: " ".join(["the"] * rng.randint(3000, 6000)),
     "control_chars": lambda rng, prompt: "start\x00middle\x01\x02\x07bell\x08\x0b\x0c\x1b[31mred\x1b[0m\x7f\x85\x9f end",
-    "rtl": lambda rng, prompt: "\u200fمرحبا بالعالم\u200e and \u202eреверс\u202c \u05e9\u05dc\u05d5\u05dd \u2067isolate\u2069",
+    "rtl": lambda rng, prompt: ("\u200fمرحبا بالعالم\u200e and \u202eреверс\u202c \u05e9\u05dc\u05d5\u05dd "
+                                "\u2067isolate\u2069"),
     "astral": lambda rng, prompt: "🙂🚀 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈𐌰 🧪👩‍👩‍👧‍👦 🏳️‍🌈 \U0001F9EA" * 3,
 }
 KINDS = tuple(_MAKERS)

@@ -59,10 +59,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
     if args.rejudge:
         return rejudge(Path(args.rejudge), args)
     from rewardstack.config import load_config
+    from rewardstack._memory.manager import check_device
     from rewardstack._replay.supervisor import spawn, supervise
     from rewardstack._replay.workload import soak_steps, write_steps
-
-    from rewardstack._memory.manager import check_device
 
     check_device(load_config(args.config).device)  # fails here, clearly, before any process starts
     run_dir = new_run_dir(args, "soak")

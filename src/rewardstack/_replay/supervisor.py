@@ -105,19 +105,14 @@ def worker(args: argparse.Namespace) -> int:
         gc.freeze()
         if args.faults > 0:
             stack.memory.injector = FaultInjector(args.faults, seed=args.seed)
-        seen = [stack.memory.oom_log[-1] if stack.memory.oom_log else None]
+        seen = [stack.memory.ooms_total]  # a total: oom_log is a bounded ring buffer
         rest = open(args.rest, "a", encoding="utf-8")
 
         def on_result(step: Step, result: Any) -> None:
-            log = list(stack.memory.oom_log)
-            new = []
-            for rec in reversed(log):  # the records after the last one seen (the log may be bounded)
-                if rec is seen[0]:
-                    break
-                new.append(rec)
-            seen[0] = log[-1] if log else None
+            fresh, seen[0] = stack.memory.ooms_total - seen[0], stack.memory.ooms_total
+            new = list(stack.memory.oom_log)[-fresh:] if fresh else []
             # Committed with the event: OOM counts are exact per committed step, kills or not.
-            result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in reversed(new)]
+            result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in new]
             tracker, history = stack.memory.tracker, stack.state.diversity.history
             # Memory at rest: the simulated device's live bytes (CPU) or the allocator's (CUDA).
             at_rest = (tracker.live_bytes if tracker is not None else
@@ -162,9 +157,9 @@ def spawn(cfg: str, steps: Path, folder: Path, *, faults: float, seed: int, budg
     """Start one scoring process on `folder` (events, state, memory log, its own log file); it
     touches `ready`, if given, once its stack is built and calibrated."""
     folder.mkdir(parents=True, exist_ok=True)
-    args = {"config": cfg, "input": str(steps), "output": str(folder / "events.jsonl"), "state_dir": str(folder / "state"),
-            "rest": str(folder / "rest.jsonl"), "faults": faults, "seed": seed, "threads": threads, "budget": budget,
-            "ready": str(ready) if ready is not None else None}
+    args = {"config": cfg, "input": str(steps), "output": str(folder / "events.jsonl"),
+            "state_dir": str(folder / "state"), "rest": str(folder / "rest.jsonl"), "faults": faults, "seed": seed,
+            "threads": threads, "budget": budget, "ready": str(ready) if ready is not None else None}
     return popen([sys.executable, "-m", "rewardstack._replay.supervisor", json.dumps(args)],
                  folder / f"worker-{tag}.log", threads)
 
