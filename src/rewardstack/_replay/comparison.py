@@ -19,9 +19,8 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from rewardstack.config import MASKS, REWARD_MODELS
 from rewardstack._models import DIVERSITY, MODELS, owner_of
@@ -73,8 +72,8 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
                 yield _light(line)
 
 
-class EventIndex(Mapping[str, dict[str, Any]]):
-    """An event file by `step_hash`: offsets in memory, each event read when asked for."""
+class EventIndex:
+    """An event file by `step_hash`: offsets in memory, each event read when asked for (`get`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -91,16 +90,12 @@ class EventIndex(Mapping[str, dict[str, Any]]):
                         self.offsets.setdefault(h, pos)
                     pos += len(raw)
 
-    def __getitem__(self, h: str) -> dict[str, Any]:
+    def get(self, h: str) -> dict[str, Any] | None:
+        if h not in self.offsets:
+            return None
         with self.path.open("rb") as f:
             f.seek(self.offsets[h])
             return _light(f.readline().decode("utf-8"))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets)
 
 
 def _num(x: Any) -> float:
@@ -115,35 +110,29 @@ def same(a: Any, b: Any, tol: float = TOL) -> bool:
     return abs(x - y) <= tol * max(1.0, abs(y))
 
 
-@dataclass
-class _Tally:
-    """What `compare` finds in the steps both runs scored."""
-
-    folded: dict[str, Any]
-    """Per active model, the clean run's raw values over the completions the faulted run included."""
-    mismatched: list[dict[str, Any]] = field(default_factory=list)
-    n_mismatched: int = 0
-    rebatched: list[dict[str, Any]] = field(default_factory=list)
-    rebatched_by_model: Counter[str] = field(default_factory=Counter)
-    rebatched_max: float = 0.0
-    unexplained: list[dict[str, Any]] = field(default_factory=list)
-    oom_included: list[dict[str, Any]] = field(default_factory=list)
-
-
 def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
-            clean: Mapping[str, dict[str, Any]] | Sequence[dict[str, Any]],
+            clean: EventIndex | Sequence[dict[str, Any]],
             faulted_state: dict[str, Any], active_rewards: list[str]) -> dict[str, Any]:
     """The soak's comparison of the faulted run against the clean one (see the module docstring).
 
-    `clean`: the clean run's events by `step_hash` (an `EventIndex`), or as a list.
+    `clean`: the clean run's events by `step_hash` (an `EventIndex`), or as a list. Also returned:
+    the faulted run's completions by status (`completions`) and its OOMs from the committed
+    `soak_ooms` records (`ooms`), which the verdict reports apart from the comparison.
     """
     from rewardstack._state import RunningNormalizer
 
-    by_hash = clean if isinstance(clean, Mapping) else {e.get("step_hash"): e for e in clean}
+    by_hash = clean if isinstance(clean, EventIndex) else {e.get("step_hash"): e for e in clean}
     counts: Counter[str] = Counter()
     order_ok = True
-    t = _Tally({m: RunningNormalizer() for m in active_rewards})
-    oom_statuses = gave_up = 0
+    # Per active model, the clean run's raw values over the completions the faulted run included.
+    folded = {m: RunningNormalizer() for m in active_rewards}
+    mismatched: list[dict[str, Any]] = []
+    rebatched: list[dict[str, Any]] = []
+    rebatched_by_model: Counter[str] = Counter()
+    n_mismatched = unexplained = oom_included = oom_statuses = 0
+    rebatched_max = 0.0
+    statuses: Counter[str] = Counter()
+    ooms = dict.fromkeys(("injected", "recovered", "gave_up", "real", "split", "cpu_fallback"), 0)
     history_noise = False
     pos = -1
     for pos, f in enumerate(faulted):
@@ -152,7 +141,12 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         if pos >= len(expected_hashes) or expected_hashes[pos] != h:
             order_ok = False
         recs = f.get("soak_ooms", [])
-        gave_up += sum(r["action"] == "gave_up" for r in recs)
+        statuses.update(f["statuses"])
+        for r in recs:
+            ooms["injected" if r["injected"] else "real"] += 1
+            if r["action"] in ("split", "cpu_fallback", "gave_up"):
+                ooms[r["action"]] += 1
+                ooms["recovered"] += r["action"] != "gave_up"
         oom_statuses += sum(s == "oom" for sts in f.get("model_statuses", {}).values() for s in sts)
         c = by_hash.get(h)
         if c is None:
@@ -164,58 +158,44 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         history_noise = history_noise or DIVERSITY.name in split
         if history_noise:
             split.add(DIVERSITY.name)
-        _compare_step(t, pos, f, c, split, active_rewards)
-    events = pos + 1
-    duplicates = sum(c - 1 for c in counts.values() if c > 1)
-    missing = sum(1 for h in expected_hashes if h not in counts)
-    in_order = order_ok and events == len(expected_hashes)
-    norm_equal, norm_diff = _normalizers_match(t.folded, faulted_state.get("normalizers", {}), active_rewards)
+        n = len(f["statuses"])
+        for i, status in enumerate(f["statuses"]):
+            if status == "oom":
+                # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
+                oom_included += any(not math.isnan(_num(f[m][i])) for m in active_rewards
+                                    if f["model_statuses"].get(m, [None] * (i + 1))[i] == "oom")
+                continue
+            pairs = [(m, f[m][i], c[m][i]) for m in [*REWARD_MODELS, *MASKS]] + [("status", status, c["statuses"][i])]
+            for m, x, y in pairs:
+                if (x == y) if m == "status" else same(x, y):
+                    continue
+                if m in split and same(x, y, rebatch_tol(m)):
+                    rebatched_by_model[m] += 1
+                    rebatched_max = max(rebatched_max, abs(_num(x) - _num(y)))
+                    if len(rebatched) < LISTED:
+                        rebatched.append({"step": pos, "index": i, "model": m, "diff": abs(_num(x) - _num(y))})
+                else:
+                    n_mismatched += 1
+                    if len(mismatched) < LISTED:
+                        mismatched.append({"step": pos, "index": i, "model": m, "faulted": x, "clean": y})
+        for m in active_rewards:
+            folded[m].update([_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))])
+            unexplained += sum(1 for i in range(n) if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i]))
+                               and f["statuses"][i] != "oom" and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom")
+    norm_equal, norm_diff = _normalizers_match(folded, faulted_state.get("normalizers", {}), active_rewards)
     return {
-        "events": events, "expected": len(expected_hashes), "missing": missing, "duplicates": duplicates,
-        "in_order": in_order, "mismatched_values": t.n_mismatched, "mismatches": t.mismatched,
-        "rebatched_values": sum(t.rebatched_by_model.values()), "rebatched_by_model": dict(t.rebatched_by_model),
-        "rebatched_max_diff": t.rebatched_max, "rebatched": t.rebatched,
-        "unexplained_exclusions": len(t.unexplained), "oom_in_statistics": len(t.oom_included),
-        "oom_gave_up": gave_up, "oom_statuses": oom_statuses,
+        "events": pos + 1, "expected": len(expected_hashes),
+        "missing": sum(1 for h in expected_hashes if h not in counts),
+        "duplicates": sum(c - 1 for c in counts.values() if c > 1),
+        "in_order": order_ok and pos + 1 == len(expected_hashes), "mismatched_values": n_mismatched,
+        "mismatches": mismatched, "rebatched_values": sum(rebatched_by_model.values()),
+        "rebatched_by_model": dict(rebatched_by_model), "rebatched_max_diff": rebatched_max, "rebatched": rebatched,
+        "unexplained_exclusions": unexplained, "oom_in_statistics": oom_included,
+        "oom_gave_up": ooms["gave_up"], "oom_statuses": oom_statuses,
         "normalizers_equal": norm_equal, "max_normalizer_diff": norm_diff,
         "steps_in_state": faulted_state.get("stack", {}).get("steps_scored"),
+        "ooms": {**ooms, "reported": statuses.get("oom", 0)}, "completions": statuses,
     }
-
-
-def _compare_step(t: _Tally, pos: int, f: dict[str, Any], c: dict[str, Any], split: set[str],
-                  active: list[str]) -> None:
-    """One step's values and statuses against the clean run's (`split`: its models that may carry batching noise)."""
-    n = len(f["statuses"])
-    for i, status in enumerate(f["statuses"]):
-        if status == "oom":
-            # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
-            if any(not math.isnan(_num(f[m][i])) for m in active if f["model_statuses"].get(m, [None] * (i + 1))[i] == "oom"):
-                t.oom_included.append({"step": pos, "index": i})
-            continue
-        for m in list(REWARD_MODELS) + list(MASKS):
-            if same(f[m][i], c[m][i]):
-                continue
-            if m in split and same(f[m][i], c[m][i], rebatch_tol(m)):
-                d = abs(_num(f[m][i]) - _num(c[m][i]))
-                t.rebatched_by_model[m] += 1
-                t.rebatched_max = max(t.rebatched_max, d)
-                if len(t.rebatched) < LISTED:
-                    t.rebatched.append({"step": pos, "index": i, "model": m, "diff": d})
-            else:
-                t.n_mismatched += 1
-                if len(t.mismatched) < LISTED:
-                    t.mismatched.append({"step": pos, "index": i, "model": m, "faulted": f[m][i], "clean": c[m][i]})
-        if status != c["statuses"][i]:
-            t.n_mismatched += 1
-            if len(t.mismatched) < LISTED:
-                t.mismatched.append({"step": pos, "index": i, "model": "status", "faulted": status, "clean": c["statuses"][i]})
-    for m in active:
-        included = [_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))]
-        excluded_clean = [i for i in range(n)
-                          if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i])) and f["statuses"][i] != "oom"
-                          and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom"]
-        t.unexplained += [{"step": pos, "index": i, "model": m} for i in excluded_clean]
-        t.folded[m].update(included)
 
 
 def _normalizers_match(folded: dict[str, Any], stored: dict[str, Any], active: list[str]) -> tuple[bool, float]:
@@ -263,11 +243,10 @@ def _read_rest(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def memory_slope(rest_path: Path, n_steps: int, *, process_warmup: int | None = None,
-                 reference: Path | None = None) -> dict[str, Any]:
+def memory_slope(rest_path: Path, n_steps: int, *, reference: Path | None = None) -> dict[str, Any]:
     """Least-squares slopes of memory at rest (tracked bytes, RSS; bytes per step), pooled within
     each process, after the diversity history is full (else after a warm-up of N/5 steps) and
-    after each process's first `process_warmup` steps (default `PROCESS_WARMUP`, at most N/10).
+    after each process's first `PROCESS_WARMUP` steps (at most N/10).
 
     `reference`: the clean run's rest log. A process's resident set rises steeply and then flattens
     as its arenas warm up (the 10,000-step clean run: 153 KiB a step over its steps 20-200, 5 KiB
@@ -277,8 +256,7 @@ def memory_slope(rest_path: Path, n_steps: int, *, process_warmup: int | None = 
     warm-up common to both cancels, and what the faulted path keeps (per OOM, per restart) grows."""
     from rewardstack._scorers.embedding import HISTORY_MAX
 
-    if process_warmup is None:
-        process_warmup = min(PROCESS_WARMUP, n_steps // 10)
+    process_warmup = min(PROCESS_WARMUP, n_steps // 10)
     recs = _read_rest(rest_path)
     first: dict[int, int] = {}
     for r in recs:

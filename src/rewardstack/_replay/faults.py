@@ -26,43 +26,32 @@ class FaultInjector:
 
     Deterministic: the same seed and the same sequence of calls inject at the same passes.
     `models` limits injection to those model names (None: all). `calls` and `injected` count
-    passes seen and OOMs raised, per model in `by_model`.
+    passes seen and OOMs raised.
     """
+
+    MAX_AFTER = 8
+    """`during` fails a pass after 1..MAX_AFTER tensor-creating ops."""
 
     def __init__(self, rate: float, seed: int = 0, *, models: Sequence[str] | None = None) -> None:
         self.rate = rate
-        self.seed = seed
         self.models = set(models) if models is not None else None
         self.rng = random.Random(seed)
-        self.calls = 0
-        self.injected = 0
-        self.by_model: dict[str, list[int]] = {}  # name -> [calls, injected]
-        self.max_after = 8  # `during` fails a pass after 1..max_after tensor-creating ops
-
-    def reset(self) -> None:
-        """Start the same sequence of injections again."""
-        self.rng = random.Random(self.seed)
         self.calls = self.injected = 0
-        self.by_model.clear()
 
     def _draw(self, model: str) -> bool:
         """Count a pass and decide whether it gets an OOM."""
         if self.models is not None and model not in self.models:
             return False
         self.calls += 1
-        counts = self.by_model.setdefault(model, [0, 0])
-        counts[0] += 1
-        if self.rate > 0 and self.rng.random() < self.rate:
-            self.injected += 1
-            counts[1] += 1
-            return True
-        return False
+        hit = self.rate > 0 and self.rng.random() < self.rate
+        self.injected += hit
+        return hit
 
     @contextmanager
     def during(self, model: str, batch: Sequence[int]) -> Iterator[None]:
         """Run one forward pass that, with probability `rate`, fails with an `InjectedOOM` inside it.
 
-        The OOM is raised after the pass's first 1..`max_after` tensor-creating ops (drawn from the
+        The OOM is raised after the pass's first 1..`MAX_AFTER` tensor-creating ops (drawn from the
         seed), so the tensors it already allocated are live when it fails, as in a real OOM; a pass
         with fewer ops fails at its end. Other passes run untouched.
         """
@@ -70,7 +59,7 @@ class FaultInjector:
             yield
             return
         message = f"injected OOM in {model} (batch of {len(batch)})"
-        with _RaiseAfter(self.rng.randint(1, self.max_after), message):
+        with _RaiseAfter(self.rng.randint(1, self.MAX_AFTER), message):
             yield
         raise InjectedOOM(message)
 
@@ -85,16 +74,12 @@ class _RaiseAfter(TorchDispatchMode):
 
     def __init__(self, after: int, message: str) -> None:
         super().__init__()
-        self.after = after
-        self.message = message
-        self.seen = 0
-        self.fired = False
+        self.left, self.message = after, message
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
-        if not self.fired and tensors_in(out):
-            self.seen += 1
-            if self.seen >= self.after:
-                self.fired = True
+        if self.left > 0 and tensors_in(out):
+            self.left -= 1
+            if self.left == 0:  # fires once
                 raise InjectedOOM(self.message)
         return out

@@ -20,35 +20,32 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from typing import Any, Callable
 
 from rewardstack.stack import Step
 from rewardstack._replay.synthetic import text
 
-KINDS = ("empty", "whitespace", "prompt_itself", "huge", "repeated_token", "control_chars", "rtl", "astral")
-"""Kinds that become one completion each (the surrogate and growing-prompt kinds act on lines and prompts)."""
 HUGE_CHARS = 100_000
+_MAKERS: dict[str, Callable[[random.Random, str], str]] = {
+    "empty": lambda rng, prompt: "",
+    "whitespace": lambda rng, prompt: " \t\n \u00a0\u2003 \r\n",
+    "prompt_itself": lambda rng, prompt: prompt,
+    "huge": lambda rng, prompt: text(rng, HUGE_CHARS),
+    "repeated_token": lambda rng, prompt: " ".join(["the"] * rng.randint(3000, 6000)),
+    "control_chars": lambda rng, prompt: "start\x00middle\x01\x02\x07bell\x08\x0b\x0c\x1b[31mred\x1b[0m\x7f\x85\x9f end",
+    "rtl": lambda rng, prompt: ("\u200fمرحبا بالعالم\u200e and \u202eреверс\u202c \u05e9\u05dc\u05d5\u05dd "
+                                "\u2067isolate\u2069"),
+    "astral": lambda rng, prompt: "🙂🚀 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈𐌰 🧪👩‍👩‍👧‍👦 🏳️‍🌈 \U0001F9EA" * 3,
+}
+KINDS = tuple(_MAKERS)
+"""Kinds that become one completion each (the surrogate and growing-prompt kinds act on lines and prompts)."""
 
 
 def completion(kind: str, rng: random.Random, prompt: str) -> str:
     """One pathological completion of `kind`."""
-    if kind == "empty":
-        return ""
-    if kind == "whitespace":
-        return " \t\n \u00a0\u2003 \r\n"
-    if kind == "prompt_itself":
-        return prompt
-    if kind == "huge":
-        return text(rng, HUGE_CHARS)
-    if kind == "repeated_token":
-        return " ".join(["the"] * rng.randint(3000, 6000))
-    if kind == "control_chars":
-        return "start\x00middle\x01\x02\x07bell\x08\x0b\x0c\x1b[31mred\x1b[0m\x7f\x85\x9f end"
-    if kind == "rtl":
-        return "\u200fمرحبا بالعالم\u200e and \u202eреверс\u202c \u05e9\u05dc\u05d5\u05dd \u2067isolate\u2069"
-    if kind == "astral":
-        return "🙂🚀 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈𐌰 🧪👩‍👩‍👧‍👦 🏳️‍🌈 \U0001F9EA" * 3
-    raise ValueError(f"unknown pathological kind {kind!r}")
+    if kind not in _MAKERS:
+        raise ValueError(f"unknown pathological kind {kind!r}")
+    return _MAKERS[kind](rng, prompt)
 
 
 def mix_into(steps: list[Step], seed: int = 0, *, every: int = 3) -> list[Step]:

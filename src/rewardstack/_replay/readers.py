@@ -20,9 +20,16 @@ and is scored as `""`. rewardstack's own events say it in `statuses`, which win 
 model whose logged raw and normalized values are all exactly 0 for a step was off in that run
 (the validator logs zeros for it) and does not count as logged.
 
-Numbers are converted from what each format stores to what a step holds here, at the edge
-(`replay.convert`: the published exports store every number as a double and a missing one as NaN);
-`Step.from_dict` stays as strict as `score` needs it.
+Numbers are converted from what each format stores to what a step holds here, at the edge;
+`Step.from_dict` stays as strict as `score` needs it (a float `block` there is a mistake to name).
+The published parquet exports store every number as a double (`block` 1000000.0, uids 12.0) and a
+missing number as NaN (W&B's export goes through pandas); the loguru log and rewardstack's events
+are JSON, where Python's `json` writes a missing float as a bare `NaN`. So, per field: a whole
+number (`block`, each uid) is an int or a float with an integral value; NaN or null is "not
+recorded" (the field is left out), except inside the uid list, where a hole cannot be filled and
+the record is skipped. A measure (`gating_loss`, `set_weights`) keeps its value, NaN being "not
+recorded"; a completion time not recorded is 0.0 (what an event without times says). Anything else
+cannot be converted: an `InputError` naming the field and the value, and the record is skipped.
 
 A completion rewardstack's own event records as `cut` (read to `[input] max_chars` only) keeps the
 recorded head exactly as it was read, and `RunStep.cut` says which models cut it, so replay calls it
@@ -49,8 +56,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from rewardstack.config import ALL_MODELS, REWARD_MODELS
 from rewardstack.errors import InputError, RewardStackError
-from rewardstack._fileio import JSONInputError, parse
-from rewardstack._replay.convert import step_numbers, text
+from rewardstack._fileio import parse
 from rewardstack.stack import Step
 
 log = logging.getLogger("rewardstack.replay")
@@ -171,12 +177,10 @@ def _parquet_layout(path: Path) -> str:
 
 def _loguru_start(path: Path) -> float:
     """Timestamp of the file's first record (rotated files are read in time order)."""
-    for line in _raw_bytes(path).split(b"\n"):
-        try:
-            return float(json.loads(line)["record"]["time"]["timestamp"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return math.inf
+    try:
+        return float(_first_json(_raw_bytes(path))["record"]["time"]["timestamp"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def expand(paths: Sequence[str | Path]) -> list[tuple[Path, str]]:
@@ -207,19 +211,82 @@ def expand(paths: Sequence[str | Path]) -> list[tuple[Path, str]]:
 
 # -- records -> steps -----------------------------------------------------------------------------
 
-def _floats(values: Any, n: int) -> list[float] | None:
-    """A list of n numbers (null -> NaN), or None when the field is not such a list."""
-    if not isinstance(values, (list, tuple)) or len(values) != n:
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def whole(value: Any, field: str, line: int | None = None) -> int | None:
+    """An integer from an int or an integral float; None when not recorded (null or NaN)."""
+    if _missing(value):
         return None
-    out = []
-    for v in values:
-        if v is None:
-            out.append(math.nan)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    raise InputError(f"must be a whole number, got {_show(value)}", line=line, field=field)
+
+
+def _numbers(values: Any, field: str, line: int | None, uids: bool) -> list[Any] | None:
+    """Uids (whole numbers, none missing) or completion times (floats, 0.0 where one is not
+    recorded), from a list; None when the list is not recorded."""
+    if _missing(values):
+        return None
+    if not isinstance(values, (list, tuple)):
+        kind = "whole numbers" if uids else "numbers"
+        raise InputError(f"must be a list of {kind}, got {_show(values)}", line=line, field=field)
+    out: list[Any] = []
+    for i, v in enumerate(values):
+        if uids:
+            n = whole(v, f"{field}[{i}]", line)
+            if n is None:  # one uid missing: which miner answered is unknown, and a guess would mislead
+                raise InputError("is not recorded (null or NaN)", line=line, field=f"{field}[{i}]")
+            out.append(n)
+        elif _missing(v):
+            out.append(0.0)
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out.append(float(v))
         else:
-            return None
+            raise InputError(f"must be a number, got {_show(v)}", line=line, field=f"{field}[{i}]")
     return out
+
+
+def text(value: Any, field: str) -> str | None:
+    """A string; None when not recorded (null, or NaN: pandas stores a column of missing texts as doubles)."""
+    if _missing(value):
+        return None
+    if isinstance(value, str):
+        return value
+    raise InputError(f"must be a string, got {_show(value)}", field=field)
+
+
+def step_numbers(record: Mapping[str, Any], *, uids: str = "uids", times_of: str = "completion_times",
+                 line: int | None = None) -> dict[str, Any]:
+    """The numeric fields of a step from a record, converted; those not recorded left out.
+
+    `uids` and `times_of` name the record's columns (layout v1.0 has one pair per task); `line`
+    is the record's line in its file, named in the error when a value cannot be converted.
+    """
+    out: dict[str, Any] = {
+        "block": whole(record.get("block"), "block", line),
+        "uids": _numbers(record.get(uids), uids, line, True),
+        "completion_times": _numbers(record.get(times_of), times_of, line, False),
+        "gating_loss": record.get("gating_loss"),
+        "set_weights": record.get("set_weights"),
+    }
+    return {k: v for k, v in out.items() if not _missing(v)}
+
+
+def _floats(values: Any, n: int) -> list[float] | None:
+    """A list of n numbers (null -> NaN), or None when the field is not such a list."""
+    if not isinstance(values, (list, tuple)) or len(values) != n or not all(
+            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+        return None
+    return [math.nan if v is None else float(v) for v in values]
 
 
 def _logged_models(ev: Mapping[str, Any], n: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
@@ -303,14 +370,9 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
     base, opens = bases(name, prompt, best if isinstance(best, str) else None, where)
     if isinstance(ev.get("base_prompt"), str):
         base = ev["base_prompt"]  # the event says what was scored (rewardstack's events do): no rebuilding
-    d: dict[str, Any] = {"name": name, "prompt": prompt, "completions": completions, **numbers}
-    if base is not None:
-        d["base_prompt"] = base
-    if opens:
-        d["new_forward_pass"] = True
-    if isinstance(best, str):
-        d["logged_best"] = best
-    step = Step.from_dict(d, line=line)
+    d = {"name": name, "prompt": prompt, "completions": completions, **numbers, "base_prompt": base,
+         "new_forward_pass": opens, "logged_best": best if isinstance(best, str) else None}
+    step = Step.from_dict({k: v for k, v in d.items() if v is not None}, line=line)
     cut = _recorded_cut(ev.get("model_statuses"), n)
     for i in sorted({i for ix in cut.values() for i in ix}):
         if step.completions[i] is not None:
@@ -323,92 +385,70 @@ def _recorded_cut(model_statuses: Any, n: int) -> dict[str, list[int]]:
     """Per model, the completions rewardstack's event records as `cut` (`model_statuses`)."""
     if not isinstance(model_statuses, Mapping):
         return {}
-    out = {}
-    for model, sts in model_statuses.items():
-        if isinstance(sts, list) and len(sts) == n and "cut" in sts:
-            out[str(model)] = [i for i, s in enumerate(sts) if s == "cut"]
-    return out
+    return {str(model): [i for i, s in enumerate(sts) if s == "cut"] for model, sts in model_statuses.items()
+            if isinstance(sts, list) and len(sts) == n and "cut" in sts}
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def _lines(path: Path) -> Iterator[tuple[str, int | None, str]]:
     text = _raw_bytes(path).decode("utf-8", errors="surrogateescape")
     # "\n" only: a record may hold U+0085 or U+2028 raw, which str.splitlines would split on.
     for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
-            yield number, line
+            yield f"{path}:{number}", number, line
 
 
-def _read_jsonl(path: Path, kind: str, run: Run, bases: _BasePrompts) -> None:
-    for number, line in _lines(path):
-        where = f"{path}:{number}"
-        try:
-            obj = parse(line)  # bounded nesting: a hostile line is named, never a RecursionError
-            if kind == LOGURU:
-                record = obj.get("record") if isinstance(obj, dict) else None
-                level = (record or {}).get("level") or {}
-                if not isinstance(record, dict) or level.get("name") != "EVENTS":
-                    continue  # lines of other levels are not steps
-                run.steps.append(_event_step(record.get("extra") or {}, where, number, bases))
-            elif kind == EVENTS:
-                run.steps.append(_event_step(obj, where, number, bases))
-            else:
-                run.steps.append(RunStep(Step.from_dict(obj, line=number), where))
-        except JSONInputError as e:
-            run.errors.append(f"{path}: line {number}: {e}")
-        except InputError as e:
-            run.errors.append(f"{path}: {e}")
-
-
-def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
+def _parquet_rows(path: Path) -> Iterator[tuple[str, int | None, dict[str, Any]]]:
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-        yield from batch.to_pylist()
+    rows = (row for batch in pq.ParquetFile(path).iter_batches(batch_size=256) for row in batch.to_pylist())
+    for row_no, row in enumerate(rows):
+        yield f"{path}: row {row_no}", None, row
 
 
-def _read_parquet_v10(path: Path, run: Run) -> None:
-    """Layout v1.0: each row is one forward pass, a `followup` step then an `answer` step."""
-    for row_no, row in enumerate(_parquet_rows(path)):
-        where = f"{path}: row {row_no}"
-        try:
-            base = text(row.get("base_prompt"), "base_prompt")
-            followup_prompt = text(row.get("followup_prompt"), "followup_prompt") or base
-            best_followup = text(row.get("best_followup"), "best_followup")
-            steps = []  # the row's two steps, kept only when both read: a row is one forward pass
-            for name, prompt, step_base, prefix, best, opens in (
-                ("followup", followup_prompt, base, "followup", best_followup, True),
-                ("answer", text(row.get("answer_prompt"), "answer_prompt"), best_followup, "answer",
-                 text(row.get("best_answer"), "best_answer"), None),
-            ):
-                comps = row.get(f"{prefix}_completions")
-                if not isinstance(comps, list):
-                    raise InputError("missing", field=f"{prefix}_completions")
-                # No per-model values in this layout: an empty completion is a failed call.
-                d: dict[str, Any] = {
-                    "name": name, "prompt": prompt,
-                    "completions": [c if isinstance(c, str) and c.strip() else None for c in comps],
-                    "base_prompt": step_base, "logged_best": best,
-                    **step_numbers(row, uids=f"{prefix}_uids", times_of=f"{prefix}_times"),
-                }
-                if opens:
-                    d["new_forward_pass"] = True
-                for key in ("uids", "completion_times"):  # a list of another length than the completions: left out
-                    if len(d.get(key) or comps) != len(comps):
-                        del d[key]
-                step = Step.from_dict({k: v for k, v in d.items() if v is not None}, line=None)
-                steps.append(RunStep(step, f"{where} ({name})", logged_rewards=_floats(row.get(f"{prefix}_rewards"), len(comps))))
-            run.steps.extend(steps)
-        except InputError as e:
-            run.errors.append(f"{where}: {e}")
+def _loguru_steps(obj: Any, where: str, line: int | None, bases: _BasePrompts) -> list[RunStep]:
+    record = obj.get("record") if isinstance(obj, dict) else None
+    level = (record or {}).get("level") or {}
+    if not isinstance(record, dict) or level.get("name") != "EVENTS":
+        return []  # lines of other levels are not steps
+    return [_event_step(record.get("extra") or {}, where, line, bases)]
 
 
-def _read_parquet_v11(path: Path, run: Run, bases: _BasePrompts) -> None:
-    for row_no, row in enumerate(_parquet_rows(path)):
-        where = f"{path}: row {row_no}"
-        try:
-            run.steps.append(_event_step(row, where, None, bases))
-        except InputError as e:
-            run.errors.append(f"{where}: {e}")
+def _v10_steps(row: Any, where: str, line: int | None, bases: _BasePrompts) -> list[RunStep]:
+    """Layout v1.0: each row is one forward pass, a `followup` step then an `answer` step (both, or neither)."""
+    base = text(row.get("base_prompt"), "base_prompt")
+    followup_prompt = text(row.get("followup_prompt"), "followup_prompt") or base
+    best_followup = text(row.get("best_followup"), "best_followup")
+    steps = []
+    for name, prompt, step_base, best in (
+        ("followup", followup_prompt, base, best_followup),
+        ("answer", text(row.get("answer_prompt"), "answer_prompt"), best_followup,
+         text(row.get("best_answer"), "best_answer")),
+    ):
+        comps = row.get(f"{name}_completions")
+        if not isinstance(comps, list):
+            raise InputError("missing", field=f"{name}_completions")
+        # No per-model values in this layout: an empty completion is a failed call.
+        d: dict[str, Any] = {
+            "name": name, "prompt": prompt,
+            "completions": [c if isinstance(c, str) and c.strip() else None for c in comps],
+            "base_prompt": step_base, "logged_best": best, "new_forward_pass": name == "followup" or None,
+            **step_numbers(row, uids=f"{name}_uids", times_of=f"{name}_times"),
+        }
+        for key in ("uids", "completion_times"):  # a list of another length than the completions: left out
+            if len(d.get(key) or comps) != len(comps):
+                del d[key]
+        step = Step.from_dict({k: v for k, v in d.items() if v is not None}, line=None)
+        steps.append(RunStep(step, f"{where} ({name})", logged_rewards=_floats(row.get(f"{name}_rewards"), len(comps))))
+    return steps
+
+
+_READERS = {  # kind: (its records, a record's steps)
+    LOGURU: (_lines, _loguru_steps),
+    EVENTS: (_lines, lambda obj, where, line, bases: [_event_step(obj, where, line, bases)]),
+    STEPS: (_lines, lambda obj, where, line, bases: [RunStep(Step.from_dict(obj, line=line), where)]),
+    PARQUET_V10: (_parquet_rows, _v10_steps),
+    PARQUET_V11: (_parquet_rows, lambda row, where, line, bases: [_event_step(row, where, line, bases)]),
+}
 
 
 def read_run(paths: Sequence[str | Path]) -> Run:
@@ -416,13 +456,15 @@ def read_run(paths: Sequence[str | Path]) -> Run:
     run = Run(files=expand(paths))
     bases = _BasePrompts()  # a run's forward passes may continue across rotated files
     for path, kind in run.files:
+        records, steps_of = _READERS[kind]
         try:
-            if kind in (LOGURU, EVENTS, STEPS):
-                _read_jsonl(path, kind, run, bases)
-            elif kind == PARQUET_V10:
-                _read_parquet_v10(path, run)
-            elif kind == PARQUET_V11:
-                _read_parquet_v11(path, run, bases)
+            for where, line, record in records(path):
+                try:
+                    if line is not None:  # bounded nesting: a hostile line is named, never a RecursionError
+                        record = parse(record, line=line)
+                    run.steps.extend(steps_of(record, where, line, bases))
+                except InputError as e:  # a line's error names its line itself
+                    run.errors.append(f"{path if line is not None else where}: {e}")
         except (OSError, zipfile.BadZipFile, EOFError, UnicodeDecodeError) as e:
             run.errors.append(f"{path}: cannot read ({e})")
     for e in run.errors:

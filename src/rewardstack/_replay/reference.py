@@ -14,8 +14,8 @@ the reference's dtype, with the default stack's architectures:
 - diversity: all-mpnet-base-v2 on every completion of the step at once (a failed one as the empty
   text the reference got), padded to the longest, cut to its bound.
 
-Never extrapolated: without a tokenizer to count with, or when the simulation is not installed or
-fails, the figure is unavailable and the note says why.
+Never extrapolated: without a tokenizer to count with, or when the simulation fails, the figure is
+unavailable and the note says why.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from rewardstack.config import REWARD_MODELS
 from rewardstack._models import DIVERSITY, RELEVANCE, spec
+from rewardstack._planning import simulate as sim
 from rewardstack.stack import Step
 
 log = logging.getLogger("rewardstack.replay")
@@ -34,7 +35,6 @@ Figure = tuple[int | None, int | None, int | None, str]
 """(untruncated tokens, reference peak bytes, its largest single allocation, note)."""
 
 NO_TOKENIZER = "unavailable: the model has no tokenizer to count the input's tokens"
-NO_SIMULATION = "unavailable: the full-size simulation (rewardstack._planning.simulate) is not installed"
 
 
 def _count(tok: Any, model: str, text: str, pair: str | None = None) -> int | None:
@@ -49,14 +49,6 @@ def _count(tok: Any, model: str, text: str, pair: str | None = None) -> int | No
         return None
 
 
-def _simulation() -> Any:
-    try:
-        from rewardstack._planning import simulate
-    except ImportError:
-        return None
-    return simulate
-
-
 def _failed(e: Exception) -> str:
     return f"unavailable: the simulation failed ({type(e).__name__}: {e})"
 
@@ -65,9 +57,6 @@ def reference_figure(model: str, tokens: int | None) -> tuple[int | None, int | 
     """(peak, largest allocation, note) of the reference's one-input call at `tokens` tokens, or None and why."""
     if tokens is None:
         return None, None, NO_TOKENIZER
-    sim = _simulation()
-    if sim is None:
-        return None, None, NO_SIMULATION
     n = tokens
     try:
         if not spec(model).reference_unbounded:
@@ -86,9 +75,6 @@ def _relevance(scorer: Any, text: str) -> Figure:
     n2 = _count(getattr(second, "tokenizer", None), RELEVANCE.name, text)
     if n1 is None or n2 is None:
         return n1, None, None, NO_TOKENIZER
-    sim = _simulation()
-    if sim is None:
-        return n1, None, None, NO_SIMULATION
     try:
         bound1, bound2 = int(sim.scorer_bound(f"{RELEVANCE.name}[0]")), int(sim.scorer_bound(f"{RELEVANCE.name}[1]"))
         # Each window holds bound - 2 content tokens between its two special tokens, no stride.
@@ -108,9 +94,6 @@ def _diversity(scorer: Any, step: Step, i: int) -> Figure:
     counts = [_count(tok, DIVERSITY.name, c or "") for c in step.completions]
     if any(n is None for n in counts):
         return counts[i], None, None, NO_TOKENIZER
-    sim = _simulation()
-    if sim is None:
-        return counts[i], None, None, NO_SIMULATION
     try:
         bound = int(sim.scorer_bound(DIVERSITY.name))
         rows = [min(n, bound) for n in counts]  # type: ignore[type-var]

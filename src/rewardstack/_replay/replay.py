@@ -16,13 +16,28 @@ measured per step (tracker peak on CPU, allocator peak on CUDA). The report ends
   unavailable and why, never extrapolated;
 - with `--budget` (bytes or sizes such as 40GiB): whether the run fits that card (CPU: the simulated
   device of that size; CUDA: a hard cap through `torch.cuda.set_per_process_memory_fraction`), with
-  the OOMs it hit;
+  the OOMs it hit, and each input whose status under the budget differs from the run without one
+  (`changed_by_budget`: cut to fit, or lost to an OOM), so it says `fits` only when none did. A
+  budget may cut an input further than the model's own bound (`truncated`) or lose it (`oom`);
+  either changes its score, so "no OOM" is not "fits". The comparison is made per model and per
+  completion against the same stack with its budget lifted, and only for the steps where the
+  budgeted run gave some status other than `ok` or `failed` (the stateless forward pass alone: a
+  status never depends on the state), so a run the budget did not touch costs nothing extra;
 - where the log has the validator's per-model values, agreement: per model, how many raw values
   are within 1e-4 (relative, floor 1), the largest difference and the worst inputs.
 
-A completion the recorded run cut (its event says `cut`) is `cut` again (`replay.recorded_cut`).
+A completion the recorded run cut stays `cut`. rewardstack reads each text up to `[input] max_chars`
+characters; a completion past it is scored on that head with status `cut`, and its event keeps only
+the head. Replayed, that head is no longer than the limit, so the stack would read it whole and call
+it `ok` (or `truncated`), though the input it stands for was longer. The values are the same either
+way; only the status would be wrong. So the readers keep, per model, the completions whose recorded
+status was `cut` (`RunStep.cut`), and replay marks a replayed status that carries a score `cut`
+again (`KeepCut`, in the unbudgeted pass of `changed_by_budget` too); a failure, an OOM or an error
+on replay is kept, being what happened.
 
-`--init-state` instead rebuilds the state from the log (`rewardstack._replay.initstate`).
+`--init-state` instead rebuilds the normalizer statistics (from the logged raw values where the log
+has them, else by scoring), the blacklist (from the logged bests) and the diversity history (by
+embedding), and writes them as the state in C's `state_dir`; it refuses to overwrite a state.
 
 Exit codes (the command's, as `rewardstack._cli_errors` numbers them for every command): 0 every
 record read and the run fits; 2 some records were skipped (each named), the others replayed; 3 the
@@ -39,22 +54,24 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, MutableSequence, Sequence
 
 import torch
 
-from rewardstack.config import load_config
-from rewardstack.errors import RewardStackError
+from rewardstack.config import REWARD_MODELS, load_config
+from rewardstack.errors import RewardStackError, StateError
 from rewardstack._fileio import merge_json_section
 from rewardstack._memory.manager import MemoryObserver
 from rewardstack._memory.device import PeakWindow
 from rewardstack._replay.readers import RunStep, read_run
-from rewardstack._replay.recorded_cut import KeepCut
-from rewardstack._replay.reference import reference_figure, reference_need_of
+from rewardstack._replay.reference import reference_need_of
 from rewardstack._models import owner_of, spec
 from rewardstack._paths import run_dir_for
+from rewardstack._scorers.base import Status
+from rewardstack._stepobservers import StepObserver
 
 log = logging.getLogger("rewardstack.replay")
 
@@ -86,7 +103,6 @@ class PeakProbe(MemoryObserver):
     """Subscribes to the stack's memory manager: the peak of every model run, kept per (step, model)."""
 
     def __init__(self, stack: Any) -> None:
-        self.stack = stack
         self.memory = stack.memory
         self.step = -1
         self.peaks: dict[int, dict[str, int]] = {}
@@ -110,9 +126,33 @@ class PeakProbe(MemoryObserver):
         by_model = self.peaks.setdefault(self.step, {})
         by_model[owner] = max(by_model.get(owner, 0), int(peak))
 
-    def close(self) -> None:
-        """Stop observing the manager."""
-        self.memory.unsubscribe(self)
+
+def mark_cut(model_statuses: Mapping[str, MutableSequence[str]], cut: Mapping[str, Sequence[int]],
+             statuses: MutableSequence[str] | None = None) -> None:
+    """Mark `cut` (per model, completion indices) in `model_statuses` in place, and in the step's `statuses`.
+
+    A step's status is the most severe of its models' (`Status.worst`): one still scored becomes
+    `cut` when one of its models now says `cut`; a failure, OOM or error outranks it and stays.
+    """
+    for model, indices in cut.items():
+        sts = model_statuses.get(model, [])
+        for i in indices:
+            if i < len(sts) and sts[i] in Status.SCORED:
+                sts[i] = Status.CUT
+                if statuses is not None and i < len(statuses) and statuses[i] in Status.SCORED:
+                    statuses[i] = Status.CUT
+
+
+class KeepCut(StepObserver):
+    """Marks the current recorded step's cut completions `cut` in each replayed result; it runs
+    first among the stack's observers, so the operator's line, the telemetry and the event (which
+    holds the same lists) all see the marked statuses."""
+
+    current: RunStep | None = None
+
+    def step_scored(self, stack: Any, result: Any) -> None:
+        if self.current is not None:
+            mark_cut(result.model_statuses, self.current.cut, result.statuses)
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -139,10 +179,6 @@ class TopInput:
     recorded_cut: bool = False
     """The recorded run read this input only up to its `max_chars` (`chars`): the rest is not in the log."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return dict(self.__dict__)
-
 
 @dataclass
 class Agreement:
@@ -153,10 +189,6 @@ class Agreement:
     within: int = 0
     max_diff: float = 0.0
     worst: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -173,8 +205,8 @@ class ReplayReport:
     oom_completions: dict[str, int] = field(default_factory=dict)
     read_errors: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
-    changed: list[Any] = field(default_factory=list)
-    """Inputs the budget cut or whose status it changed (`replay.budget_verdict.Changed`)."""
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    """Inputs the budget cut or whose status it changed (`changed_by_budget`)."""
 
     @property
     def fits(self) -> bool:
@@ -191,7 +223,8 @@ class ReplayReport:
             lost = f"; completions lost to OOM: {sum(self.oom_completions.values())}" if self.oom_completions else ""
             return (f"does not fit {size} unchanged: {len(self.changed)} input(s) cut or changed status compared "
                     f"with the run without the budget ({len(self.ooms)} OOM(s){lost}): "
-                    + "; ".join(c.describe() for c in self.changed[:5])
+                    + "; ".join(f"step {c['step']}, completion {c['index']} ({c['chars']:,} chars), {c['model']}: "
+                                f"{c['unbudgeted']} without the budget -> {c['budgeted']}" for c in self.changed[:5])
                     + (f"; and {len(self.changed) - 5} more" if len(self.changed) > 5 else ""))
         if not self.ooms:
             return f"fits {size}: no OOM, no input cut or changed"
@@ -206,14 +239,14 @@ class ReplayReport:
             "steps": self.steps,
             "completions": self.completions,
             "peak_bytes": self.peaks,
-            "top_inputs": {m: [t.to_dict() for t in ts] for m, ts in self.top.items()},
+            "top_inputs": {m: [asdict(t) for t in ts] for m, ts in self.top.items()},
             "budget_bytes": self.budget_bytes,
             "fits": self.fits,
             "verdict": self.verdict(),
             "ooms": self.ooms,
             "oom_completions": self.oom_completions,
-            "changed_by_budget": [c.to_dict() for c in self.changed],
-            "agreement": {m: a.to_dict() for m, a in self.agreement.items()},
+            "changed_by_budget": self.changed,
+            "agreement": {m: asdict(a) for m, a in self.agreement.items()},
             "read_errors": self.read_errors,
         }
 
@@ -225,11 +258,6 @@ def _fmt_bytes(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
-
-
-def _head(text: str) -> str:
-    h = text[:HEAD_CHARS]
-    return h + ("..." if len(text) > HEAD_CHARS else "")
 
 
 # -- replay ---------------------------------------------------------------------------------------
@@ -254,7 +282,8 @@ def top_inputs(stack: Any, steps: list[RunStep], peaks: dict[int, dict[str, int]
         tops = []
         for peak, chars, _, pos, i in ranked[:k]:
             text = steps[pos].step.completions[i] or ""
-            t = TopInput(model, pos, i, chars, _head(text), steps[pos].where, peak,
+            head = text[:HEAD_CHARS] + ("..." if len(text) > HEAD_CHARS else "")
+            t = TopInput(model, pos, i, chars, head, steps[pos].where, peak,
                          recorded_cut=i in steps[pos].cut.get(model, ()))
             if reference and (spec(model).reference_unbounded or not tops):
                 # Every top input of the OpenAssistant model (the one whose unbounded reference
@@ -287,14 +316,50 @@ def agreement(steps: list[RunStep], raws: list[dict[str, list[float]]], worst: i
     return out
 
 
+def changed_by_budget(stack: Any, steps: Sequence[RunStep], budgeted: Sequence[Mapping[str, Sequence[str]]],
+                      raws: Sequence[Mapping[str, Sequence[float]]]) -> list[dict[str, Any]]:
+    """Inputs whose status differs between `budgeted` (per step: model -> statuses) and `stack`
+    with its activation budget lifted. A scored input whose raw value (`raws`, the budgeted run's)
+    moved past `AGREEMENT_TOL` (relative) counts too: cut further than the model's own bound, it is
+    `truncated` (or `cut`) both ways. The budget is restored after."""
+    todo = [pos for pos, sts in enumerate(budgeted) if any(s not in ("ok", "failed") for v in sts.values() for s in v)]
+    if not todo:
+        return []
+    saved = stack.memory.budget_bytes
+    out: list[dict[str, Any]] = []
+    stack.memory.set_budget(None)
+    try:
+        for pos in todo:
+            step = steps[pos].step
+            free = stack.forward(step)
+            mark_cut({m: r.statuses for m, r in free.results.items()}, steps[pos].cut)
+            for model, sts in budgeted[pos].items():
+                res = free.results.get(model)
+                if res is None:
+                    continue
+                values = raws[pos].get(model)
+                for i, (b, u) in enumerate(zip(sts, res.statuses)):
+                    where = {"step": pos, "index": i, "model": model}
+                    chars = len(step.completions[i] or "")
+                    if str(b) != str(u):
+                        out.append({**where, "unbudgeted": str(u), "budgeted": str(b), "chars": chars})
+                    elif values is not None and str(b) in ("ok", "truncated", "cut"):
+                        x, y = float(values[i]), float(res.scores[i])
+                        if math.isfinite(x) and math.isfinite(y) and abs(x - y) > AGREEMENT_TOL * max(1.0, abs(y)):
+                            out.append({**where, "unbudgeted": f"{u} {y:.6g}", "budgeted": f"{b} {x:.6g}",
+                                        "chars": chars})
+    finally:
+        stack.memory.set_budget(saved)
+    return out
+
+
 def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = True,
            on_event: Callable[[dict[str, Any]], None] | None = None) -> ReplayReport:
     """Score `steps` in order on `stack` (whose state should be empty) and build the report."""
-    from collections import Counter
-
     report = ReplayReport(steps=len(steps), budget_bytes=stack.memory.budget_bytes)
     probe = PeakProbe(stack)
-    keep_cut = KeepCut().install(stack)
+    keep_cut = KeepCut()
+    stack.step_observers.insert(0, keep_cut)
     oom_start = stack.memory.ooms_total  # a total: oom_log is a bounded ring buffer
     statuses: Counter[str] = Counter()
     lost: Counter[str] = Counter()
@@ -313,8 +378,8 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
             if on_event is not None:
                 on_event(result.event)
     finally:
-        probe.close()
-        keep_cut.remove(stack)
+        stack.memory.unsubscribe(probe)
+        stack.step_observers.remove(keep_cut)
     report.completions = dict(statuses)
     report.oom_completions = {m: n for m, n in lost.items() if n}
     new_ooms = stack.memory.ooms_total - oom_start
@@ -325,9 +390,7 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
     report.top = top_inputs(stack, steps, probe.peaks, top, reference)
     report.agreement = agreement(steps, raws)
     if report.budget_bytes is not None:  # what the budget cut or changed, against the run without it
-        from rewardstack._replay.budget_verdict import changed_by_budget
-
-        report.changed = changed_by_budget(stack, steps, model_statuses, raws, AGREEMENT_TOL)
+        report.changed = changed_by_budget(stack, steps, model_statuses, raws)
     return report
 
 
@@ -382,6 +445,62 @@ def format_report(report: ReplayReport) -> str:
     return "\n".join(rows)
 
 
+def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
+    """Fold a recorded run into the stack's state: normalizers, blacklist, diversity history.
+
+    Reward models whose raw values the log holds are not run: the logged values (failed calls
+    excluded) update the normalizers. Others are scored. Diversity embeds each step's completions
+    (its history needs vectors); the blacklist records the logged bests. Returns how many steps
+    used logged values per model and how many were scored.
+    """
+    from rewardstack._scorers.base import ScoreRequest, ScoreResult
+    from rewardstack._state import ForwardResult
+
+    counts: dict[str, int] = {"logged": 0, "scored": 0}
+    for rs in steps:
+        step = rs.step
+        base = step.base_prompt if step.base_prompt is not None else step.prompt
+        results: dict[str, Any] = {}
+        embeddings: dict[str, Any] = {}
+        for name, scorer in stack.scorers.items():
+            logged = rs.logged.get(name)
+            if name in REWARD_MODELS and logged is not None:
+                scores = [x if c is not None else math.nan for x, c in zip(logged, step.completions)]
+                sts = [Status.FAILED if c is None else (Status.OK if math.isfinite(x) else Status.ERROR)
+                       for x, c in zip(scores, step.completions)]
+                results[name] = ScoreResult(scores, sts)
+                counts["logged"] += 1
+            elif name in REWARD_MODELS:
+                results[name] = stack.run_scorer(name, ScoreRequest(step.prompt, step.completions, step.name))
+                counts["scored"] += 1
+            elif scorer.stateful:  # its stateless half (diversity's embeddings); the state folds it in
+                part = stack.run_stateless_part(name, ScoreRequest(base, step.completions, step.name))
+                if part is not None:
+                    embeddings[name] = part
+        stack.state.apply(ForwardResult(step, results, embeddings))
+    return counts
+
+
+def _init_state(cfg: Any, steps: list[RunStep]) -> None:
+    """`replay --init-state`: write the run's state into the config's state_dir (refuses to overwrite)."""
+    from rewardstack.stack import RewardStack
+    from rewardstack._state import StateLock, StateStore
+
+    with StateLock(cfg.state_dir):
+        if StateStore(cfg.state_dir).path.exists():
+            raise StateError(f"{cfg.state_dir} already holds a state: --init-state never overwrites one; "
+                             "move it away or set another state_dir")
+        stack = RewardStack(cfg, load_state=False)
+        counts = warm_start(stack, steps)
+        stack.save_state()
+    print(f"state written to {cfg.state_dir} from {len(steps)} steps "
+          f"({counts['logged']} model-steps from logged values, {counts['scored']} scored)")
+    for name in REWARD_MODELS:
+        if name in stack.scorers:
+            n = stack.normalizers[name]
+            print(f"  {name}: count {n.count}, mean {n.mean:.6g}, var {n.var:.6g}")
+
+
 def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only path
     dev = torch.device(device)
     total = torch.cuda.get_device_properties(dev).total_memory
@@ -390,7 +509,6 @@ def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """The `replay` command."""
-    from rewardstack._fileio import event_line
     from rewardstack._settings import parse_bytes
     from rewardstack.stack import RewardStack
 
@@ -407,9 +525,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
           f"{len(run.errors)} record(s) skipped; replaying {len(steps)}", file=sys.stderr)
     skipped = EXIT_SKIPPED if run.errors else EXIT_OK
     if args.init_state:
-        from rewardstack._replay.initstate import cmd_init_state
-
-        return cmd_init_state(args, cfg, run, steps) or skipped
+        _init_state(cfg, steps)
+        return skipped
     budget = parse_bytes(args.budget, key="--budget") if args.budget else None
     with ExitStack() as ctx:
         # From empty state, in a folder of its own: the operator's state is never read or written.
@@ -422,19 +539,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         given = run_dir_for(args.run_dir, args.config, "replay")  # a bare --run-dir: a new one in the home
         run_dir = Path(given) if given is not None else None
         telemetry = None
-        own_events = None
         if run_dir is not None:
+            from rewardstack._telemetry import open_telemetry
+
             run_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                from rewardstack._telemetry import open_telemetry
-            except ImportError:
-                open_telemetry = None  # type: ignore[assignment]
-            if open_telemetry is not None:
-                telemetry = open_telemetry(stack, run_dir=run_dir)
-            else:
-                own_events = ctx.enter_context((run_dir / "events.jsonl").open("w", encoding="utf-8"))
-        report = replay(stack, steps, top=args.top, reference=not args.no_reference,
-                        on_event=(lambda e: own_events.write(event_line(e))) if own_events is not None else None)
+            telemetry = open_telemetry(stack, run_dir=run_dir)
+        report = replay(stack, steps, top=args.top, reference=not args.no_reference)
         if telemetry is not None:
             telemetry.close()
         report.read_errors = list(run.errors)
@@ -446,5 +556,5 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return skipped if report.fits else EXIT_DOES_NOT_FIT
 
 
-__all__ = ["ReplayReport", "TopInput", "Agreement", "agreement", "cmd_replay", "format_report", "parse_steps", "replay",
-           "reference_figure", "top_inputs"]
+__all__ = ["ReplayReport", "TopInput", "Agreement", "agreement", "changed_by_budget", "cmd_replay", "format_report",
+           "mark_cut", "parse_steps", "replay", "top_inputs", "warm_start"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import random
 import signal
 import socket
@@ -37,23 +36,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rewardstack import _paths as paths
 from rewardstack._replay.comparison import same
-from rewardstack._replay.supervisor import MALLOC_ENV
+from rewardstack._replay.soak import finish, new_run_dir
+from rewardstack._replay.supervisor import Pace, popen
 
 RETRY_STATUSES = frozenset({429, 503, 504})
 RESEND_EVERY = 5
 """Every fifth answered step is sent again once (the retry of a client that lost the answer)."""
 MAX_TRIES = 50
 READY_TIMEOUT_S = 300.0
-_VALUE_KEYS = ("rewards", "statuses", "model_statuses", "best")
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -61,19 +52,18 @@ class Server:
 
     def __init__(self, config: str, state_dir: Path, log_dir: Path) -> None:
         self.config, self.state_dir, self.log_dir = config, state_dir, log_dir
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # free on loopback now; the server binds it soon
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.proc: subprocess.Popen
         self.starts = 0
 
     def start(self) -> None:
         """Start the server (a fresh process) and wait until /readyz answers 200."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"server-{self.starts}.log", "w")
-        cmd = [sys.executable, "-m", "rewardstack.cli", "serve", "--config", self.config, "--host", "127.0.0.1",
-               "--port", str(self.port), "--state-dir", str(self.state_dir)]
-        env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
-        env.pop("REWARDSTACK_TOKEN", None)  # loopback, no token: the soak's clients send none
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = popen([sys.executable, "-m", "rewardstack.cli", "serve", "--config", self.config, "--host",
+                           "127.0.0.1", "--port", str(self.port), "--state-dir", str(self.state_dir)],
+                          self.log_dir / f"server-{self.starts}.log")
         self.starts += 1
         deadline = time.time() + READY_TIMEOUT_S
         while time.time() < deadline:
@@ -88,14 +78,13 @@ class Server:
 
     def kill(self) -> None:
         """SIGKILL the server: no drain, no last commit."""
-        assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
     def stop(self) -> int:
         """SIGTERM and wait for the drain (returns the exit code)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
+        if self.proc.poll() is not None:
+            return self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=60)
@@ -122,16 +111,14 @@ class Client(threading.Thread):
     """One namespace's steps in order, each retried with its sequence number until answered."""
 
     def __init__(self, port: int, namespace: str, steps: list[dict[str, Any]], *, timeout: float, deadline: float,
-                 seed: int, progress: Counter[str], lock: threading.Lock) -> None:
+                 seed: int) -> None:
         super().__init__(daemon=True, name=f"soak-client-{namespace}")
         self.port, self.namespace, self.steps = port, namespace, steps
         self.timeout, self.deadline = timeout, deadline
         self.rng = random.Random(seed)
         self.answers: dict[int, dict[str, Any]] = {}
-        self.bodies: dict[int, bytes] = {}
         self.stats: Counter[str] = Counter()
         self.bad: list[str] = []
-        self.progress, self.lock = progress, lock
 
     def send(self, sequence: int) -> tuple[int | None, dict[str, str], bytes]:
         """Send step `sequence` until it gets an answer that is not a retryable error."""
@@ -158,7 +145,7 @@ class Client(threading.Thread):
             answer = json.loads(data)
             if answer.get("sequence") != seq:
                 self.bad.append(f"{self.namespace} sequence {seq}: answered as {answer.get('sequence')}")
-            self.answers[seq], self.bodies[seq] = answer, data
+            self.answers[seq] = answer
             if headers.get("x-rewardstack-scored") == "false":
                 self.stats["answered_from_store"] += 1  # a retry whose first try had been applied
             else:
@@ -171,8 +158,6 @@ class Client(threading.Thread):
                                     f"{headers.get('x-rewardstack-scored')}, same body {again == data}")
                 else:
                     self.stats["resend_from_store"] += 1
-            with self.lock:
-                self.progress["answered"] += 1
 
 
 def library_run(config: str, per_namespace: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
@@ -200,15 +185,13 @@ def library_run(config: str, per_namespace: dict[str, list[dict[str, Any]]]) -> 
 def _differences(ns: str, seq: int, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     from rewardstack.config import MASKS, REWARD_MODELS
 
+    numeric = [*REWARD_MODELS, *MASKS]
+    numeric += [m + "_normalized" for m in numeric] + ["rewards"]
     out = []
-    for key in list(REWARD_MODELS) + list(MASKS) + [m + "_normalized" for m in list(REWARD_MODELS) + list(MASKS)] + ["rewards"]:
+    for key in numeric + ["statuses", "model_statuses", "best"]:
         a, b = got.get(key), want.get(key)
-        if a is None and b is None:
-            continue
-        if a is None or b is None or len(a) != len(b) or not all(same(x, y) for x, y in zip(a, b)):
-            out.append(f"{ns} sequence {seq}: {key} differs")
-    for key in ("statuses", "model_statuses", "best"):
-        if got.get(key) != want.get(key):
+        if a != b and not (key in numeric and a is not None and b is not None and len(a) == len(b)
+                           and all(same(x, y) for x, y in zip(a, b))):
             out.append(f"{ns} sequence {seq}: {key} differs")
     return out
 
@@ -216,12 +199,11 @@ def _differences(ns: str, seq: int, got: dict[str, Any], want: dict[str, Any]) -
 def cmd_service_soak(args: argparse.Namespace) -> int:
     """`rewardstack soak --service`."""
     from rewardstack.config import REWARD_MODELS, load_config
-    from rewardstack._fileio import merge_json_section
     from rewardstack._replay.workload import soak_steps
+    from rewardstack._state import RewardState, StateStore
 
     cfg = load_config(args.config)
-    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "service-soak")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = new_run_dir(args, "service-soak")
     started = time.time()
     per_ns = {f"soak-{k}": [s.to_dict() for s in soak_steps(args.steps, args.completions, seed=args.seed + k,
                                                              long_every=0)]
@@ -230,12 +212,30 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
           f"{args.kills} server kills, in {run_dir}", file=sys.stderr)
     server = Server(args.config, run_dir / "service" / "state", run_dir / "service")
     server.start()
+    # Each namespace's client sends its steps while the server is SIGKILLed and restarted `--kills` times.
     deadline = time.time() + max(600.0, args.timeout * args.steps)
-    clients, kill_points = _serve_under_kills(args, server, per_ns, deadline)
+    clients = [Client(server.port, ns, steps, timeout=args.timeout, deadline=deadline, seed=args.seed + 100 + k)
+               for k, (ns, steps) in enumerate(per_ns.items())]
+    pace = Pace(lambda: sum(len(c.answers) for c in clients), args.seed + 7)
+    kill_points: list[dict[str, Any]] = []
+    for c in clients:
+        c.start()
+    for target in pace.targets(args.kills, args.clients * args.steps - args.clients):
+        # A random moment of the requests in flight: the clients' answers come `clients` at a time.
+        delay = pace.wait(target, lambda: any(c.is_alive() for c in clients) and time.time() < deadline,
+                          scale=args.clients)
+        if delay is None:
+            break
+        server.kill()
+        kill_points.append({"after_answers": pace.progress(), "delay_s": round(delay, 3)})
+        server.start()
+        pace.restarted()
+    for c in clients:
+        c.join(timeout=max(0.0, deadline - time.time()) + 1)
     stopped_rc = server.stop()
     scoring_seconds = time.time() - started
 
-    # The library's answers and states, and the service's final state per namespace.
+    # Each namespace's answers and final state against the library's.
     lib_events, lib_states = library_run(args.config, per_ns)
     active = [m for m in REWARD_MODELS if cfg.models[m].active]
     failures: list[str] = []
@@ -246,87 +246,39 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
         failures += c.bad[:5]
         if c.is_alive():
             failures.append(f"{c.namespace}: the client was still running at the deadline")
-        per_namespace[c.namespace] = _judge_namespace(args, cfg, run_dir, c, lib_events, lib_states, active, failures)
+        diffs = [d for seq, answer in c.answers.items()
+                 for d in _differences(c.namespace, seq, answer, lib_events[c.namespace][seq - 1])]
+        lost = [seq for seq in range(1, args.steps + 1) if seq not in c.answers]
+        st = RewardState(cfg)
+        st.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
+        want = lib_states[c.namespace].normalizers
+        norm_ok = all(st.normalizers[m].count == want[m].count and same(st.normalizers[m].mean, want[m].mean)
+                      and same(st.normalizers[m].var, want[m].var) for m in active)
+        extra = {m: st.normalizers[m].count - want[m].count for m in active}
+        failures += diffs[:5]
+        if lost:
+            failures.append(f"{c.namespace}: {len(lost)} steps never answered (first {lost[0]})")
+        if st.sequence != args.steps:
+            failures.append(f"{c.namespace}: the state's sequence is {st.sequence} for {args.steps} steps")
+        if not norm_ok:
+            failures.append(f"{c.namespace}: normalizer statistics differ from the library's (count excess {extra})")
+        per_namespace[c.namespace] = {"answered": len(c.answers), "lost": len(lost), "differing": len(diffs),
+                                      "sequence": st.sequence, "normalizers_equal": norm_ok, "count_excess": extra}
     applied_twice = sum(max(0, ns["sequence"] - args.steps) for ns in per_namespace.values()) + sum(
         1 for ns in per_namespace.values() if any(v > 0 for v in ns["count_excess"].values()))
-    lost_total = sum(ns["lost"] for ns in per_namespace.values())
     if len(kill_points) < args.kills:
         failures.append(f"only {len(kill_points)} of {args.kills} kills landed (the clients finished first)")
     if stopped_rc != 0:
         failures.append(f"the server's drain at the end exited {stopped_rc}")
     verdict = {
         "passed": not failures, "failures": failures, "clients": args.clients, "steps_per_client": args.steps,
-        "completions_per_step": args.completions, "requests": dict(stats), "lost": lost_total,
+        "completions_per_step": args.completions, "requests": dict(stats),
+        "lost": sum(ns["lost"] for ns in per_namespace.values()),
         "applied_twice": applied_twice, "kills": len(kill_points), "server_starts": server.starts,
         "kill_points": kill_points, "namespaces": per_namespace, "seconds": round(time.time() - started, 1),
         "serving_seconds": round(scoring_seconds, 1),
     }
-    merge_json_section(run_dir / "summary.json", "service_soak", verdict)
-    print(format_service_verdict(verdict))
-    return 0 if verdict["passed"] else 1
-
-
-def _serve_under_kills(args: argparse.Namespace, server: Server, per_ns: dict[str, list[dict[str, Any]]],
-                       deadline: float) -> tuple[list[Client], list[dict[str, Any]]]:
-    """Each namespace's client sends its steps while the server is SIGKILLed and restarted `args.kills` times."""
-    progress: Counter[str] = Counter()
-    lock = threading.Lock()
-    clients = [Client(server.port, ns, steps, timeout=args.timeout, deadline=deadline, seed=args.seed + 100 + k,
-                      progress=progress, lock=lock) for k, (ns, steps) in enumerate(per_ns.items())]
-    n_total = args.clients * args.steps
-    rng = random.Random(args.seed + 7)
-    room = range(1, max(2, n_total - args.clients))
-    targets = sorted(rng.sample(room, min(args.kills, len(room))))
-    kill_points: list[dict[str, Any]] = []
-    for c in clients:
-        c.start()
-    last_n, last_t, per_answer = 0, time.time(), 0.0
-    while any(c.is_alive() for c in clients) and time.time() < deadline:
-        time.sleep(0.02)
-        n = progress["answered"]
-        if n > last_n:
-            now = time.time()
-            dt = (now - last_t) / (n - last_n)
-            per_answer = dt if per_answer == 0 else 0.8 * per_answer + 0.2 * dt
-            last_n, last_t = n, now
-        if targets and n >= targets[0]:
-            delay = rng.uniform(0.0, 0.9 * per_answer * args.clients) if per_answer else rng.uniform(0.0, 0.3)
-            time.sleep(delay)  # a random moment of the requests in flight
-            server.kill()
-            kill_points.append({"after_answers": progress["answered"], "delay_s": round(delay, 3)})
-            targets.pop(0)
-            server.start()
-            last_t = time.time()
-    for c in clients:
-        c.join(timeout=max(0.0, deadline - time.time()) + 1)
-    return clients, kill_points
-
-
-def _judge_namespace(args: argparse.Namespace, cfg: Any, run_dir: Path, c: Client, lib_events: dict[str, Any],
-                     lib_states: dict[str, Any], active: list[str], failures: list[str]) -> dict[str, Any]:
-    """One namespace's answers and final state against the library's; what differs is added to `failures`."""
-    from rewardstack._state import RewardState, StateStore
-
-    diffs = []
-    for seq, answer in c.answers.items():
-        diffs += _differences(c.namespace, seq, answer, lib_events[c.namespace][seq - 1])
-    lost = [seq for seq in range(1, args.steps + 1) if seq not in c.answers]
-    st = RewardState(cfg)
-    st.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
-    want = lib_states[c.namespace]
-    norm_ok = all(st.normalizers[m].count == want.normalizers[m].count
-                  and same(st.normalizers[m].mean, want.normalizers[m].mean)
-                  and same(st.normalizers[m].var, want.normalizers[m].var) for m in active)
-    extra = {m: st.normalizers[m].count - want.normalizers[m].count for m in active}
-    failures += diffs[:5]
-    if lost:
-        failures.append(f"{c.namespace}: {len(lost)} steps never answered (first {lost[0]})")
-    if st.sequence != args.steps:
-        failures.append(f"{c.namespace}: the state's sequence is {st.sequence} for {args.steps} steps")
-    if not norm_ok:
-        failures.append(f"{c.namespace}: normalizer statistics differ from the library's (count excess {extra})")
-    return {"answered": len(c.answers), "lost": len(lost), "differing": len(diffs),
-            "sequence": st.sequence, "normalizers_equal": norm_ok, "count_excess": extra}
+    return 0 if finish(run_dir, "service_soak", verdict, format_service_verdict(verdict))["passed"] else 1
 
 
 def format_service_verdict(v: dict[str, Any]) -> str:

@@ -14,6 +14,8 @@ The command wires four parts together:
    normalizer statistics; memory at rest fitted per process;
 4. the verdict (`rewardstack._replay.verdict`): printed and written to `D/summary.json` (key `soak`).
 
+Its flags are registered in `rewardstack._replay.commands`.
+
 Exit 0 only if nothing was lost or duplicated, no value moved, no process crashed, every kill
 landed and memory at rest did not grow; else 1. `rewardstack soak --service` soaks the HTTP service
 instead (`rewardstack._replay.service_soak`).
@@ -22,37 +24,47 @@ instead (`rewardstack._replay.service_soak`).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from rewardstack import _paths as paths
+from rewardstack._fileio import merge_json_section
 
-# Kept free of heavy imports: the CLI's parser reads the flags below without loading torch.
-DEFAULT_MAX_SLOPE = 1024.0
-"""Tracked bytes at rest: growth per step above which the soak fails (docs/REPLAY.md says why)."""
-DEFAULT_MAX_RSS_SLOPE = 16 * 1024.0
-"""Resident set: growth per step above which the soak fails (docs/REPLAY.md says why)."""
+NO_KILLS = {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
+
+
+def new_run_dir(args: argparse.Namespace, kind: str) -> Path:
+    """`--run-dir`, or a new folder `<kind>-<time>` under the config's runs; made."""
+    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, kind)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def finish(run_dir: Path, key: str, verdict: dict[str, Any], text: str) -> dict[str, Any]:
+    """Write the verdict into summary.json under `key` (strict JSON: NaN as null) and print it."""
+    merge_json_section(run_dir / "summary.json", key, verdict)
+    print(text)
+    return verdict
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
     """The `soak` command."""
-    if getattr(args, "service", False):
+    if args.service:
         from rewardstack._replay.service_soak import cmd_service_soak
 
         return cmd_service_soak(args)
-    if getattr(args, "rejudge", None):
+    if args.rejudge:
         return rejudge(Path(args.rejudge), args)
     from rewardstack.config import load_config
+    from rewardstack._memory.manager import check_device
     from rewardstack._replay.supervisor import spawn, supervise
     from rewardstack._replay.workload import soak_steps, write_steps
 
-    from rewardstack._memory.manager import check_device
-
     check_device(load_config(args.config).device)  # fails here, clearly, before any process starts
-    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, "soak")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = new_run_dir(args, "soak")
     started = time.time()
     steps = soak_steps(args.steps, args.completions, seed=args.seed, pathological=args.pathological)
     steps_path = run_dir / "steps.jsonl"
@@ -68,21 +80,19 @@ def cmd_soak(args: argparse.Namespace) -> int:
     # from the cache. Two processes calibrating at once may tune different logits chunks (a timing),
     # so different cost models and budget caps, and a long completion cut at a different token
     # (a 2026-12-03 soak under load: one DPO value -3.1e23 against -1.1e25, repetition compounding).
-    threads = getattr(args, "threads", 1)
     ready = run_dir / "clean" / "ready"
     ready.unlink(missing_ok=True)
     clean_proc = spawn(args.config, steps_path, run_dir / "clean", faults=0.0, seed=args.seed, budget=args.budget,
-                       tag="0", threads=threads, ready=ready)
+                       tag="0", threads=args.threads, ready=ready)
     while not ready.exists() and clean_proc.poll() is None:
         time.sleep(0.05)
     sup = supervise(args, steps_path, run_dir / "faulted", len(expected))
     print(f"soak: faulted run done ({sup['kills']} kills, {sup['crashes']} crashes, {time.time() - started:.0f} s); "
           "waiting for the clean run...", file=sys.stderr)
-    clean_rc = clean_proc.wait()
-    clean_sup = {"kills": 0, "restarts": 0, "crashes": int(clean_rc != 0), "kill_points": []}
-    wall = time.time() - started
-    verdict = judge_run(run_dir, args, expected, sup=sup, clean_sup=clean_sup, input_errors=bad_lines, threads=threads,
-                        seconds=round(time.time() - started, 1), scoring_seconds=round(wall, 1))
+    clean_sup = {**NO_KILLS, "crashes": int(clean_proc.wait() != 0)}
+    seconds = round(time.time() - started, 1)
+    verdict = judge_run(run_dir, args, expected, sup=sup, clean_sup=clean_sup, input_errors=bad_lines,
+                        threads=args.threads, seconds=seconds, scoring_seconds=seconds)
     return 0 if verdict["passed"] else 1
 
 
@@ -99,9 +109,8 @@ def judge_run(run_dir: Path, args: argparse.Namespace, expected: list[str], *, s
               scoring_seconds: float) -> dict[str, Any]:
     """Compare a finished soak's files (`run_dir`) and judge them: printed and written to summary.json."""
     from rewardstack.config import REWARD_MODELS, load_config
-    from rewardstack._fileio import merge_json_section
     from rewardstack._replay.comparison import EventIndex, compare, iter_events, memory_slope
-    from rewardstack._replay.verdict import format_verdict, judge, ooms_of
+    from rewardstack._replay.verdict import format_verdict, judge
     from rewardstack._state import StateStore
 
     cfg = load_config(args.config)
@@ -110,7 +119,7 @@ def judge_run(run_dir: Path, args: argparse.Namespace, expected: list[str], *, s
     active = [m for m in REWARD_MODELS if cfg.models[m].active]
     clean = EventIndex(run_dir / "clean" / "events.jsonl")
     cmp = compare(expected, iter_events(run_dir / "faulted" / "events.jsonl"), clean, f_state, active)
-    ooms, statuses = ooms_of(iter_events(run_dir / "faulted" / "events.jsonl"))
+    ooms, statuses = cmp.pop("ooms"), cmp.pop("completions")
     memory = memory_slope(run_dir / "faulted" / "rest.jsonl", len(expected), reference=run_dir / "clean" / "rest.jsonl")
     clean_memory = memory_slope(run_dir / "clean" / "rest.jsonl", len(expected))
     verdict = judge(cmp=cmp, sup=sup, clean_sup=clean_sup, clean_events=clean.count, memory=memory, ooms=ooms,
@@ -120,9 +129,7 @@ def judge_run(run_dir: Path, args: argparse.Namespace, expected: list[str], *, s
                     completions_per_step=args.completions, budget=args.budget, threads=threads,
                     seconds=seconds, scoring_seconds=scoring_seconds,
                     steps_per_second=len(expected) / scoring_seconds if scoring_seconds > 0 else 0.0)
-    merge_json_section(run_dir / "summary.json", "soak", verdict)  # strict JSON: NaN as null
-    print(format_verdict(verdict))
-    return verdict
+    return finish(run_dir, "soak", verdict, format_verdict(verdict))
 
 
 def rejudge(run_dir: Path, args: argparse.Namespace) -> int:
@@ -132,10 +139,6 @@ def rejudge(run_dir: Path, args: argparse.Namespace) -> int:
     (kills, restarts, crashes, kill points), the wall time and the input errors are read from the
     verdict in DIR/summary.json, which is replaced; the run's first verdict is kept under
     `soak_before` (a second rejudge keeps that one, not its predecessor)."""
-    import json
-
-    from rewardstack._fileio import merge_json_section
-
     summary = run_dir / "summary.json"
     try:
         data = json.loads(summary.read_text(encoding="utf-8"))
@@ -144,35 +147,7 @@ def rejudge(run_dir: Path, args: argparse.Namespace) -> int:
         raise SystemExit(f"soak --rejudge: {summary} holds no soak verdict ({e})") from None
     if "soak_before" not in data:
         merge_json_section(summary, "soak_before", before)
-    sup = {k: before[k] for k in ("kills", "restarts", "crashes", "kill_points")}
-    clean_sup = {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
-    verdict = judge_run(run_dir, args, _expected_hashes(run_dir / "steps.jsonl"), sup=sup, clean_sup=clean_sup,
-                        input_errors=before["input_errors"], threads=before["threads"], seconds=before["seconds"],
-                        scoring_seconds=before["scoring_seconds"])
+    verdict = judge_run(run_dir, args, _expected_hashes(run_dir / "steps.jsonl"),
+                        sup={k: before[k] for k in NO_KILLS}, clean_sup=NO_KILLS, input_errors=before["input_errors"],
+                        threads=before["threads"], seconds=before["seconds"], scoring_seconds=before["scoring_seconds"])
     return 0 if verdict["passed"] else 1
-
-
-def add_arguments(s: Any) -> None:
-    """The `soak` subcommand's flags (`rewardstack._replay.commands` registers the parser)."""
-    s.add_argument("--config", required=True, help="stack config (TOML)")
-    s.add_argument("--steps", type=int, required=True, help="steps to run")
-    s.add_argument("--completions", type=int, default=50, help="completions per step (default 50)")
-    s.add_argument("--budget", help="memory budget: bytes or a size such as 24GiB (CPU: simulated device)")
-    s.add_argument("--faults", type=float, default=0.0, help="share of forward passes that get an injected OOM (0.1 = 10%%)")
-    s.add_argument("--kills", type=int, default=0, help="times the supervisor SIGKILLs the scoring process (the server with --service) and restarts it")
-    s.add_argument("--run-dir", help="folder for the soak's files and summary.json (default: a new folder soak-<time> under $REWARDSTACK_HOME/<config stem>-<hash>/runs)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the workload, the faults and the kill moments")
-    s.add_argument("--pathological", action="store_true", help="mix pathological inputs into the steps (rewardstack._replay.pathological)")
-    s.add_argument("--max-slope", type=float, default=DEFAULT_MAX_SLOPE,
-                   help=f"tracked memory-at-rest growth, bytes per step, above which the soak fails (default {DEFAULT_MAX_SLOPE:g})")
-    s.add_argument("--max-rss-slope", type=float, default=DEFAULT_MAX_RSS_SLOPE,
-                   help=f"resident-set growth, bytes per step, above which the soak fails (default {DEFAULT_MAX_RSS_SLOPE:g})")
-    s.add_argument("--threads", type=int, default=1, help="torch threads of each scoring process (default 1: the faulted "
-                                                          "and clean runs run side by side)")
-    s.add_argument("--rejudge", metavar="RUN_DIR", help="compare and judge a finished soak's files again (nothing is "
-                                                        "scored; --config, --kills and --faults as it ran)")
-    s.add_argument("--service", action="store_true", help="soak `rewardstack serve` over loopback instead: clients with "
-                                                          "numbered steps and retries, the server SIGKILLed --kills times")
-    s.add_argument("--clients", type=int, default=4, help="--service: concurrent clients, one namespace each (default 4)")
-    s.add_argument("--timeout", type=float, default=60.0, help="--service: seconds a request may take before the client "
-                                                               "retries it (default 60)")

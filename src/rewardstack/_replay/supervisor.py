@@ -1,11 +1,12 @@
 """The soak's scoring process and its supervisor: injected OOMs, SIGKILLs at random moments, restarts.
 
-`worker` (run as `python -m rewardstack._replay.supervisor worker ...`) is the exactly-once loop of
+`worker` (run as `python -m rewardstack._replay.supervisor ARGS_JSON`) is the exactly-once loop of
 `rewardstack._runner.score_file` with a `FaultInjector` that raises OOMs inside real forward passes;
 it commits each step's OOM records with its event (`soak_ooms`) and logs memory at rest after every
 step. `supervise` runs it to the end, SIGKILLing it at random moments (after a random number of
 committed steps plus a random fraction of a step, so mid-pass too) and restarting it with the same
 arguments; `spawn` alone starts one without kills (the clean run, side by side with the faulted one).
+`Pace` picks the kill moments, here and for the service soak's server.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rewardstack.stack import Step
 from rewardstack._memory.device import process_rss
@@ -35,22 +36,47 @@ steps with nothing leaked; with the threshold fixed at 64 KiB (activations mmapp
 free) it stays within 425..445 MiB. The setting changes where freed pages go, not what is kept."""
 
 
-def rest_bytes(stack: Any) -> int:
-    """Memory at rest: the simulated device's live bytes (CPU) or the allocator's (CUDA)."""
-    if stack.memory.tracker is not None:
-        return int(stack.memory.tracker.live_bytes)
-    import torch
-
-    if stack.device.type == "cuda":  # pragma: no cover - CUDA-only path
-        return int(torch.cuda.memory_allocated(stack.device))
-    return 0
+def popen(cmd: list[str], log: Path, threads: int = 1) -> subprocess.Popen:
+    """One of the soak's processes (a scoring worker, the server), its output in `log`."""
+    env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads)}
+    env.pop("REWARDSTACK_TOKEN", None)  # loopback, no token: the service soak's clients send none
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
 
 
-def history_rows(stack: Any) -> int:
-    """Rows in the diversity history (memory at rest is judged once it is full)."""
-    state = getattr(stack, "state", None)
-    hist = getattr(getattr(state, "diversity", None), "history", None)
-    return int(hist.shape[0]) if hist is not None else 0
+class Pace:
+    """Kill moments: once `progress()` (committed steps, answers) reaches a target, a random moment
+    inside the next unit of work, from the average time a unit took (so mid-pass too)."""
+
+    def __init__(self, progress: Callable[[], int], seed: int) -> None:
+        self.progress, self.rng, self.seconds = progress, random.Random(seed), 0.0
+        self.restarted()
+
+    def restarted(self) -> None:
+        """A process (re)started: its first unit includes its start-up, so is not timed."""
+        self.last_n, self.last_t = self.progress(), None
+
+    def targets(self, kills: int, last: int) -> list[int]:
+        """`kills` progress counts to kill at, drawn from 1..`last` - 1, in order."""
+        room = range(1, max(2, last))
+        return sorted(self.rng.sample(room, min(kills, len(room))))
+
+    def wait(self, target: int, running: Callable[[], bool], scale: float = 1.0) -> float | None:
+        """Poll until `target` units are done, then sleep a random moment: its length, or None when
+        `running()` turned false first."""
+        while running() and self.progress() < target:
+            time.sleep(POLL_S)
+            n = self.progress()
+            if n > self.last_n:
+                now = time.time()
+                if self.last_t is not None:
+                    dt = (now - self.last_t) / (n - self.last_n)
+                    self.seconds = dt if self.seconds == 0 else 0.8 * self.seconds + 0.2 * dt
+                self.last_n, self.last_t = n, now
+        if not running():
+            return None
+        delay = self.rng.uniform(0.0, 0.9 * self.seconds * scale) if self.seconds else self.rng.uniform(0.0, 0.3)
+        time.sleep(delay)
+        return delay
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -79,21 +105,21 @@ def worker(args: argparse.Namespace) -> int:
         gc.freeze()
         if args.faults > 0:
             stack.memory.injector = FaultInjector(args.faults, seed=args.seed)
-        seen = [stack.memory.oom_log[-1] if stack.memory.oom_log else None]
+        seen = [stack.memory.ooms_total]  # a total: oom_log is a bounded ring buffer
         rest = open(args.rest, "a", encoding="utf-8")
 
         def on_result(step: Step, result: Any) -> None:
-            log = list(stack.memory.oom_log)
-            new = []
-            for rec in reversed(log):  # the records after the last one seen (the log may be bounded)
-                if rec is seen[0]:
-                    break
-                new.append(rec)
-            seen[0] = log[-1] if log else None
+            fresh, seen[0] = stack.memory.ooms_total - seen[0], stack.memory.ooms_total
+            new = list(stack.memory.oom_log)[-fresh:] if fresh else []
             # Committed with the event: OOM counts are exact per committed step, kills or not.
-            result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in reversed(new)]
-            rest.write(json.dumps({"pid": os.getpid(), "steps": stack.steps_scored, "rest_bytes": rest_bytes(stack),
-                                   "rss_bytes": process_rss()[0], "history_rows": history_rows(stack)}) + "\n")
+            result.event["soak_ooms"] = [{"model": r.model, "action": r.action, "injected": r.injected} for r in new]
+            tracker, history = stack.memory.tracker, stack.state.diversity.history
+            # Memory at rest: the simulated device's live bytes (CPU) or the allocator's (CUDA).
+            at_rest = (tracker.live_bytes if tracker is not None else
+                       torch.cuda.memory_allocated(stack.device) if stack.device.type == "cuda" else 0)
+            rest.write(json.dumps({"pid": os.getpid(), "steps": stack.steps_scored, "rest_bytes": int(at_rest),
+                                   "rss_bytes": process_rss()[0],
+                                   "history_rows": int(history.shape[0]) if history is not None else 0}) + "\n")
             rest.flush()
 
         report = score_file(stack, args.input, args.output, on_result=on_result, progress=False,
@@ -131,57 +157,33 @@ def spawn(cfg: str, steps: Path, folder: Path, *, faults: float, seed: int, budg
     """Start one scoring process on `folder` (events, state, memory log, its own log file); it
     touches `ready`, if given, once its stack is built and calibrated."""
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "rewardstack._replay.supervisor", "worker", "--config", cfg, "--input", str(steps),
-           "--output", str(folder / "events.jsonl"), "--state-dir", str(folder / "state"), "--rest", str(folder / "rest.jsonl"),
-           "--faults", str(faults), "--seed", str(seed), "--threads", str(threads)]
-    if budget:
-        cmd += ["--budget", budget]
-    if ready is not None:
-        cmd += ["--ready", str(ready)]
-    log = open(folder / f"worker-{tag}.log", "w")
-    env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads)}
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    args = {"config": cfg, "input": str(steps), "output": str(folder / "events.jsonl"),
+            "state_dir": str(folder / "state"), "rest": str(folder / "rest.jsonl"), "faults": faults, "seed": seed,
+            "threads": threads, "budget": budget, "ready": str(ready) if ready is not None else None}
+    return popen([sys.executable, "-m", "rewardstack._replay.supervisor", json.dumps(args)],
+                 folder / f"worker-{tag}.log", threads)
 
 
 def supervise(args: argparse.Namespace, steps_path: Path, folder: Path, n_steps: int) -> dict[str, Any]:
     """Run the scoring process to the end, killing it `args.kills` times at random moments."""
-    rng = random.Random(args.seed + 7)
-    lines = LineCounter(folder / "events.jsonl")
+    pace = Pace(LineCounter(folder / "events.jsonl"), args.seed + 7)
     # Kill points leave at least one step after them, so a kill within one step's time lands.
-    room = range(1, max(2, n_steps - 1))
-    targets = sorted(rng.sample(room, min(args.kills, len(room)))) if n_steps > 1 else []
+    targets = pace.targets(args.kills, n_steps - 1) if n_steps > 1 else []
     kills = restarts = crashes = 0
     kill_points: list[dict[str, Any]] = []
-    step_seconds = 0.0
-    threads = getattr(args, "threads", 1)
     while True:
         proc = spawn(args.config, steps_path, folder, faults=args.faults, seed=args.seed + 1000 * restarts,
-                     budget=args.budget, tag=str(restarts), threads=threads)
-        if targets:
-            target = targets[0]
-            last_n, last_t = lines(), None  # the first commit of a process includes its start-up
-            while proc.poll() is None and lines() < target:
-                time.sleep(POLL_S)
-                n = lines()
-                if n > last_n:
-                    now = time.time()
-                    if last_t is not None:
-                        # Average time per committed step (for a random moment inside the next one).
-                        dt = (now - last_t) / (n - last_n)
-                        step_seconds = dt if step_seconds == 0 else 0.8 * step_seconds + 0.2 * dt
-                    last_n, last_t = n, now
-            if proc.poll() is None:
-                delay = rng.uniform(0.0, 0.9 * step_seconds) if step_seconds else rng.uniform(0.0, 0.3)
-                time.sleep(delay)
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                    kills += 1
-                    restarts += 1
-                    kill_points.append({"after_committed": lines(), "delay_s": round(delay, 3)})
-                    targets.pop(0)
-                    continue
-            targets.pop(0)  # it ended before the moment came: counted below
+                     budget=args.budget, tag=str(restarts), threads=args.threads)
+        pace.restarted()
+        # A process that ends before its moment comes uses up that kill (counted below).
+        delay = pace.wait(targets.pop(0), lambda: proc.poll() is None) if targets else None
+        if delay is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            restarts += 1
+            kill_points.append({"after_committed": pace.progress(), "delay_s": round(delay, 3)})
+            continue
         rc = proc.wait()
         if rc == 0:
             break
@@ -192,29 +194,11 @@ def supervise(args: argparse.Namespace, steps_path: Path, folder: Path, n_steps:
     return {"kills": kills, "restarts": restarts, "crashes": crashes, "kill_points": kill_points}
 
 
-def _worker_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m rewardstack._replay.supervisor worker")
-    p.add_argument("--config", required=True)
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--state-dir", required=True)
-    p.add_argument("--rest", required=True)
-    p.add_argument("--faults", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--budget")
-    p.add_argument("--ready", help="a file touched once the stack is built and calibrated")
-    args = p.parse_args(argv)
+if __name__ == "__main__":  # the scoring process `spawn` starts, its arguments as one JSON object
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from transformers.utils import logging as hf_logging
 
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hf_logging.disable_progress_bar()
-    return worker(args)
-
-
-if __name__ == "__main__":  # the scoring process the supervisor starts
-    if len(sys.argv) < 2 or sys.argv[1] != "worker":
-        sys.exit("usage: python -m rewardstack._replay.supervisor worker ... (started by `rewardstack soak`)")
-    sys.exit(_worker_main(sys.argv[2:]))
+    sys.exit(worker(argparse.Namespace(**json.loads(sys.argv[1]))))

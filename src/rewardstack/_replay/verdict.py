@@ -8,7 +8,7 @@ under `soak`); `format_verdict` prints it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any
 
 from rewardstack._replay.comparison import DIVERSITY_REBATCH_TOL, REBATCH_TOL, TOL
 
@@ -18,36 +18,6 @@ shorter segments a process's arena growth in its first hundred steps (a few MiB,
 as a slope of 100+ KiB a step (a 200-step soak with 3 kills: 148 KiB over 40-step segments)."""
 MIN_MEMORY_POINTS = 10
 """Points after warm-up a soak of 100 steps or more must have for its memory fit to count."""
-
-def ooms_of(events: Iterable[dict[str, Any]]) -> tuple[dict[str, int], Counter[str]]:
-    """(OOM counts from the committed `soak_ooms` records, completions by status) of a faulted run."""
-    statuses: Counter[str] = Counter()
-    ooms = {"injected": 0, "recovered": 0, "gave_up": 0, "real": 0, "split": 0, "cpu_fallback": 0}
-    for e in events:
-        statuses.update(e["statuses"])
-        for r in e.get("soak_ooms", []):
-            ooms["injected"] += int(r["injected"])
-            ooms["real"] += int(not r["injected"])
-            ooms["recovered"] += int(r["action"] in ("split", "cpu_fallback"))
-            ooms["gave_up"] += int(r["action"] == "gave_up")
-            if r["action"] in ("split", "cpu_fallback"):
-                ooms[r["action"]] += 1
-    ooms["reported"] = statuses.get("oom", 0)
-    return ooms, statuses
-
-
-def rss_judged(memory: dict[str, Any]) -> tuple[float | None, str]:
-    """The faulted run's resident-set slope that is judged, and how it was measured.
-
-    Over the clean run's curve where there is one (`memory_slope(reference=...)`): a killed run's
-    processes are young, and a young process's arenas grow steeply and then flatten, so their raw
-    slope pooled reads as a leak with nothing kept (the 10,000-step soak with 20 kills: 29.1 KiB a
-    step raw over 21 processes; -0.8 KiB a step over the clean run's curve)."""
-    excess = memory.get("rss_excess_slope_bytes_per_step")
-    if excess is not None:
-        return excess, " over the clean run's at the same process age"
-    return memory.get("rss_slope_bytes_per_step"), ""
-
 
 CLEAN_RSS_MIN_SPAN = 1000
 """Steps the clean run's fit must span for its resident-set slope to be judged (reported below it)."""
@@ -91,7 +61,13 @@ def judge(*, cmp: dict[str, Any], sup: dict[str, Any], clean_sup: dict[str, Any]
         failures.append(f"memory at rest was not judged: {memory['points']} points after warm-up")
     if memory["slope_bytes_per_step"] > max_slope:
         failures.append(f"tracked memory at rest grows {memory['slope_bytes_per_step']:.1f} bytes/step (limit {max_slope:g})")
-    rss, judged_as = rss_judged(memory)
+    # Over the clean run's curve where there is one (`memory_slope(reference=...)`): a killed run's
+    # processes are young, and a young process's arenas grow steeply and then flatten, so their raw
+    # slope pooled reads as a leak with nothing kept (the 10,000-step soak with 20 kills: 29.1 KiB a
+    # step raw over 21 processes; -0.8 KiB a step over the clean run's curve).
+    rss, judged_as = memory.get("rss_excess_slope_bytes_per_step"), " over the clean run's at the same process age"
+    if rss is None:
+        rss, judged_as = memory.get("rss_slope_bytes_per_step"), ""
     if rss is not None and memory.get("span_steps", 0) >= RSS_MIN_SPAN and rss > max_rss_slope:
         failures.append(f"resident set grows {rss:.0f} bytes/step{judged_as} (limit {max_rss_slope:g})")
     if clean_memory is not None:

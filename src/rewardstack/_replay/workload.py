@@ -11,6 +11,7 @@ import json
 import random
 from pathlib import Path
 
+from rewardstack._replay.pathological import grow_prompts, mix_into, surrogate_line
 from rewardstack._replay.synthetic import heavy_tailed_steps, text
 from rewardstack.stack import Step
 
@@ -21,16 +22,14 @@ LONG_CHARS = 50_000  # >= 8,000 tokens with the stand-ins' BERT tokenizer (about
 def soak_steps(n: int, n_completions: int = 50, *, seed: int = 0, pathological: bool = False,
                long_every: int = LONG_EVERY) -> list[Step]:
     """N validator steps: heavy-tailed lengths (median >= 200 chars), one very long completion every `long_every` steps."""
-    from rewardstack._replay import pathological as path
-
     steps = heavy_tailed_steps(n, n_completions, seed=seed, long_chars=0)
     rng = random.Random(seed + 1)
     for s, step in enumerate(steps):
         if long_every and s % long_every == min(10, n // 2):
             step.completions[rng.randrange(len(step.completions))] = text(rng, LONG_CHARS)
     if pathological:
-        path.grow_prompts(steps)
-        path.mix_into(steps, seed)
+        grow_prompts(steps)
+        mix_into(steps, seed)
     return steps
 
 
@@ -41,8 +40,6 @@ def write_steps(path: Path, steps: list[Step], *, surrogate_every: int = 0) -> i
         for s, step in enumerate(steps):
             f.write(json.dumps(step.to_dict(), ensure_ascii=False) + "\n")
             if surrogate_every and s % surrogate_every == surrogate_every - 1:
-                from rewardstack._replay.pathological import surrogate_line
-
                 f.write(surrogate_line(step) + "\n")
                 bad += 1
     return bad
