@@ -43,13 +43,13 @@ from rewardstack.config import StackConfig
 from rewardstack._distributed.cluster import RAY_NAMESPACE
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.edge import authorize, install_error_handlers, loopback_guard, require_json
-from rewardstack._service.namespaces import NamespaceLimitError, reserve, stored_state
+from rewardstack._service.namespaces import Namespace, reserve, stored_state
 from rewardstack._service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline, error_responses,
-                                          namespace_for, namespace_limit, parse_score, parse_session, score_responses)
+                                          namespace_for, parse_score, parse_session, score_responses)
 from rewardstack._service import namespaces
 from rewardstack._settings import ServiceSettings
 from rewardstack.stack import Step
-from rewardstack._state import ForwardResult, RewardState
+from rewardstack._state import ForwardResult
 from rewardstack._wire import RECENT_RESULTS
 
 log = logging.getLogger("rewardstack.distributed")
@@ -80,23 +80,9 @@ class NamespaceState:
     """
 
     def __init__(self, config: StackConfig, name: str, state_dir: str) -> None:
-        from rewardstack._service.namespaces import Namespace
-        from rewardstack._state import StateLock, StateStore
-
-        folder = Path(state_dir) / "namespaces" / name
-        folder.mkdir(parents=True, exist_ok=True)  # reserved by the replica first (protocol: namespace limit)
-        lock = StateLock(folder).acquire()  # one writer: not also a `rewardstack serve`
-        store = StateStore(folder)
-        state = RewardState(config)
-        state.load_state_dict(store.load())
-        self.ns = Namespace(name, state, store, lock)
+        # The folder was reserved by the replica (the namespace limit); one writer: not also a `rewardstack serve`.
+        self.ns = Namespace(config, Path(state_dir) / "namespaces", name)
         self.turn = asyncio.Condition()
-        if state.sequence:
-            log.info("namespace %s resumed at sequence %d", name, state.sequence)
-
-    async def sequence(self) -> int:
-        """The last committed sequence number."""
-        return self.ns.state.sequence
 
     def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> tuple | str:
         """The service's rule (`namespaces.admit`) against the committed state: `GO`, `AHEAD`, or the
@@ -107,9 +93,7 @@ class NamespaceState:
                                        expected=state.sequence + 1, max_chars=state.config.input.max_chars)
         except ServiceError as e:
             return _refusal(e)
-        if verdict in (namespaces.GO, namespaces.AHEAD):
-            return verdict
-        return ("ok", verdict, sequence, False)
+        return verdict if verdict in (namespaces.GO, namespaces.AHEAD) else ("ok", verdict, sequence, False)
 
     async def precheck(self, sequence: int | None, epoch: int | None, step: Step) -> tuple:
         """Before the forward pass: a repeat's stored answer, a refusal, a hopeless gap's 409, else `("go",)`."""
@@ -133,31 +117,27 @@ class NamespaceState:
             if isinstance(verdict, tuple):
                 return verdict
             # From here to the end: no await, so nothing else touches the state.
-            state = self.ns.state
             try:
-                _, body = namespaces.apply_step(state, fwd, state.config.input.max_chars)  # applied, its answer kept for retries
-                self.ns.commit()
-            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
-                log.exception("namespace %s: applying or committing a step failed", self.ns.name)
-                self.ns.reload()
+                _, body = self.ns.apply(fwd)  # applied, its answer kept for retries
+                committed = self.ns.commit()
+            except Exception:  # noqa: BLE001 - logged; memory is back to the file
+                committed = False
+            if not committed:
                 return ("error", 500, "state_error", "the step could not be applied and committed; not scored", None)
             self.turn.notify_all()
-            return ("ok", body, state.sequence, True)
+            return ("ok", body, self.ns.state.sequence, True)
 
     async def standing(self) -> dict:
         """Where the namespace stands (`namespaces.describe`)."""
         return namespaces.describe(self.ns.state)
 
     async def open_session(self, client: dict) -> tuple:
-        """Open a session (`namespaces.open_session`) after the step being applied now, and commit it."""
+        """Open a session (`Namespace.open_session`, committed) after the step being applied now."""
         async with self.turn:
-            answer = namespaces.open_session(self.ns.state, client)
             try:
-                self.ns.commit()
-            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
-                log.exception("namespace %s: committing a new session failed", self.ns.name)
-                self.ns.reload()
-                return ("error", 500, "state_error", "the session could not be committed; it was not opened", None)
+                answer = self.ns.open_session(client)
+            except ServiceError as e:
+                return _refusal(e)
             self.turn.notify_all()  # steps of the old epoch waiting for predecessors are refused now
             return ("session", answer)
 
@@ -185,14 +165,6 @@ def stop_namespace_actors(state_dir: str | Path) -> int:
 
 
 # -- the replicas ---------------------------------------------------------------------------------
-class _Forward:
-    """One step waiting for a replica's forward pass, with the time after which it is not started."""
-
-    def __init__(self, step: Step, deadline: float) -> None:
-        self.step = step
-        self.deadline = deadline
-
-
 @serve.ingress()
 class ScoringReplica:
     """A Serve replica: the stack's stateless part, the service's HTTP surface, no validator state."""
@@ -228,14 +200,15 @@ class ScoringReplica:
         return actor
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _forward(self, items: list[_Forward]) -> list[ForwardResult | None]:
-        """Forward passes of concurrent requests together (model by model); None: deadline passed."""
+    async def _forward(self, items: list[tuple[Step, float]]) -> list[ForwardResult | None]:
+        """Forward passes of concurrent requests together (model by model), each a step and the time
+        after which it is not started; None: that deadline passed."""
         now = time.monotonic()
-        live = [i for i, it in enumerate(items) if it.deadline >= now]
+        live = [i for i, (_, deadline) in enumerate(items) if deadline >= now]
         out: list[ForwardResult | None] = [None] * len(items)
         if live:
             loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(self.pool, self.stack.forward_many, [items[i].step for i in live])
+            results = await loop.run_in_executor(self.pool, self.stack.forward_many, [items[i][0] for i in live])
             for i, r in zip(live, results):
                 out[i] = r
         return out
@@ -267,11 +240,8 @@ router = APIRouter()
 
 def _reserve(replica: ScoringReplica, name: str) -> None:
     """Count and create the namespace's folder under one file lock on the shared folder: replicas
-    cannot overshoot `service.max_namespaces`."""
-    try:
-        reserve(Path(replica.state_dir) / "namespaces", name, replica.settings.max_namespaces)
-    except NamespaceLimitError as e:
-        raise namespace_limit(e.limit) from None
+    cannot overshoot `service.max_namespaces` (403)."""
+    reserve(Path(replica.state_dir) / "namespaces", name, replica.settings.max_namespaces)
 
 
 def _answer(reply: tuple) -> Response:
@@ -312,7 +282,7 @@ async def score(request: Request, scope: str | None = Depends(authorize), _json:
         if pre[0] != "go":
             return _answer(pre)
         deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
-        fwd = await replica._forward(_Forward(call.step, deadline))
+        fwd = await replica._forward((call.step, deadline))
         if fwd is None:
             raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
                                "the step was not scored (service.deadline_s)")
