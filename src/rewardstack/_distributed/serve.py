@@ -47,6 +47,8 @@ from rewardstack._service.namespaces import Namespace, reserve, stored_state
 from rewardstack._service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline, error_responses,
                                           namespace_for, parse_score, parse_session, score_responses)
 from rewardstack._service import namespaces
+from rewardstack._service.app import score_response
+from rewardstack._service.worker import WARMUP_STEP, Answer
 from rewardstack._settings import ServiceSettings
 from rewardstack.stack import Step
 from rewardstack._state import ForwardResult
@@ -64,19 +66,13 @@ def actor_name(namespace: str) -> str:
 
 
 # -- the namespace state actor --------------------------------------------------------------------
-def _refusal(e: Any) -> tuple:
-    """A `ServiceError` as the actor's tagged answer (exceptions do not cross Ray unchanged)."""
-    return ("error", e.status, e.type, e.message, e.field)
-
-
 class NamespaceState:
     """One namespace's state; an async Ray actor, so every call runs on its one event-loop thread.
 
     Between two `await`s nothing else runs, and `commit` does not await between checking the
     sequence number and writing the state: steps are applied one at a time, in sequence order.
-    Answers are tagged tuples, not exceptions, so they cross Ray unchanged:
-    `("ok", body, sequence, scored)`, `("go",)`, `("session", answer)` or
-    `("error", status, type, message, field)`. Admission is the service's (service/namespaces.py).
+    A refusal is returned, not raised, so that it crosses Ray unchanged: every call answers a
+    value, the worker's `Answer` or a `ServiceError`. Admission is the service's (service/namespaces.py).
     """
 
     def __init__(self, config: StackConfig, name: str, state_dir: str) -> None:
@@ -84,27 +80,26 @@ class NamespaceState:
         self.ns = Namespace(config, Path(state_dir) / "namespaces", name)
         self.turn = asyncio.Condition()
 
-    def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> tuple | str:
+    def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> str | Answer | ServiceError:
         """The service's rule (`namespaces.admit`) against the committed state: `GO`, `AHEAD`, or the
-        tagged answer (a retry's kept answer, or a refusal)."""
+        answer (a retry's kept answer, or a refusal)."""
         state = self.ns.state
         try:
             verdict = namespaces.admit(state, self.ns.name, step, sequence=sequence, epoch=epoch,
                                        expected=state.sequence + 1, max_chars=state.config.input.max_chars)
         except ServiceError as e:
-            return _refusal(e)
-        return verdict if verdict in (namespaces.GO, namespaces.AHEAD) else ("ok", verdict, sequence, False)
+            return e
+        return verdict if verdict in (namespaces.GO, namespaces.AHEAD) else Answer(verdict, sequence or 0, scored=False)
 
-    async def precheck(self, sequence: int | None, epoch: int | None, step: Step) -> tuple:
-        """Before the forward pass: a repeat's stored answer, a refusal, a hopeless gap's 409, else `("go",)`."""
+    async def precheck(self, sequence: int | None, epoch: int | None, step: Step) -> Answer | ServiceError | None:
+        """Before the forward pass: a repeat's stored answer, a refusal, a hopeless gap's 409, else None (go on)."""
         verdict = self._admit(sequence, epoch, step)
-        if isinstance(verdict, tuple):
-            return verdict
         if verdict == namespaces.AHEAD and (sequence or 0) - (self.ns.state.sequence + 1) > RECENT_RESULTS:
-            return _refusal(namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))  # not in flight
-        return ("go",)
+            return namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1)  # not in flight
+        return None if isinstance(verdict, str) else verdict
 
-    async def commit(self, sequence: int | None, epoch: int | None, fwd: ForwardResult, wait_s: float) -> tuple:
+    async def commit(self, sequence: int | None, epoch: int | None, fwd: ForwardResult,
+                     wait_s: float) -> Answer | ServiceError:
         """Apply one step's forward result as `sequence` (or as the next one) and commit it to disk."""
         async with self.turn:
             loop = asyncio.get_running_loop()
@@ -113,8 +108,8 @@ class NamespaceState:
                 try:
                     await asyncio.wait_for(self.turn.wait(), max(0.0, until - loop.time()))
                 except TimeoutError:
-                    return _refusal(namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))
-            if isinstance(verdict, tuple):
+                    return namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1)
+            if not isinstance(verdict, str):
                 return verdict
             # From here to the end: no await, so nothing else touches the state.
             try:
@@ -123,23 +118,23 @@ class NamespaceState:
             except Exception:  # noqa: BLE001 - logged; memory is back to the file
                 committed = False
             if not committed:
-                return ("error", 500, "state_error", "the step could not be applied and committed; not scored", None)
+                return ServiceError(500, "state_error", "the step could not be applied and committed; not scored")
             self.turn.notify_all()
-            return ("ok", body, self.ns.state.sequence, True)
+            return Answer(body, self.ns.state.sequence, scored=True)
 
     async def standing(self) -> dict:
         """Where the namespace stands (`namespaces.describe`)."""
         return namespaces.describe(self.ns.state)
 
-    async def open_session(self, client: dict) -> tuple:
+    async def open_session(self, client: dict) -> dict | ServiceError:
         """Open a session (`Namespace.open_session`, committed) after the step being applied now."""
         async with self.turn:
             try:
                 answer = self.ns.open_session(client)
             except ServiceError as e:
-                return _refusal(e)
+                return e
             self.turn.notify_all()  # steps of the old epoch waiting for predecessors are refused now
-            return ("session", answer)
+            return answer
 
 
 def namespace_actor(config: StackConfig, name: str, state_dir: str) -> Any:
@@ -172,7 +167,6 @@ class ScoringReplica:
     def __init__(self, config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str],
                  state_dir: str, reorder_wait_s: float) -> None:
         from rewardstack._service.namespaces import Access
-        from rewardstack._service.worker import WARMUP_STEP
         from transformers.utils import logging as hf_logging
 
         from rewardstack.stack import RewardStack
@@ -244,15 +238,13 @@ def _reserve(replica: ScoringReplica, name: str) -> None:
     reserve(Path(replica.state_dir) / "namespaces", name, replica.settings.max_namespaces)
 
 
-def _answer(reply: tuple) -> Response:
-    if reply[0] == "error":
-        _, status, type_, message, field = reply
-        raise ServiceError(status, type_, message, field=field)
-    _, body, _, scored = reply
-    return Response(body, media_type="application/json", headers={"X-Rewardstack-Scored": "true" if scored else "false"})
+def _answer(reply: Answer | ServiceError) -> Response:
+    if isinstance(reply, ServiceError):
+        raise reply
+    return score_response(reply)
 
 
-async def _call_state(method: Any, *args: Any) -> tuple:
+async def _call_state(method: Any, *args: Any) -> Any:
     from ray.exceptions import RayActorError
 
     try:
@@ -279,7 +271,7 @@ async def score(request: Request, scope: str | None = Depends(authorize), _json:
     try:
         actor = replica._actor(call.namespace)
         pre = await _call_state(actor.precheck, call.sequence, call.epoch, call.step)
-        if pre[0] != "go":
+        if pre is not None:
             return _answer(pre)
         deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
         fwd = await replica._forward((call.step, deadline))
@@ -317,9 +309,9 @@ async def open_session(name: str, request: Request, scope: str | None = Depends(
     who = parse_session(await request.body())
     _reserve(replica, name)
     reply = await _call_state(replica._actor(name).open_session, who.model_dump())
-    if reply[0] == "error":
-        _answer(reply)
-    return {"namespace": name, **reply[1]}
+    if isinstance(reply, ServiceError):
+        raise reply
+    return {"namespace": name, **reply}
 
 
 @router.get("/healthz", summary="Liveness of this replica")

@@ -54,10 +54,9 @@ from typing import Any, Mapping
 from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError, StateError
 from rewardstack._fileio import canonical_chunks, event_line
-from rewardstack._readview import ReadView
 from rewardstack._state import ForwardResult, RewardState, StateLock, StateStore
 from rewardstack._service.errors import ServiceError
-from rewardstack._stepresult import StepResult
+from rewardstack._stepobservers import StepResult
 from rewardstack._wire import RECENT_RESULTS, Step
 
 log = logging.getLogger("rewardstack.service")
@@ -203,14 +202,6 @@ class Namespaces:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and valid_name(p.name))
-
-    def known(self, name: str) -> bool:
-        """Whether the namespace is loaded or has state on disk."""
-        return name in self._loaded or (self.root / name).is_dir()
-
-    def count(self) -> int:
-        """How many namespaces exist (loaded or on disk)."""
-        return len(set(self._loaded) | set(self.on_disk()))
 
     def get(self, name: str) -> Namespace:
         """The namespace, restored from its state file on first use (created if new).
@@ -460,7 +451,7 @@ def step_digest(step: Step, max_chars: int | None = None) -> str:
     `max_chars` (`[input] max_chars`): the step as read, each text cut there, as it was committed.
     """
     if max_chars is not None:
-        step = ReadView.of(step, max_chars).step
+        step = step.as_read(max_chars)
     whole = {
         "name": step.name, "prompt": step.prompt, "completions": list(step.completions), **step.resolved(),
         "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,

@@ -328,9 +328,3 @@ MEMORY_HEADER = "X-Rewardstack-Memory"
 """The header of a scored answer that carries `memory_summary` of its step, as compact JSON. A
 header, as TGI sends its per-request timings, so that the body stays the kept answer byte for byte
 (a retry of the step gets the same body, and the record kept with it)."""
-
-
-__all__ = ["ANSWER_SCHEMA", "BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "MEMORY_HEADER", "SCORE_CODES",
-           "SCORE_SCHEMA", "SESSION_SCHEMA", "ScoreAnswer", "ScoreBody", "ScoreCall", "SessionBody", "check_limits",
-           "client_deadline", "error_responses", "memory_summary", "namespace_for", "parse_score",
-           "parse_session", "score_responses", "step_work"]

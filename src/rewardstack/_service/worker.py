@@ -82,7 +82,7 @@ class Worker:
     """The thread that loads the stack and scores every job; the app talks to it through `submit`."""
 
     def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
-                 max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None,
+                 max_namespaces: int = 64,
                  run_dir: str | None = None, turn_work: int | None = None, lane: Lane | None = None,
                  recalibrate: bool = False) -> None:
         self.config = config
@@ -103,7 +103,7 @@ class Worker:
         """Most work (`protocol.step_work`) one turn takes, after its first job (`service.max_work_chars`)."""
         self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
         self.stack: RewardStack | None = None
-        self._factory = stack_factory or (lambda cfg: RewardStack(cfg, load_state=False, recalibrate=recalibrate))
+        self.recalibrate = recalibrate
         self._lock = threading.Lock()  # guards `closed` against a racing submit
         self.closed = False
         self.draining = False
@@ -168,7 +168,7 @@ class Worker:
     def _main(self) -> None:
         try:
             self._beat("loading models")
-            self.stack = self._factory(self.config)
+            self.stack = RewardStack(self.config, load_state=False, recalibrate=self.recalibrate)
             if self.run_dir is not None:
                 from rewardstack._telemetry.session import Telemetry
 
@@ -357,7 +357,7 @@ class Worker:
         self._beat(f"forward pass: {len(jobs)} step(s), {sum(len(j.step.completions) for j in jobs)} completions, "
                    f"{count} namespace(s)")
         try:
-            forwards = self.stack.forward_many([j.step for j in jobs])  # type: ignore[misc]
+            forwards = self.stack.forward_many([j.step for j in jobs])  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - scorers already catch their own; this is a last resort
             log.exception("forward pass failed")
             for job in jobs:
