@@ -189,7 +189,8 @@ def test_a_new_namespace_whose_only_step_failed_leaves_nothing(fake_config, monk
         worker._process(worker._take())
     with pytest.raises(ServiceError) as e:
         job.future.result(timeout=0)
-    assert e.value.status == 500 and not worker.namespaces.known("lost") and worker.namespaces.count() == 0
+    assert e.value.status == 500 and worker.namespaces.peek("lost") is None
+    assert not worker.namespaces.loaded() and not worker.namespaces.on_disk()
     ok = Job("other", Step.from_dict(_step("o")), None, deadline=time.monotonic() + 60)
     worker.submit(ok)
     worker._process(worker._take())
@@ -353,13 +354,17 @@ def test_the_ray_state_actor_also_refuses_a_retry_with_other_uids(fake_config, t
     stack = RewardStack(fake_config, load_state=False)
     step = Step.from_dict(_step("r", uids=[1, 2]))
     first = asyncio.run(actor.commit(1, None, stack.forward(step), 1.0))
-    assert first[0] == "ok" and first[3] is True
-    assert asyncio.run(actor.precheck(1, None, step))[:2] == ("ok", first[1])
+    assert first.scored is True
+    assert asyncio.run(actor.precheck(1, None, step)).body == first.body
     other = Step.from_dict(_step("r", uids=[3, 4]))
-    assert asyncio.run(actor.precheck(1, None, other))[:3] == ("error", 409, "sequence_conflict")
-    assert asyncio.run(actor.commit(1, None, stack.forward(other), 1.0))[:3] == ("error", 409, "sequence_conflict")
+
+    def conflict(reply: object) -> bool:
+        return isinstance(reply, ServiceError) and (reply.status, reply.type) == (409, "sequence_conflict")
+
+    assert conflict(asyncio.run(actor.precheck(1, None, other)))
+    assert conflict(asyncio.run(actor.commit(1, None, stack.forward(other), 1.0)))
     empty = Step.from_dict(_step("r", uids=[1, 2], completions=["", "r two"]))  # issue 33 #6: failed is not empty
     failed = Step.from_dict(_step("r", uids=[1, 2], completions=[None, "r two"]))
-    assert asyncio.run(actor.commit(2, None, stack.forward(failed), 1.0))[0] == "ok"
-    assert asyncio.run(actor.precheck(2, None, empty))[:3] == ("error", 409, "sequence_conflict")
+    assert asyncio.run(actor.commit(2, None, stack.forward(failed), 1.0)).scored is True
+    assert conflict(asyncio.run(actor.precheck(2, None, empty)))
     actor.ns.lock.release()

@@ -3,7 +3,7 @@
 Tests that only ever met inputs far from a limit stayed green when the limit was broken on purpose:
 a padded rectangle allowed 175% of its real tokens instead of 125% (`(1.0 + slack)` to
 `(1.5 + slack)` in the planner), and a text of exactly `[input] max_chars` characters counted as
-cut (`<=` to `<` in `ReadView.of`). Each test here goes red under its break.
+cut (`>` to `>=` in `stack._cut`). Each test here goes red under its break.
 """
 
 from __future__ import annotations

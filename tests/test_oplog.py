@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 
 from rewardstack.cli import main
 from rewardstack._memory.budget import weights_bytes
-from rewardstack._oplog import revision_of
+from rewardstack._stepobservers import revision_of
 from rewardstack.stack import RewardStack
 
 
@@ -47,7 +47,7 @@ def test_a_model_of_several_local_folders_is_logged_as_local(tmp_path: Path, cap
     # relevance_filter loads two folders (`paths`, no `path`): its line said "at unpinned" (issue 34 #8).
     from types import SimpleNamespace
 
-    from rewardstack._oplog import log_models
+    from rewardstack._stepobservers import log_models
 
     folders = [tmp_path / "bert", tmp_path / "mpnet"]
     for f in folders:
@@ -92,7 +92,7 @@ def test_step_line_shows_the_peak_of_the_calls_inside(caplog: pytest.LogCaptureF
     from types import SimpleNamespace
 
     from rewardstack._memory.device import TensorBytesTracker
-    from rewardstack._oplog import OperatorLog
+    from rewardstack._stepobservers import OperatorLog
 
     tracker = TensorBytesTracker(budget_bytes=64 * 2**20)
     stack = SimpleNamespace(device=torch.device("cpu"), memory=SimpleNamespace(tracker=tracker), steps_scored=1)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
-from rewardstack.errors import InputError, RewardStackError, StateError
+from rewardstack.errors import InputError, RewardStackError
 from rewardstack.stack import RewardStack, Step, StepResult
 from rewardstack._wire import check_completions
 
@@ -226,7 +226,7 @@ def _journal_of(stack: RewardStack) -> dict[str, Any] | None:
 
 def commit(stack: RewardStack, out_path: Path, committed: int, lines: list[str]) -> int:
     """Save the state with `lines` as its journal, then append them to the output. Returns the new count."""
-    sections = stack.state_sections()
+    sections = stack.state.state_dict()
     sections[JOURNAL] = {"output": str(out_path.resolve()), "committed": committed + len(lines), "pending": lines}
     stack.store.save(sections)  # the commit point: the state and the events it covers, together
     _append(out_path, lines)
@@ -349,8 +349,3 @@ def run_score(config_path: str, input_path: str, output: str, *, save_every: int
         parts.append(f"{report.redone} written from the state's journal")
     print(", ".join(parts), file=sys.stderr)
     return report.exit_code
-
-
-__all__ = ["OutputMismatchError", "ScoreReport", "commit", "reconcile_output", "run_score", "score_file", "settle_journal",
-           "step_hash",
-           "StateError"]

@@ -60,7 +60,7 @@ from rewardstack import _models as models
 from rewardstack._scorers.base import ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.embedding import DiversityHistory, Embedding
 from rewardstack._scorers.rules import BlacklistState
-from rewardstack._stepresult import StepResult
+from rewardstack._stepobservers import StepResult
 from rewardstack._wire import RECENT_BYTES, RECENT_RESULTS, Step
 
 log = logging.getLogger("rewardstack.stack")
@@ -183,8 +183,8 @@ class RewardState:
         self.steps_scored = 0
         self.recent: OrderedDict[int, str] = OrderedDict()
         """Sequence number -> the stored response of that step (JSON text), the last RECENT_RESULTS."""
-        self.recent_bytes: int | None = 0
-        """The UTF-8 size of `recent` (None: not counted since a load)."""
+        self.recent_bytes = 0
+        """The UTF-8 size of `recent`."""
         self.dormant: dict[str, dict[str, Any]] = {}
         """Saved state of scorers switched off in this run: carried over untouched, not dropped."""
         self.session: dict[str, Any] = {}
@@ -200,9 +200,7 @@ class RewardState:
         """Keep the response of committed step `sequence` for retries: the oldest go beyond
         RECENT_RESULTS answers or RECENT_BYTES bytes (the newest is always kept)."""
         self.recent[sequence] = response
-        self.recent_bytes = self.recent_bytes + len(response.encode()) if self.recent_bytes is not None else None
-        if self.recent_bytes is None:  # a state just loaded: counted once
-            self.recent_bytes = sum(len(r.encode()) for r in self.recent.values())
+        self.recent_bytes += len(response.encode())
         while len(self.recent) > 1 and (len(self.recent) > RECENT_RESULTS or self.recent_bytes > RECENT_BYTES):
             _, dropped = self.recent.popitem(last=False)
             self.recent_bytes -= len(dropped.encode())
@@ -252,14 +250,8 @@ class RewardState:
             normalized[name] = mask
             model_statuses[name] = res.statuses
             rewards = [r * m for r, m in zip(rewards, mask)]
-        statuses = [
-            Status.worst([s[i] for s in model_statuses.values()]) if model_statuses else
-            (Status.FAILED if step.completions[i] is None else Status.OK)
-            for i in range(n)
-        ]
-        for i, c in enumerate(step.completions):
-            if c is None:
-                statuses[i] = Status.FAILED
+        statuses = [Status.FAILED if c is None else Status.worst([s[i] for s in model_statuses.values()])
+                    for i, c in enumerate(step.completions)]
         best = ""
         if n:
             i_best = max(range(n), key=lambda i: (rewards[i], -i))  # first of the maxima, like argmax
@@ -299,7 +291,7 @@ class RewardState:
             stack = sections.get("stack", {})
             self.steps_scored = int(stack.get("steps_scored", 0))
             self.recent = OrderedDict(sorted((int(k), str(v)) for k, v in dict(stack.get("recent", {})).items()))
-            self.recent_bytes = None
+            self.recent_bytes = sum(len(r.encode()) for r in self.recent.values())
             self.session = dict(sections.get("session", {}))
             if self._active(BLACKLIST) and BLACKLIST in sections:
                 self.blacklist.load_state_dict(sections[BLACKLIST])

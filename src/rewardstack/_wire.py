@@ -110,20 +110,13 @@ class StepWire(BaseModel):
     logged_best: Annotated[str | None, Field(description="the best a recorded run logged for this step (replay)"),
                            Refuse("must be a string")] = None
 
-    @field_validator("uids", "completion_times")
+    @field_validator("uids", "completion_times", "failed")
     @classmethod
     def _one_per_completion(cls, value: list | None, info: ValidationInfo) -> list | None:
         comps = info.data.get("completions")  # absent when the completions were refused already
         if value is not None and comps is not None and len(value) != len(comps):
-            raise _wire_error(f"has {len(value)} entries for {len(comps)} completions")
-        return value
-
-    @field_validator("failed")
-    @classmethod
-    def _one_flag_per_completion(cls, value: list[bool] | None, info: ValidationInfo) -> list[bool] | None:
-        comps = info.data.get("completions")
-        if value is not None and comps is not None and len(value) != len(comps):
-            raise _wire_error("must be a list of booleans, one per completion")
+            raise _wire_error("must be a list of booleans, one per completion" if info.field_name == "failed"
+                              else f"has {len(value)} entries for {len(comps)} completions")
         return value
 
     @model_validator(mode="after")
@@ -214,6 +207,17 @@ class Step:
             "new_forward_pass": self.new_forward_pass if self.new_forward_pass is not None else self.name == "augment",
         }
 
+    def as_read(self, max_chars: int) -> "Step":
+        """The step as the models read it, every text cut to `max_chars` (`[input] max_chars`): what
+        the forward pass scores, and what a committed step's digest covers."""
+        def cut(text: str | None) -> str | None:
+            return text[:max_chars] if text is not None and len(text) > max_chars else text
+
+        if all(t is None or len(t) <= max_chars for t in (self.prompt, self.base_prompt, *self.completions)):
+            return self
+        return dataclasses.replace(self, prompt=cut(self.prompt), base_prompt=cut(self.base_prompt),
+                                   completions=[cut(c) for c in self.completions])
+
     def to_dict(self) -> dict[str, Any]:
         """The JSONL form `rewardstack score` reads (`StepWire`'s shape; fields left unset are left out)."""
         d: dict[str, Any] = {}
@@ -301,7 +305,3 @@ def check_completions(step: Step, limit: int, *, line: int | None = None) -> Non
     if len(step.completions) > limit:
         raise InputError(f"{len(step.completions)} completions, more than {limit} ([input] max_completions)",
                          line=line, field="completions")
-
-
-__all__ = ["ERROR_SCHEMA", "ErrorWire", "EventWire", "RECENT_BYTES", "RECENT_RESULTS", "TASK_RE", "Refuse", "Step", "StepWire",
-           "check_completions", "error_body", "read"]

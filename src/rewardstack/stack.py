@@ -28,15 +28,12 @@ from rewardstack.errors import StateError
 from rewardstack._memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack._memory.manager import check_device
 from rewardstack._memory.device import take_snapshot
-from rewardstack._oplog import OperatorLog, log_models
-from rewardstack._readview import ReadView
 from rewardstack._state import ForwardResult, RewardState, RunningNormalizer, StateStore, checked_score
 from rewardstack._scorers import build_scorer
 from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.embedding import Embedding
 from rewardstack._scorers.loading import ModelCache
-from rewardstack._stepobservers import StepObserver, StepReport, step_record
-from rewardstack._stepresult import StepResult
+from rewardstack._stepobservers import OperatorLog, StepObserver, StepReport, StepResult, log_models, step_record
 from rewardstack._wire import Step, check_completions
 
 log = logging.getLogger("rewardstack.stack")
@@ -106,21 +103,13 @@ class RewardStack:
         """Steps committed to this stack's state (also its last sequence number)."""
         return self.state.steps_scored
 
-    @steps_scored.setter
-    def steps_scored(self, value: int) -> None:
-        self.state.steps_scored = value
-
     def new_state(self) -> RewardState:
         """A fresh stateful part for this stack's config (one per client in the service)."""
         return RewardState(self.config)
 
-    def state_sections(self) -> dict[str, dict[str, Any]]:
-        """Everything that must outlive the process, by section."""
-        return self.state.state_dict()
-
     def save_state(self) -> None:
         """Atomically persist normalizers and scorer state to the state directory."""
-        self.store.save(self.state_sections())
+        self.store.save(self.state.state_dict())
 
     def load_state(self) -> None:
         """Restore persisted state, if any."""
@@ -189,34 +178,34 @@ class RewardStack:
         # a completion whose text or prompt was cut gets status CUT. The rest is never read: the
         # blacklist, `best` and the event see the step as read, so a 50 MB completion is not
         # copied into the event line, the state's journal or a stored service answer either.
-        views = [ReadView.of(step, self.config.input.max_chars) for step in parsed]
+        limit = self.config.input.max_chars
+        views = [step.as_read(limit) for step in parsed]
         started = time.time()
         results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
         embeddings: list[dict[str, list[Embedding]]] = [{} for _ in parsed]
         for name in REWARD_MODELS:
             if name in self.scorers:
-                for view, res in zip(views, results):
-                    step = view.step
-                    request = ScoreRequest(step.prompt, step.completions, step.name)
-                    res[name] = view.mark(self.run_scorer(name, request), mask=False)
+                for sent, view, res in zip(parsed, views, results):
+                    request = ScoreRequest(view.prompt, view.completions, view.name)
+                    res[name] = _mark_cut(self.run_scorer(name, request), _cut(sent, limit, mask=False))
         for name in MASKS:
             scorer = self.scorers.get(name)
             if scorer is None:
                 continue
-            for view, res, emb in zip(views, results, embeddings):
-                step = view.step
-                base_prompt = step.base_prompt if step.base_prompt is not None else step.prompt
-                request = ScoreRequest(base_prompt, step.completions, step.name)
+            for sent, view, res, emb in zip(parsed, views, results, embeddings):
+                request = ScoreRequest(view.resolved()["base_prompt"], view.completions, view.name)
+                cut = _cut(sent, limit, mask=True)
                 if not scorer.stateful:
-                    res[name] = view.mark(self.run_scorer(name, request), mask=True)
+                    res[name] = _mark_cut(self.run_scorer(name, request), cut)
                     continue
                 part = self.run_stateless_part(name, request)  # the state's half runs in `RewardState.apply`
-                if part is not None:
-                    emb[name] = view.mark_embeddings(part)
+                if part is not None:  # diversity's (vector, status) per live completion
+                    live = [i for i, c in enumerate(view.completions) if c is not None]
+                    emb[name] = [(v, Status.CUT if cut[i] and st in Status.SCORED else st) for i, (v, st) in zip(live, part)]
         if self.device.type == "cuda":
             maybe_empty_cache(self.device)  # only when measured fragmentation crosses the threshold
         # The step as read goes on (blacklist, best, event): nothing past max_chars is kept or echoed.
-        return [ForwardResult(view.step, res, emb, started) for view, res, emb in zip(views, results, embeddings)]
+        return [ForwardResult(view, res, emb, started) for view, res, emb in zip(views, results, embeddings)]
 
     def run_scorer(self, name: str, request: ScoreRequest) -> ScoreResult:
         """One scorer on one request; a scorer that raises marks every live completion ERROR. No
@@ -233,6 +222,24 @@ class RewardStack:
         except Exception:  # noqa: BLE001 - the scoring loop must not crash
             log.exception("%s failed; its completions are marked '%s'", name, Status.ERROR)
             return [(None, Status.ERROR)] * len(request.live())
+
+
+def _cut(step: Step, limit: int, *, mask: bool) -> list[bool]:
+    """Per completion of `step` as sent: whether a model read it cut at `limit`, its text or the
+    prompt it is read with (a mask's is the base prompt)."""
+    def long(text: str | None) -> bool:
+        return text is not None and len(text) > limit
+
+    whole = long(step.resolved()["base_prompt"] if mask else step.prompt)
+    return [whole or long(c) for c in step.completions]
+
+
+def _mark_cut(res: ScoreResult, cut: list[bool]) -> ScoreResult:
+    """`res` with every scored completion that was read cut marked CUT."""
+    for i, c in enumerate(cut):
+        if c and res.statuses[i] in Status.SCORED:
+            res.statuses[i] = Status.CUT
+    return res
 
 
 __all__ = ["ForwardResult", "RewardStack", "RewardState", "Step", "StepResult"]

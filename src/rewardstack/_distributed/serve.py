@@ -43,13 +43,15 @@ from rewardstack.config import StackConfig
 from rewardstack._distributed.cluster import RAY_NAMESPACE
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.edge import authorize, install_error_handlers, loopback_guard, require_json
-from rewardstack._service.namespaces import NamespaceLimitError, reserve, stored_state
+from rewardstack._service.namespaces import Namespace, reserve, stored_state
 from rewardstack._service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline, error_responses,
-                                          namespace_for, namespace_limit, parse_score, parse_session, score_responses)
+                                          namespace_for, parse_score, parse_session, score_responses)
 from rewardstack._service import namespaces
+from rewardstack._service.app import score_response
+from rewardstack._service.worker import WARMUP_STEP, Answer
 from rewardstack._settings import ServiceSettings
 from rewardstack.stack import Step
-from rewardstack._state import ForwardResult, RewardState
+from rewardstack._state import ForwardResult
 from rewardstack._wire import RECENT_RESULTS
 
 log = logging.getLogger("rewardstack.distributed")
@@ -64,63 +66,40 @@ def actor_name(namespace: str) -> str:
 
 
 # -- the namespace state actor --------------------------------------------------------------------
-def _refusal(e: Any) -> tuple:
-    """A `ServiceError` as the actor's tagged answer (exceptions do not cross Ray unchanged)."""
-    return ("error", e.status, e.type, e.message, e.field)
-
-
 class NamespaceState:
     """One namespace's state; an async Ray actor, so every call runs on its one event-loop thread.
 
     Between two `await`s nothing else runs, and `commit` does not await between checking the
     sequence number and writing the state: steps are applied one at a time, in sequence order.
-    Answers are tagged tuples, not exceptions, so they cross Ray unchanged:
-    `("ok", body, sequence, scored)`, `("go",)`, `("session", answer)` or
-    `("error", status, type, message, field)`. Admission is the service's (service/namespaces.py).
+    A refusal is returned, not raised, so that it crosses Ray unchanged: every call answers a
+    value, the worker's `Answer` or a `ServiceError`. Admission is the service's (service/namespaces.py).
     """
 
     def __init__(self, config: StackConfig, name: str, state_dir: str) -> None:
-        from rewardstack._service.namespaces import Namespace
-        from rewardstack._state import StateLock, StateStore
-
-        folder = Path(state_dir) / "namespaces" / name
-        folder.mkdir(parents=True, exist_ok=True)  # reserved by the replica first (protocol: namespace limit)
-        lock = StateLock(folder).acquire()  # one writer: not also a `rewardstack serve`
-        store = StateStore(folder)
-        state = RewardState(config)
-        state.load_state_dict(store.load())
-        self.ns = Namespace(name, state, store, lock)
+        # The folder was reserved by the replica (the namespace limit); one writer: not also a `rewardstack serve`.
+        self.ns = Namespace(config, Path(state_dir) / "namespaces", name)
         self.turn = asyncio.Condition()
-        if state.sequence:
-            log.info("namespace %s resumed at sequence %d", name, state.sequence)
 
-    async def sequence(self) -> int:
-        """The last committed sequence number."""
-        return self.ns.state.sequence
-
-    def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> tuple | str:
+    def _admit(self, sequence: int | None, epoch: int | None, step: Step) -> str | Answer | ServiceError:
         """The service's rule (`namespaces.admit`) against the committed state: `GO`, `AHEAD`, or the
-        tagged answer (a retry's kept answer, or a refusal)."""
+        answer (a retry's kept answer, or a refusal)."""
         state = self.ns.state
         try:
             verdict = namespaces.admit(state, self.ns.name, step, sequence=sequence, epoch=epoch,
                                        expected=state.sequence + 1, max_chars=state.config.input.max_chars)
         except ServiceError as e:
-            return _refusal(e)
-        if verdict in (namespaces.GO, namespaces.AHEAD):
-            return verdict
-        return ("ok", verdict, sequence, False)
+            return e
+        return verdict if verdict in (namespaces.GO, namespaces.AHEAD) else Answer(verdict, sequence or 0, scored=False)
 
-    async def precheck(self, sequence: int | None, epoch: int | None, step: Step) -> tuple:
-        """Before the forward pass: a repeat's stored answer, a refusal, a hopeless gap's 409, else `("go",)`."""
+    async def precheck(self, sequence: int | None, epoch: int | None, step: Step) -> Answer | ServiceError | None:
+        """Before the forward pass: a repeat's stored answer, a refusal, a hopeless gap's 409, else None (go on)."""
         verdict = self._admit(sequence, epoch, step)
-        if isinstance(verdict, tuple):
-            return verdict
         if verdict == namespaces.AHEAD and (sequence or 0) - (self.ns.state.sequence + 1) > RECENT_RESULTS:
-            return _refusal(namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))  # not in flight
-        return ("go",)
+            return namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1)  # not in flight
+        return None if isinstance(verdict, str) else verdict
 
-    async def commit(self, sequence: int | None, epoch: int | None, fwd: ForwardResult, wait_s: float) -> tuple:
+    async def commit(self, sequence: int | None, epoch: int | None, fwd: ForwardResult,
+                     wait_s: float) -> Answer | ServiceError:
         """Apply one step's forward result as `sequence` (or as the next one) and commit it to disk."""
         async with self.turn:
             loop = asyncio.get_running_loop()
@@ -129,37 +108,33 @@ class NamespaceState:
                 try:
                     await asyncio.wait_for(self.turn.wait(), max(0.0, until - loop.time()))
                 except TimeoutError:
-                    return _refusal(namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1))
-            if isinstance(verdict, tuple):
+                    return namespaces.sequence_gap(self.ns.name, sequence or 0, self.ns.state.sequence + 1)
+            if not isinstance(verdict, str):
                 return verdict
             # From here to the end: no await, so nothing else touches the state.
-            state = self.ns.state
             try:
-                _, body = namespaces.apply_step(state, fwd, state.config.input.max_chars)  # applied, its answer kept for retries
-                self.ns.commit()
-            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
-                log.exception("namespace %s: applying or committing a step failed", self.ns.name)
-                self.ns.reload()
-                return ("error", 500, "state_error", "the step could not be applied and committed; not scored", None)
+                _, body = self.ns.apply(fwd)  # applied, its answer kept for retries
+                committed = self.ns.commit()
+            except Exception:  # noqa: BLE001 - logged; memory is back to the file
+                committed = False
+            if not committed:
+                return ServiceError(500, "state_error", "the step could not be applied and committed; not scored")
             self.turn.notify_all()
-            return ("ok", body, state.sequence, True)
+            return Answer(body, self.ns.state.sequence, scored=True)
 
     async def standing(self) -> dict:
         """Where the namespace stands (`namespaces.describe`)."""
         return namespaces.describe(self.ns.state)
 
-    async def open_session(self, client: dict) -> tuple:
-        """Open a session (`namespaces.open_session`) after the step being applied now, and commit it."""
+    async def open_session(self, client: dict) -> dict | ServiceError:
+        """Open a session (`Namespace.open_session`, committed) after the step being applied now."""
         async with self.turn:
-            answer = namespaces.open_session(self.ns.state, client)
             try:
-                self.ns.commit()
-            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
-                log.exception("namespace %s: committing a new session failed", self.ns.name)
-                self.ns.reload()
-                return ("error", 500, "state_error", "the session could not be committed; it was not opened", None)
+                answer = self.ns.open_session(client)
+            except ServiceError as e:
+                return e
             self.turn.notify_all()  # steps of the old epoch waiting for predecessors are refused now
-            return ("session", answer)
+            return answer
 
 
 def namespace_actor(config: StackConfig, name: str, state_dir: str) -> Any:
@@ -185,14 +160,6 @@ def stop_namespace_actors(state_dir: str | Path) -> int:
 
 
 # -- the replicas ---------------------------------------------------------------------------------
-class _Forward:
-    """One step waiting for a replica's forward pass, with the time after which it is not started."""
-
-    def __init__(self, step: Step, deadline: float) -> None:
-        self.step = step
-        self.deadline = deadline
-
-
 @serve.ingress()
 class ScoringReplica:
     """A Serve replica: the stack's stateless part, the service's HTTP surface, no validator state."""
@@ -200,7 +167,6 @@ class ScoringReplica:
     def __init__(self, config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str],
                  state_dir: str, reorder_wait_s: float) -> None:
         from rewardstack._service.namespaces import Access
-        from rewardstack._service.worker import WARMUP_STEP
         from transformers.utils import logging as hf_logging
 
         from rewardstack.stack import RewardStack
@@ -228,14 +194,15 @@ class ScoringReplica:
         return actor
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _forward(self, items: list[_Forward]) -> list[ForwardResult | None]:
-        """Forward passes of concurrent requests together (model by model); None: deadline passed."""
+    async def _forward(self, items: list[tuple[Step, float]]) -> list[ForwardResult | None]:
+        """Forward passes of concurrent requests together (model by model), each a step and the time
+        after which it is not started; None: that deadline passed."""
         now = time.monotonic()
-        live = [i for i, it in enumerate(items) if it.deadline >= now]
+        live = [i for i, (_, deadline) in enumerate(items) if deadline >= now]
         out: list[ForwardResult | None] = [None] * len(items)
         if live:
             loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(self.pool, self.stack.forward_many, [items[i].step for i in live])
+            results = await loop.run_in_executor(self.pool, self.stack.forward_many, [items[i][0] for i in live])
             for i, r in zip(live, results):
                 out[i] = r
         return out
@@ -267,22 +234,17 @@ router = APIRouter()
 
 def _reserve(replica: ScoringReplica, name: str) -> None:
     """Count and create the namespace's folder under one file lock on the shared folder: replicas
-    cannot overshoot `service.max_namespaces`."""
-    try:
-        reserve(Path(replica.state_dir) / "namespaces", name, replica.settings.max_namespaces)
-    except NamespaceLimitError as e:
-        raise namespace_limit(e.limit) from None
+    cannot overshoot `service.max_namespaces` (403)."""
+    reserve(Path(replica.state_dir) / "namespaces", name, replica.settings.max_namespaces)
 
 
-def _answer(reply: tuple) -> Response:
-    if reply[0] == "error":
-        _, status, type_, message, field = reply
-        raise ServiceError(status, type_, message, field=field)
-    _, body, _, scored = reply
-    return Response(body, media_type="application/json", headers={"X-Rewardstack-Scored": "true" if scored else "false"})
+def _answer(reply: Answer | ServiceError) -> Response:
+    if isinstance(reply, ServiceError):
+        raise reply
+    return score_response(reply)
 
 
-async def _call_state(method: Any, *args: Any) -> tuple:
+async def _call_state(method: Any, *args: Any) -> Any:
     from ray.exceptions import RayActorError
 
     try:
@@ -309,10 +271,10 @@ async def score(request: Request, scope: str | None = Depends(authorize), _json:
     try:
         actor = replica._actor(call.namespace)
         pre = await _call_state(actor.precheck, call.sequence, call.epoch, call.step)
-        if pre[0] != "go":
+        if pre is not None:
             return _answer(pre)
         deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
-        fwd = await replica._forward(_Forward(call.step, deadline))
+        fwd = await replica._forward((call.step, deadline))
         if fwd is None:
             raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
                                "the step was not scored (service.deadline_s)")
@@ -347,9 +309,9 @@ async def open_session(name: str, request: Request, scope: str | None = Depends(
     who = parse_session(await request.body())
     _reserve(replica, name)
     reply = await _call_state(replica._actor(name).open_session, who.model_dump())
-    if reply[0] == "error":
-        _answer(reply)
-    return {"namespace": name, **reply[1]}
+    if isinstance(reply, ServiceError):
+        raise reply
+    return {"namespace": name, **reply}
 
 
 @router.get("/healthz", summary="Liveness of this replica")

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -34,50 +35,33 @@ from rewardstack._service.namespaces import ALL_NAMESPACES, Access, stored_state
 from rewardstack._service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
                                           error_responses, namespace_for, parse_score, parse_session, score_responses)
 from rewardstack._service.batching import Lane
-from rewardstack._service.trainers import install_trainer_routes
-from rewardstack._service.worker import SESSION, Job, Worker
+from rewardstack._service import trainers
+from rewardstack._service.worker import SESSION, Answer, Job, Worker
 from rewardstack._settings import ServiceSettings
+from rewardstack._telemetry.metrics import registry
 
 log = logging.getLogger("rewardstack.service")
 
 # -- the app ----------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class ServiceMetrics:
-    """The service's own instruments, on the telemetry registry when it is there."""
+def service_metrics() -> SimpleNamespace:
+    """The service's own instruments (`requests`, `queue`, `latency`) on the telemetry registry, made
+    once per registry (another app in the process shares them)."""
+    from prometheus_client import Counter, Gauge, Histogram
 
-    requests: Any
-    queue: Any
-    latency: Any
-
-    @classmethod
-    def create(cls) -> "ServiceMetrics":
-        from prometheus_client import Counter, Gauge, Histogram
-
-        reg = metrics_registry()
-        key = id(reg)
-        if key not in _METRICS:
-            _METRICS[key] = cls(
-                Counter("rewardstack_service_requests_total", "Score requests answered, by HTTP status.", ["code"], registry=reg),
-                Gauge("rewardstack_service_queue_length", "Steps waiting for the scoring worker.", registry=reg),
-                Histogram("rewardstack_service_request_seconds", "Time from a score request's arrival to its answer.",
-                          buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=reg),
-            )
-        return _METRICS[key]
+    reg = registry()
+    if id(reg) not in _METRICS:
+        _METRICS[id(reg)] = SimpleNamespace(
+            requests=Counter("rewardstack_service_requests_total", "Score requests answered, by HTTP status.", ["code"],
+                             registry=reg),
+            queue=Gauge("rewardstack_service_queue_length", "Steps waiting for the scoring worker.", registry=reg),
+            latency=Histogram("rewardstack_service_request_seconds", "Time from a score request's arrival to its answer.",
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=reg),
+        )
+    return _METRICS[id(reg)]
 
 
-_METRICS: dict[int, ServiceMetrics] = {}
-
-
-def metrics_registry() -> Any:
-    """The telemetry registry (`rewardstack._telemetry.metrics.registry()`), else prometheus_client's."""
-    try:
-        from rewardstack._telemetry.metrics import registry
-    except ImportError:  # pragma: no cover - telemetry not installed in this build
-        from prometheus_client import REGISTRY
-
-        return REGISTRY
-    return registry()
+_METRICS: dict[int, SimpleNamespace] = {}
 
 
 def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *, worker: Worker | None = None,
@@ -100,12 +84,12 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
                   dependencies=[Depends(local)] if local is not None else [],
                   description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
     app.state.worker, app.state.config, app.state.settings, app.state.access = worker, config, settings, access
-    app.state.metrics = ServiceMetrics.create()
+    app.state.metrics = service_metrics()
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
     install_error_handlers(app)  # the one error chokepoint (service/edge.py)
     app.include_router(router)
-    install_trainer_routes(app)  # /get_reward, /classify: docs/TRAINERS.md
+    app.include_router(trainers.router)  # /get_reward, /classify: docs/TRAINERS.md
     return app
 
 
@@ -141,11 +125,16 @@ async def _score(request: Request, scope: str | None, arrived: float) -> Respons
     deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
     job = Job(call.namespace, call.step, call.sequence, deadline=deadline, epoch=call.epoch)
     state.worker.submit(job)  # 429 when full, 503 when not ready or draining
-    outcome = await answer_of(request, job, deadline)
-    headers = {"X-Rewardstack-Scored": "true" if outcome.scored else "false"}
-    if outcome.memory is not None:
-        headers[MEMORY_HEADER] = namespaces.memory_header(outcome.memory)
-    return Response(outcome.body, media_type="application/json", headers=headers)
+    return score_response(await answer_of(request, job, deadline))
+
+
+def score_response(answer: Answer) -> Response:
+    """A score answer: its body, whether it was scored now, its memory record's summary when it has one
+    (Ray Serve's replicas answer through this too)."""
+    headers = {"X-Rewardstack-Scored": "true" if answer.scored else "false"}
+    if answer.memory is not None:
+        headers[MEMORY_HEADER] = namespaces.memory_header(answer.memory)
+    return Response(answer.body, media_type="application/json", headers=headers)
 
 
 @router.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
@@ -208,7 +197,7 @@ async def metrics_route(request: Request, scope: str | None = Depends(authorize)
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     request.app.state.metrics.queue.set(request.app.state.worker.queue_length())
-    return Response(generate_latest(metrics_registry()), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(registry()), media_type=CONTENT_TYPE_LATEST)
 
 
 def standing_of(worker: Worker, name: str) -> dict[str, Any]:

@@ -28,15 +28,10 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--config", required=True, help="stack config (TOML)")
     s.add_argument("--host", help=docs.get("host", "") + " (default [service].host, 127.0.0.1)")
     s.add_argument("--port", type=int, help=docs.get("port", "") + " (default [service].port, 8000)")
-    s.add_argument("--max-body-bytes", help=docs.get("max_body_bytes"))
-    s.add_argument("--max-completions", type=int, help=docs.get("max_completions"))
-    s.add_argument("--max-chars", type=int, help=docs.get("max_chars"))
-    s.add_argument("--max-work-chars", type=int, help=docs.get("max_work_chars"))
-    s.add_argument("--queue-size", type=int, help=docs.get("queue_size"))
-    s.add_argument("--deadline-s", type=float, help=docs.get("deadline_s"))
-    s.add_argument("--batch-requests", type=int, help=docs.get("batch_requests"))
-    s.add_argument("--max-namespaces", type=int, help=docs.get("max_namespaces"))
-    s.add_argument("--tokens-file", help=docs.get("tokens_file"))
+    for key, kind in (("max_body_bytes", str), ("max_completions", int), ("max_chars", int), ("max_work_chars", int),
+                      ("queue_size", int), ("deadline_s", float), ("batch_requests", int), ("max_namespaces", int),
+                      ("tokens_file", str)):
+        s.add_argument("--" + key.replace("_", "-"), type=kind, help=docs.get(key))
     s.add_argument("--run-dir", help="telemetry run directory: timeline, events, incidents, summary (default [telemetry].run_dir)")
     s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir, else "
                    "$REWARDSTACK_HOME/<config stem>-<hash>/state)")

@@ -368,9 +368,6 @@ def log_rate_limited(window_s: float = 10.0) -> Iterator[RepeatFilter]:
             handler.removeFilter(repeat)
 
 
-__all__ = ["CutAtShutdown", "FD_RESERVE", "RepeatFilter", "connection_cap", "guarded_protocol", "log_rate_limited", "server_config"]
-
-
 async def answer_of(request: Any, job: Any, deadline: float) -> Any:
     """A queued job's outcome (`job.future`); withdraws the job (`job.try_cancel()`) if its deadline
     passes or its client goes away first: 504 or 499, nothing scored. A job the worker has started

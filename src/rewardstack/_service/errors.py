@@ -22,6 +22,10 @@ class ServiceError(Exception):
         self.field = field
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt whole when pickled: Ray Serve's state actors return refusals to the replicas.
+        return (ServiceError, (self.status, self.type, self.message), {"field": self.field, "headers": self.headers})
+
     def body(self) -> dict:
         """The JSON body of the answer."""
         return error_body(self.message, self.type, self.field)

@@ -19,7 +19,7 @@ Both servers admit and apply steps here, so they cannot drift: `rewardstack serv
 namespace's `RewardState` and asks here what to do with a step:
 
 - **Sessions fence the old writer**, as Kafka's idempotent producer does with epochs. A client opens
-  a session on a namespace (`open_session`) and gets an epoch and the next sequence number, counted
+  a session on a namespace (`Namespace.open_session`) and gets an epoch and the next sequence number, counted
   after every step the namespace admitted before it. Every later step carries the epoch. A step of
   an older epoch is refused as `fenced`, naming the client (host, pid, name) that took the
   namespace over and when, so two validators on one namespace fence each other loudly. A step of an
@@ -32,7 +32,7 @@ namespace's `RewardState` and asks here what to do with a step:
   step of the same turn or still in a forward pass) or one that skips ahead (`AHEAD`). The worker
   answers `PENDING` from its turn and `AHEAD` with 409 `sequence_gap`; a state actor waits for the
   predecessors of an `AHEAD` step, which replicas finish out of order.
-- **Applying** (`apply_step`) runs the stateful half of the stack as the next number and keeps the
+- **Applying** (`Namespace.apply`) runs the stateful half of the stack as the next number and keeps the
   answer with the digest of the whole step (`step_digest`), so a retry is told from another step.
 """
 
@@ -52,12 +52,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rewardstack.config import StackConfig
-from rewardstack.errors import ConfigError, RewardStackError, StateError
+from rewardstack.errors import ConfigError, StateError
 from rewardstack._fileio import canonical_chunks, event_line
-from rewardstack._readview import ReadView
 from rewardstack._state import ForwardResult, RewardState, StateLock, StateStore
 from rewardstack._service.errors import ServiceError
-from rewardstack._stepresult import StepResult
+from rewardstack._stepobservers import StepResult
 from rewardstack._wire import RECENT_RESULTS, Step
 
 log = logging.getLogger("rewardstack.service")
@@ -76,12 +75,10 @@ def valid_name(name: object) -> bool:
     return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
-class NamespaceLimitError(RewardStackError):
-    """A new namespace would pass `service.max_namespaces`."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the service holds {limit} namespaces (service.max_namespaces)")
-        self.limit = limit
+def namespace_limit(limit: int) -> ServiceError:
+    """403: a new namespace past `service.max_namespaces`."""
+    return ServiceError(403, "namespace_limit", f"the service holds {limit} namespaces (service.max_namespaces); "
+                        "no new one can be made; the step was not scored", field="namespace")
 
 
 CREATE_LOCK = ".create.lock"
@@ -92,8 +89,8 @@ def reserve(root: Path, name: str, limit: int) -> None:
 
     Counting and creating happen under an exclusive `flock` on `<root>/.create.lock`, so
     concurrent first requests (threads, processes, Ray replicas on one shared folder) cannot
-    together create more than `limit`. An existing namespace always passes. Raises
-    NamespaceLimitError.
+    together create more than `limit`. An existing namespace always passes. Raises the 403
+    `namespace_limit`.
     """
     if not valid_name(name):  # callers check first; this keeps a bad name off the filesystem
         raise ValueError(f"invalid namespace name {name!r}")
@@ -108,7 +105,7 @@ def reserve(root: Path, name: str, limit: int) -> None:
             return
         existing = sum(1 for p in root.iterdir() if p.is_dir() and valid_name(p.name))
         if existing >= limit:
-            raise NamespaceLimitError(limit)
+            raise namespace_limit(limit)
         folder.mkdir()
     finally:
         os.close(fd)  # releases the flock
@@ -119,25 +116,76 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-@dataclass
 class Namespace:
-    """One client's state and where it lives on disk."""
+    """One client's state, the folder it lives in, and the one place it changes: a step applied
+    (`apply`), a session opened (`open_session`), a commit (`commit`). The worker and Ray Serve's
+    state actors hold their namespaces through this class."""
 
-    name: str
-    state: RewardState
-    store: StateStore
-    lock: StateLock | None = None
-    """Held while the namespace is loaded: one writer per state directory, across processes."""
+    def __init__(self, config: StackConfig, root: Path, name: str) -> None:
+        """Take the namespace's lock (StateLockedError if another process has it) and restore its
+        state from `<root>/<name>` (StateError if unreadable)."""
+        self.name = name
+        self.store = StateStore(root / name)
+        self.lock = StateLock(root / name).acquire()
+        """Held while the namespace is loaded: one writer per state directory, across processes."""
+        self.state = RewardState(config)
+        try:
+            self.state.load_state_dict(self.store.load())
+        except StateError as e:
+            self.lock.release()
+            raise StateError(f"namespace '{name}': {e}") from e
+        if self.state.sequence:
+            log.info("namespace %s resumed at sequence %d", name, self.state.sequence)
 
-    def commit(self) -> None:
-        """Atomically write the state (normalizers, blacklist, history, sequence, recent results)."""
-        self.store.save(self.state.state_dict())
+    def commit(self) -> bool:
+        """Atomically write the state (normalizers, blacklist, history, sequence, kept answers, session).
+        False when that failed: memory is then back to what the file holds (it must not run ahead)."""
+        try:
+            self.store.save(self.state.state_dict())
+        except Exception:  # noqa: BLE001 - logged; the caller answers that nothing was committed
+            log.exception("namespace %s: commit failed", self.name)
+            self.reload()
+            return False
+        return True
 
     def reload(self) -> None:
-        """Back to what is on disk (after a failed commit: memory must not run ahead of the file)."""
+        """Back to what is on disk (after a failed commit or apply)."""
         fresh = RewardState(self.state.config)
         fresh.load_state_dict(self.store.load())
         self.state = fresh
+
+    def apply(self, fwd: ForwardResult) -> tuple[StepResult, str]:
+        """Apply one forward result as the next sequence number and keep its answer for retries (with
+        the whole step's digest): the result and the answer's body. The caller commits before it
+        answers. A step that fails to apply raises, with memory back to the file."""
+        state = self.state
+        try:
+            result = state.apply(fwd)
+            body = response_body(result.event, state.sequence)
+            state.remember(state.sequence, f"{body}\n{step_digest(fwd.step, state.config.input.max_chars)}")
+        except Exception:
+            log.exception("namespace %s: applying a step failed", self.name)
+            self.reload()
+            raise
+        if state.session:
+            state.session["last_step_at"] = time.time()
+        return result, body
+
+    def open_session(self, client: Mapping[str, Any]) -> dict[str, Any]:
+        """Open a new session, fencing the one before, and commit it: the answer to send. Raises a
+        500 `state_error` (nothing opened) when the commit fails."""
+        now = time.time()
+        previous = dict(self.state.session) or None
+        epoch = max(epoch_of(self.state) + 1, int(now * 1000))
+        self.state.session = {"epoch": epoch, **{k: client.get(k) for k in CLIENT_FIELDS}, "opened_at": now,
+                              "last_step_at": None}
+        if not self.commit():
+            raise ServiceError(500, "state_error", "the session could not be committed; it was not opened")
+        if previous:
+            log.warning("namespace %s: client '%s' (host %s, pid %s) opened epoch %d, fencing client '%s' (host %s, "
+                        "pid %s)", self.name, client.get("client"), client.get("host"), client.get("pid"), epoch,
+                        previous.get("client"), previous.get("host"), previous.get("pid"))
+        return {**describe(self.state), "previous": previous}
 
 
 class Namespaces:
@@ -155,34 +203,15 @@ class Namespaces:
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and valid_name(p.name))
 
-    def known(self, name: str) -> bool:
-        """Whether the namespace is loaded or has state on disk."""
-        return name in self._loaded or (self.root / name).is_dir()
-
-    def count(self) -> int:
-        """How many namespaces exist (loaded or on disk)."""
-        return len(set(self._loaded) | set(self.on_disk()))
-
     def get(self, name: str) -> Namespace:
         """The namespace, restored from its state file on first use (created if new).
 
-        Raises StateError if unreadable, NamespaceLimitError for a new one past `max_namespaces`.
+        Raises StateError if unreadable, the 403 `namespace_limit` for a new one past `max_namespaces`.
         """
         ns = self._loaded.get(name)
-        if ns is not None:
-            return ns
-        reserve(self.root, name, self.max_namespaces)  # NamespaceLimitError past the limit
-        store = StateStore(self.root / name)
-        lock = StateLock(self.root / name).acquire()  # StateLockedError if another process has it
-        state = RewardState(self.config)
-        try:
-            state.load_state_dict(store.load())
-        except StateError as e:
-            lock.release()
-            raise StateError(f"namespace '{name}': {e}") from e
-        ns = self._loaded[name] = Namespace(name, state, store, lock)
-        if state.sequence:
-            log.info("namespace %s resumed at sequence %d", name, state.sequence)
+        if ns is None:
+            reserve(self.root, name, self.max_namespaces)
+            ns = self._loaded[name] = Namespace(self.config, self.root, name)
         return ns
 
     def peek(self, name: str) -> Namespace | None:
@@ -202,9 +231,8 @@ class Namespaces:
         if ns is None or ns.state.sequence or ns.store.path.exists():
             return
         del self._loaded[name]
-        if ns.lock is not None:
-            ns.lock.release()
-            ns.lock.path.unlink(missing_ok=True)
+        ns.lock.release()
+        ns.lock.path.unlink(missing_ok=True)
         try:
             ns.store.dir.rmdir()  # only if empty: never deletes anything another writer put there
         except OSError:
@@ -217,8 +245,7 @@ class Namespaces:
     def release(self) -> None:
         """Drop every namespace's lock (at shutdown, after the last commit)."""
         for ns in self._loaded.values():
-            if ns.lock is not None:
-                ns.lock.release()
+            ns.lock.release()
 
 
 @dataclass
@@ -310,16 +337,6 @@ def epoch_of(state: RewardState) -> int:
     return int(state.session.get("epoch", 0))
 
 
-def open_session(state: RewardState, client: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
-    """Open a new session on the namespace, fencing the one before: the answer to send. The
-    caller commits the state to disk before it answers."""
-    now = time.time() if now is None else now
-    previous = dict(state.session) or None
-    epoch = max(epoch_of(state) + 1, int(now * 1000))
-    state.session = {"epoch": epoch, **{k: client.get(k) for k in CLIENT_FIELDS}, "opened_at": now, "last_step_at": None}
-    return {**describe(state), "previous": previous}
-
-
 def describe(state: RewardState) -> dict[str, Any]:
     """Where a namespace stands: its committed and next sequence, its epoch and the session's holder."""
     holder = {k: state.session.get(k) for k in (*CLIENT_FIELDS, "opened_at", "last_step_at")} if state.session else None
@@ -395,18 +412,6 @@ def sequence_gap(namespace: str, got: int, expected: int) -> ServiceError:
 
 # -- applying and keeping ----------------------------------------------------------------------
 
-def apply_step(state: RewardState, fwd: ForwardResult, max_chars: int | None) -> tuple[StepResult, str]:
-    """Apply one forward result as the namespace's next sequence number and keep the answer for
-    retries (with the whole step's digest); the result and the answer's body. The caller commits
-    the state to disk before it answers."""
-    result = state.apply(fwd)
-    body = response_body(result.event, state.sequence)
-    state.remember(state.sequence, f"{body}\n{step_digest(fwd.step, max_chars)}")
-    if state.session:
-        state.session["last_step_at"] = time.time()
-    return result, body
-
-
 def keep_memory(state: RewardState, sequence: int, memory: Mapping[str, Any]) -> None:
     """Keep a committed step's memory record beside its answer, so that a retry gets it too (on
     disk with the namespace's next commit)."""
@@ -446,7 +451,7 @@ def step_digest(step: Step, max_chars: int | None = None) -> str:
     `max_chars` (`[input] max_chars`): the step as read, each text cut there, as it was committed.
     """
     if max_chars is not None:
-        step = ReadView.of(step, max_chars).step
+        step = step.as_read(max_chars)
     whole = {
         "name": step.name, "prompt": step.prompt, "completions": list(step.completions), **step.resolved(),
         "block": step.block, "gating_loss": step.gating_loss, "set_weights": step.set_weights,
@@ -461,8 +466,3 @@ def step_digest(step: Step, max_chars: int | None = None) -> str:
 def memory_header(memory: Mapping[str, Any]) -> str:
     """A step's memory record summary as compact ASCII JSON (the answer's `MEMORY_HEADER`)."""
     return json.dumps(dict(memory), allow_nan=False, default=str, separators=(",", ":"))
-
-
-__all__ = ["AHEAD", "CLIENT_FIELDS", "GO", "PENDING", "admit", "apply_step", "describe", "epoch_of", "fenced",
-           "keep_memory", "kept_memory", "memory_header", "open_session", "response_body", "sequence_conflict",
-           "sequence_gap", "session_unknown", "step_digest"]

@@ -15,9 +15,8 @@ drift (service/app.py on one worker, distributed/serve.py over state actors):
   the epoch and the step's own validation (422 naming the field); `parse_session`;
 - deadlines (`client_deadline`: the `X-Rewardstack-Deadline-S` header);
 - what an answer says of the step's memory (`memory_summary`, `MEMORY_HEADER`);
-- the namespace rules: `namespace_for` (which namespace a request may use: 422 for a malformed
-  name, 403 for one its token is not bound to) and `namespace_limit` (403 past
-  `service.max_namespaces`).
+- `namespace_for`: which namespace a request may use (422 for a malformed name, 403 for one its
+  token is not bound to; the 403 past `service.max_namespaces` is service/namespaces.py's).
 
 Every refusal is a `ServiceError`; the apps' handlers (service/edge.py) turn it into the body
 `{"error": {"message", "type", "field"}}`. The sequence and session rules are service/namespaces.py.
@@ -301,12 +300,6 @@ def client_deadline(headers: Mapping[str, str]) -> float:
     return seconds
 
 
-def namespace_limit(limit: int) -> ServiceError:
-    """403: a new namespace past `service.max_namespaces`."""
-    return ServiceError(403, "namespace_limit", f"the service holds {limit} namespaces (service.max_namespaces); "
-                        "no new one can be made; the step was not scored", field="namespace")
-
-
 # -- the memory record of an answer -------------------------------------------------------
 
 def memory_summary(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -335,9 +328,3 @@ MEMORY_HEADER = "X-Rewardstack-Memory"
 """The header of a scored answer that carries `memory_summary` of its step, as compact JSON. A
 header, as TGI sends its per-request timings, so that the body stays the kept answer byte for byte
 (a retry of the step gets the same body, and the record kept with it)."""
-
-
-__all__ = ["ANSWER_SCHEMA", "BodyLimit", "DEADLINE_HEADER", "ERROR_SCHEMA", "MEMORY_HEADER", "SCORE_CODES",
-           "SCORE_SCHEMA", "SESSION_SCHEMA", "ScoreAnswer", "ScoreBody", "ScoreCall", "SessionBody", "check_limits",
-           "client_deadline", "error_responses", "memory_summary", "namespace_for", "namespace_limit", "parse_score",
-           "parse_session", "score_responses", "step_work"]

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from rewardstack._fileio import JSONInputError, parse
@@ -69,14 +69,9 @@ def _size(item: Any) -> int:
     return len(item) if isinstance(item, str) else sum(len(m["content"]) for m in item)
 
 
-def install_trainer_routes(app: FastAPI) -> None:
-    """Add the trainer routes to the service's app (service/app.py: its config, settings and worker
-    are on `app.state`)."""
-    app.include_router(router)
-
-
 router = APIRouter(tags=["trainers"])
-"""The trainer routes: plain functions that find the config, settings and worker on `request.app.state`."""
+"""The trainer routes, which service/app.py includes: plain functions that find the config, settings
+and worker on `request.app.state`."""
 
 
 def _members(request: Request) -> dict[str, Any]:

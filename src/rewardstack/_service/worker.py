@@ -21,7 +21,6 @@ worker and read without waiting by `/healthz`.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import json
 import logging
 import math
@@ -35,11 +34,11 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
 from rewardstack._service.batching import Claim, Lane
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.namespaces import Namespace, NamespaceLimitError, Namespaces
+from rewardstack._service.namespaces import Namespaces
 from rewardstack._service import namespaces
-from rewardstack._service.protocol import memory_summary, namespace_limit, step_work
-from rewardstack.stack import RewardStack, Step
-from rewardstack._state import ForwardResult, RewardState
+from rewardstack._service.protocol import memory_summary, step_work
+from rewardstack.stack import RewardStack, Step, StepResult
+from rewardstack._state import RewardState
 
 log = logging.getLogger("rewardstack.service")
 
@@ -72,7 +71,6 @@ class Job(Claim):
     sequence: int | None
     deadline: float
     """time.monotonic() after which the job is not started."""
-    applied_as: int | None = None
     epoch: int | None = None
     """The client's session (`namespaces.admit` fences an older one)."""
     kind: str = "score"
@@ -84,7 +82,7 @@ class Worker:
     """The thread that loads the stack and scores every job; the app talks to it through `submit`."""
 
     def __init__(self, config: StackConfig, *, queue_size: int = 64, batch_requests: int = 16,
-                 max_namespaces: int = 64, stack_factory: Callable[[StackConfig], RewardStack] | None = None,
+                 max_namespaces: int = 64,
                  run_dir: str | None = None, turn_work: int | None = None, lane: Lane | None = None,
                  recalibrate: bool = False) -> None:
         self.config = config
@@ -105,7 +103,7 @@ class Worker:
         """Most work (`protocol.step_work`) one turn takes, after its first job (`service.max_work_chars`)."""
         self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
         self.stack: RewardStack | None = None
-        self._factory = stack_factory or (lambda cfg: RewardStack(cfg, load_state=False, recalibrate=recalibrate))
+        self.recalibrate = recalibrate
         self._lock = threading.Lock()  # guards `closed` against a racing submit
         self.closed = False
         self.draining = False
@@ -170,7 +168,7 @@ class Worker:
     def _main(self) -> None:
         try:
             self._beat("loading models")
-            self.stack = self._factory(self.config)
+            self.stack = RewardStack(self.config, load_state=False, recalibrate=self.recalibrate)
             if self.run_dir is not None:
                 from rewardstack._telemetry.session import Telemetry
 
@@ -271,8 +269,8 @@ class Worker:
                                         "it was not scored", headers={"Retry-After": "5"}))
         for ns in self.namespaces.loaded():
             try:
-                ns.commit()
-            except OSError:
+                ns.commit()  # logs its own failure
+            except Exception:  # noqa: BLE001 - its reload failed too: the other namespaces still commit
                 log.exception("namespace %s: final commit failed", ns.name)
         self.namespaces.release()
         if self.telemetry is not None:
@@ -313,11 +311,10 @@ class Worker:
                 if verdict == namespaces.GO and ns is None:  # a new namespace, made for a step that will be scored
                     self.namespaces.get(job.namespace)
                     created.append(job.namespace)
-            except (ServiceError, NamespaceLimitError, StateError, OSError) as e:
+            except (ServiceError, StateError, OSError) as e:
                 job.answer(_refusal(e))
                 continue
             if verdict == namespaces.GO:
-                job.applied_as = exp
                 expected[job.namespace] = exp + 1
                 in_batch[(job.namespace, exp)] = job
                 to_score.append(job)
@@ -333,38 +330,22 @@ class Worker:
         for name in created:  # made this turn for steps that all failed: leave nothing behind
             self.namespaces.discard(name)
         for job, original in duplicates:  # answered like a repeat of a committed step
-            try:
-                done: Answer = original.future.result(timeout=0)
-            except concurrent.futures.TimeoutError:  # pragma: no cover - the original is answered above
-                job.answer(ServiceError(500, "internal", "the original request was not answered"))
-            except BaseException as e:  # noqa: BLE001 - the retry gets what the original got
-                job.answer(e)
-            else:
-                same = namespaces.step_digest(job.step, limit) == namespaces.step_digest(original.step, limit)
-                job.answer(Answer(done.body, done.sequence, scored=False, memory=done.memory) if same
-                           else namespaces.sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
+            if original.future.exception() is not None:  # answered above: the retry gets what the original got
+                job.answer(original.future.exception())
+                continue
+            done: Answer = original.future.result()
+            same = namespaces.step_digest(job.step, limit) == namespaces.step_digest(original.step, limit)
+            job.answer(Answer(done.body, done.sequence, scored=False, memory=done.memory) if same
+                       else namespaces.sequence_conflict(job.namespace, done.sequence, expected[job.namespace]))
 
     def _open_session(self, job: Job) -> None:
         """Open a session on the job's namespace, after every step admitted before it committed."""
         try:
             ns = self.namespaces.get(job.namespace)
-        except (NamespaceLimitError, StateError, OSError) as e:
+            answer = ns.open_session(job.client or {})
+        except (ServiceError, StateError, OSError) as e:
             job.answer(_refusal(e))
             return
-        answer = namespaces.open_session(ns.state, job.client or {})
-        try:
-            ns.commit()
-        except Exception:  # noqa: BLE001 - memory must not run ahead of the file
-            log.exception("namespace %s: committing a new session failed", job.namespace)
-            ns.reload()
-            job.answer(ServiceError(500, "state_error", "the session could not be committed; it was not opened"))
-            return
-        previous = answer.get("previous")
-        if previous:
-            log.warning("namespace %s: client '%s' (host %s, pid %s) opened epoch %d, fencing client '%s' (host %s, "
-                        "pid %s)", job.namespace, job.client.get("client") if job.client else None,
-                        job.client.get("host") if job.client else None, job.client.get("pid") if job.client else None,
-                        answer["epoch"], previous.get("client"), previous.get("host"), previous.get("pid"))
         job.answer(Answer(json.dumps({"namespace": job.namespace, **answer}), answer["sequence"], scored=False))
 
     def _score(self, jobs: list[Job]) -> None:
@@ -376,7 +357,7 @@ class Worker:
         self._beat(f"forward pass: {len(jobs)} step(s), {sum(len(j.step.completions) for j in jobs)} completions, "
                    f"{count} namespace(s)")
         try:
-            forwards: list[ForwardResult | None] = list(self.stack.forward_many([j.step for j in jobs]))
+            forwards = self.stack.forward_many([j.step for j in jobs])  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - scorers already catch their own; this is a last resort
             log.exception("forward pass failed")
             for job in jobs:
@@ -384,65 +365,38 @@ class Worker:
             self._beat(None)
             return
         self._beat("applying rewards", forward_done=True)
-        answers: list[tuple[Job, Answer]] = []
-        applied: list[tuple[str, Any]] = []
-        touched: dict[str, Namespace] = {}
-        broken: set[str] = set()
+        applied: list[tuple[Job, StepResult, str]] = []
+        broken: set[str] = set()  # a step failed to apply: the namespace's steps of this turn are not committed
         for job, fwd in zip(jobs, forwards):
-            ns = self.namespaces.get(job.namespace)
             if job.namespace in broken:
                 job.answer(ServiceError(500, "internal", "an earlier step of this namespace failed; not scored"))
                 continue
-            if job.applied_as != ns.state.sequence + 1:  # an earlier job of the batch did not apply
-                job.answer(namespaces.sequence_gap(job.namespace, job.applied_as or 0, ns.state.sequence + 1))
-                continue
             try:
-                result, body = namespaces.apply_step(ns.state, fwd, self.config.input.max_chars)  # type: ignore[arg-type]
-                applied.append((job, result))
-            except Exception:  # noqa: BLE001 - reload below keeps memory equal to the file
-                log.exception("namespace %s: applying a step failed", job.namespace)
+                applied.append((job, *self.namespaces.get(job.namespace).apply(fwd)))
+            except Exception:  # noqa: BLE001 - logged; memory is back to the file
                 broken.add(job.namespace)
                 job.answer(ServiceError(500, "internal", "applying the step to the state failed; not scored"))
-                continue
-            touched[job.namespace] = ns
-            answers.append((job, Answer(body, ns.state.sequence, scored=True)))
         self._beat("committing state")
-        for name, ns in touched.items():
-            if name in broken:
-                continue
-            try:
-                ns.commit()
-            except Exception:  # noqa: BLE001 - memory must not run ahead of the file
-                log.exception("namespace %s: commit failed", name)
+        for name in dict.fromkeys(job.namespace for job, _, _ in applied):
+            if name not in broken and not self.namespaces.get(name).commit():
                 broken.add(name)
-        for name in broken:
-            self.namespaces.get(name).reload()
-        memory: dict[int, dict[str, Any]] = {}  # per job: the summary of its step's memory record
-        for job, result in applied:  # telemetry and the operator's callbacks see every committed step
-            if job.namespace not in broken:
-                record = self.stack.publish_step(result, record=True)
-                if record is not None:
-                    memory[id(job)] = memory_summary(record)
-                    namespaces.keep_memory(self.namespaces.get(job.namespace).state, job.applied_as or 0, memory[id(job)])
-        for job, outcome in answers:
+        for job, result, body in applied:
             if job.namespace in broken:
                 job.answer(ServiceError(500, "state_error", "the state could not be committed; the step was not applied"))
-            elif id(job) in memory:
-                job.answer(Answer(outcome.body, outcome.sequence, scored=True, memory=memory[id(job)]))
-            else:
-                job.answer(outcome)
+                continue
+            # Telemetry and the operator's callbacks see every committed step; the answer carries
+            # the summary of its memory record, and a retry gets it too.
+            memory = memory_summary(self.stack.publish_step(result, record=True) or {})
+            namespaces.keep_memory(self.namespaces.get(job.namespace).state, result.sequence or 0, memory)
+            job.answer(Answer(body, result.sequence or 0, scored=True, memory=memory))
         elapsed = time.monotonic() - t0
-        self.scored += len(answers)
+        self.scored += len(applied)
         per = elapsed / max(1, len(jobs))
         self.step_seconds = per if not self.step_seconds else 0.8 * self.step_seconds + 0.2 * per
         self._beat(None)
 
 
 def _refusal(e: Exception) -> ServiceError:
-    """The answer to a step or session its namespace refused: a limit, a state it cannot read, or a
-    ServiceError the admission raised."""
-    if isinstance(e, ServiceError):
-        return e
-    if isinstance(e, NamespaceLimitError):
-        return namespace_limit(e.limit)
-    return ServiceError(500, "state_error", str(e), field="namespace")
+    """The answer to a step or session its namespace refused: a limit or a refusal of the admission
+    (a ServiceError), or a state it cannot read."""
+    return e if isinstance(e, ServiceError) else ServiceError(500, "state_error", str(e), field="namespace")
