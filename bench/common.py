@@ -14,8 +14,7 @@ from unittest import mock
 import torch
 
 from rewardstack._memory import TensorBytesTracker
-from rewardstack._paths import real_models
-from rewardstack._realmodels import CACHE_ENV as REAL_CACHE_ENV
+from bench.realmodels import CACHE_ENV as REAL_CACHE_ENV, default_cache
 
 MiB = 2**20
 
@@ -42,6 +41,6 @@ def own_home(home: Path) -> Iterator[None]:
     another run tuned, perhaps on a busier machine. The real checkpoints stay where they were
     fetched."""
     with mock.patch.dict(os.environ):
-        os.environ.setdefault(REAL_CACHE_ENV, str(real_models()))
+        os.environ.setdefault(REAL_CACHE_ENV, str(default_cache()))
         os.environ["REWARDSTACK_HOME"] = str(home)
         yield
