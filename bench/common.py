@@ -13,7 +13,7 @@ from unittest import mock
 
 import torch
 
-from rewardstack._memory import TensorBytesTracker
+from rewardstack._memory import MemoryManager, TensorBytesTracker
 from bench.realmodels import CACHE_ENV as REAL_CACHE_ENV, default_cache
 
 MiB = 2**20
@@ -44,3 +44,10 @@ def own_home(home: Path) -> Iterator[None]:
         os.environ.setdefault(REAL_CACHE_ENV, str(default_cache()))
         os.environ["REWARDSTACK_HOME"] = str(home)
         yield
+
+
+def check_cost_model(mm: MemoryManager, name: str, shapes: list[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
+    """(B, L, predicted, measured) at `shapes` off the profiled grid, measured with the profile run the
+    manager's calibration of `name` used (`Calibrator.profile_runs`)."""
+    run, cost = mm.calibrator.profile_runs[name], mm.cost_models[name]
+    return [(b, l, cost.predict(b, l), mm.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]

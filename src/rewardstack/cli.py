@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from rewardstack._argtypes import positive_int
 from rewardstack.errors import InputError
 from rewardstack._fileio import read_steps
+from rewardstack._models import DTYPES
 from rewardstack import _paths as paths
 
 
@@ -64,6 +65,13 @@ def cmd_make_standins(args: argparse.Namespace) -> int:
         path = make_standins(args.dir, force=args.force, dpo=args.dpo)
     print(f"stand-in stack written; config: {path}")
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Will this stack fit a card of this size? (rewardstack._planning.plan; torch loads only now)"""
+    from rewardstack._planning.plan import cmd_plan as run
+
+    return run(args)
 
 
 def _fmt(x: float) -> str:
@@ -241,9 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_parsers(sub)
 
-    from rewardstack._planning.command import add_parser as add_plan_parser  # imports no torch
-
-    add_plan_parser(sub)
+    pl = sub.add_parser("plan", help="will this stack fit a card of this size? (configs only, no weights, no GPU)")
+    pl.add_argument("--config", default=None, help="stack config (default: the shipped default stack)")
+    pl.add_argument("--device-memory", default=None,
+                    help="the card's memory, e.g. 24GiB, 40GiB, 80GiB (default: the config's [memory] device_memory)")
+    pl.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="run every model in this dtype")
+    pl.add_argument("--json", default=None, help="also write the plan as JSON to this path")
+    pl.add_argument("--no-cache", action="store_true", help="simulate everything again (default: reuse "
+                    "$REWARDSTACK_HOME/plan-cache, shared by every config, keyed by the code and versions)")
+    pl.set_defaults(func=cmd_plan)
     return p
 
 

@@ -320,11 +320,6 @@ class MemoryManager:
                      self.calibration_seconds, self.calibration.hits, self.calibration.path)
         return done
 
-    def check_cost_model(self, name: str, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
-        """(B, L, predicted, measured) at `shapes`, measured with the profile run `calibrate` used."""
-        run, cost = self.calibrator.profile_runs[name], self.cost_models[name]
-        return [(b, l, cost.predict(b, l), self.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]
-
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
         """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
         return measure_peak(fn, name, self.tracker, self.device)

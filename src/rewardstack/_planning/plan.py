@@ -265,25 +265,6 @@ def _g(n: float | None) -> str:
     return "-" if n is None else f"{n / 1024**3:.2f}"
 
 
-def fits_cell(p: ModelPlan) -> str:
-    """The `fits` column: `yes`, `no`, or `host` for a model placed in host memory (no device budget)."""
-    if p.where == "cpu":
-        return "host"
-    return "yes" if p.input_fits else "no"
-
-
-def longest_cell(p: ModelPlan) -> str:
-    """The `longest` column: the longest input (tokens) that fits; `-` on the host."""
-    return "-" if p.where == "cpu" else str(p.longest_fitting)
-
-
-def batch_cells(p: ModelPlan) -> str:
-    """The `batch@bound` and `tokens` columns; `-` where they do not apply (host, or no input fits at the bound)."""
-    if p.where == "cpu" or not p.input_fits:
-        return f"{'-':>11s} {'-':>7s}"
-    return f"{p.max_batch_at_bound:>11d} {p.max_batch_tokens:>7d}"
-
-
 def reasons(plan: StackPlan) -> list[str]:
     """One line per model that does not fit as planned (or runs on the host): why."""
     out: list[str] = []
@@ -317,9 +298,13 @@ def format_plan(plan: StackPlan) -> str:
         extra = [f"{c['d'] / 2**20:.1f} MiB*B" if c["d"] else "", f"{c['e'] / 2**10:.1f} KiB*L" if c["e"] else "",
                  f"{c['f']:.1f} B*L^2" if c["f"] else ""]
         cm += "".join(" + " + x for x in extra if x)
+        # Host-placed models have no device budget; no batch applies where no input fits the bound.
+        fits, longest = ("host", "-") if p.where == "cpu" else ("yes" if p.input_fits else "no", str(p.longest_fitting))
+        on_card = p.where != "cpu" and p.input_fits
+        batch = f"{p.max_batch_at_bound:>11d} {p.max_batch_tokens:>7d}" if on_card else f"{'-':>11s} {'-':>7s}"
         lines.append(
             f"{p.name:26s} {p.dtype:8s} {'shared' if p.shares else _g(p.weights_bytes):>8s} {p.where:9s} {p.bound:>6d} {_g(p.peak_at_bound):>10s} "
-            f"{_g(p.largest_alloc_bytes):>8s} {fits_cell(p):>5s} {longest_cell(p):>7s} {batch_cells(p)} "
+            f"{_g(p.largest_alloc_bytes):>8s} {fits:>5s} {longest:>7s} {batch} "
             f"{p.attention or '-':12s} {cm}")
     lines.append("")
     lines.append("sizes in GiB; peak@bound: one input of the model's longest admitted length; largest: its largest "
@@ -342,40 +327,27 @@ def format_plan(plan: StackPlan) -> str:
     return "\n".join(lines)
 
 
-def run_plan(config_path: str | None, device_memory: int | None, dtype: str | None, json_path: str | None,
-             cache_dir: str | None = None) -> tuple[str, StackPlan]:
-    """Load the config, plan it, write JSON if asked; the table and the plan. `cache_dir` keeps
-    simulated peaks across runs (per architecture and dtype), so a second plan takes about a second."""
+def cmd_plan(args: Any) -> int:
+    """`rewardstack plan`: load the config (default: the shipped default stack), plan it on the card,
+    print the table (and write --json). Simulated peaks are kept in the plan cache across runs (per
+    architecture and dtype; `--no-cache`: none), so a second plan takes about a second."""
     from importlib import resources
 
     from rewardstack.config import load_config
-
-    S.use_disk_cache(cache_dir)
-
-    if config_path is None:
-        config_path = str(resources.files("rewardstack") / "configs" / "default.toml")
-    cfg = load_config(config_path)
-    if device_memory is None:
-        device_memory = getattr(getattr(cfg, "memory", None), "device_memory", None)
-        if device_memory is None:
-            raise ConfigError("--device-memory", "give the card's size (e.g. 40GiB) or set [memory] device_memory")
-    plan = plan_stack(cfg, device_memory, dtype=dtype)
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(plan.to_dict(), f, indent=2)
-            f.write("\n")
-    return format_plan(plan), plan
-
-
-def cmd_plan(args: Any) -> int:
-    """`rewardstack plan`: print the table (and write --json)."""
+    from rewardstack._paths import plan_cache
     from rewardstack._settings import parse_bytes
 
-    from rewardstack._paths import plan_cache
-
-    cache = None if args.no_cache else str(plan_cache())
     size = parse_bytes(args.device_memory, key="--device-memory") if args.device_memory else None
-    table, plan = run_plan(args.config, size, args.dtype, args.json, cache)
-    print(table)
+    S.use_disk_cache(None if args.no_cache else plan_cache())
+    cfg = load_config(args.config or str(resources.files("rewardstack") / "configs" / "default.toml"))
+    size = size or cfg.memory.device_memory
+    if size is None:
+        raise ConfigError("--device-memory", "give the card's size (e.g. 40GiB) or set [memory] device_memory")
+    plan = plan_stack(cfg, size, dtype=args.dtype)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(plan.to_dict(), f, indent=2)
+            f.write("\n")
+    print(format_plan(plan))
     print(f"planned in {plan.seconds:.1f} s")
     return 0
