@@ -103,8 +103,6 @@ def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, An
     never three; and the line number is counted here rather than by `enumerate`, whose reused
     result tuple keeps the last raw line alive while its step is scored.
     """
-    from rewardstack._fileio import decode_line, parse
-
     number = 0
     for line in lines:
         number += 1
@@ -297,9 +295,6 @@ def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, m
     if exceeds_depth(obj, max_depth):
         raise JSONInputError(f"nested deeper than {max_depth} levels", "depth", line=line)
     return obj
-
-
-__all__ = ["JSONInputError", "MAX_DEPTH", "exceeds_depth", "parse"]
 
 
 SLICE_CHARS = 1 << 20

@@ -67,19 +67,9 @@ def field_docs(cls: type) -> dict[str, str]:
     Read from the class's module file with `ast` (parsed once per file): `inspect.getsource` costs a
     tenth of a second, which `rewardstack --help` would pay for its `serve` flags.
     """
-    filename = getattr(sys.modules.get(cls.__module__), "__file__", None)
-    try:
-        tree = _module_tree(filename) if filename else None
-    except (OSError, SyntaxError):  # pragma: no cover - source not available (frozen builds)
-        tree = None
-    if tree is None:  # pragma: no cover
-        return {}
-    nodes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
-    nodes = nodes or [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
-    if not nodes:  # pragma: no cover
-        return {}
+    tree = _module_tree(sys.modules[cls.__module__].__file__)
+    body = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
     docs: dict[str, str] = {}
-    body = nodes[0].body
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):

@@ -55,14 +55,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
-    if args.tiny:  # the standard stand-ins, shrunk (rewardstack._standins.tiny)
-        from rewardstack._standins import make_tiny_standins
+    from rewardstack._standins import make_standins, make_tiny_standins
 
-        path = make_tiny_standins(args.dir, force=args.force, dpo=args.dpo)
-    else:
-        from rewardstack._standins import make_standins
-
-        path = make_standins(args.dir, force=args.force, dpo=args.dpo)
+    make = make_tiny_standins if args.tiny else make_standins  # tiny: the standard stand-ins, shrunk
+    path = make(args.dir, force=args.force, dpo=args.dpo)
     print(f"stand-in stack written; config: {path}")
     return 0
 

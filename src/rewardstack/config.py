@@ -189,17 +189,11 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
     if several == 1 and "paths" in explicit:
         raise ConfigError(f"models.{name}.paths", "this model takes a single `path`")
     merged.update(raw)
-    # A path given alone replaces the default pair and vice versa.
-    if "path" in explicit and "paths" not in explicit:
-        merged.pop("paths", None)
-    if "paths" in explicit and "path" not in explicit:
-        merged.pop("path", None)
-    # A default revision pin or remote-code opt-in belongs to the default checkpoint, not to
-    # whatever path the operator names instead.
+    # A path given alone replaces the default pair and vice versa; a default revision pin or
+    # remote-code opt-in belongs to the default checkpoint, not to whatever path the operator names.
     if explicit & {"path", "paths"}:
-        for key in ("revision", "trust_remote_code"):
-            if key not in explicit:
-                merged.pop(key, None)
+        for key in {"path", "paths", "revision", "trust_remote_code"} - explicit:
+            merged.pop(key, None)
     prefix = name if is_user_model(name) else f"models.{name}"
     opt_keys = option_keys(name)
     nested = merged.get("options", {})
@@ -209,8 +203,7 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
         if key not in _MODEL_KEYS and key not in opt_keys:
             raise unknown_key_error(f"{prefix}.", key, (_MODEL_KEYS - {"options"}) | opt_keys)
     known = {k: v for k, v in merged.items() if k in _MODEL_KEYS}
-    options = dict(nested)
-    options.update({k: v for k, v in merged.items() if k in opt_keys})
+    options = {**nested, **{k: v for k, v in merged.items() if k in opt_keys}}
     if "weight" in known and name not in REWARD_MODELS and not is_user_model(name):
         raise ConfigError(f"{prefix}.weight", "masks take `enabled`, not `weight`")
     known = {k: check_value(_MODEL_FIELDS[k], _MODEL_HINTS[k], v, f"{prefix}.{k}") for k, v in known.items()}
@@ -284,12 +277,9 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
             raise ConfigError(f"models.{name}", "must be a table")
     top = {k: v for k, v in data.items() if k not in ("models", "rewards") and k not in TABLES}
     tables = {name: parse_table(cls, data.get(name), name) for name, cls in TABLES.items()}
-    if tables["telemetry"].run_dir is not None:
-        tables["telemetry"].run_dir = _resolve_dir(tables["telemetry"].run_dir, base)
-    if tables["memory"].calibration_file is not None:
-        tables["memory"].calibration_file = _resolve_dir(tables["memory"].calibration_file, base)
-    if tables["service"].tokens_file is not None:
-        tables["service"].tokens_file = _resolve_dir(tables["service"].tokens_file, base)
+    for table, key in (("telemetry", "run_dir"), ("memory", "calibration_file"), ("service", "tokens_file")):
+        if getattr(tables[table], key) is not None:  # relative to the config file
+            setattr(tables[table], key, _resolve_dir(getattr(tables[table], key), base))
     hints = typing.get_type_hints(StackConfig)
     top = {f.name: check_value(f, hints[f.name], top[f.name], f.name) for f in fields(StackConfig) if f.name in top}
     if "state_dir" in top:
