@@ -27,17 +27,13 @@ _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4
 
 def parse_bytes(value: int | str, *, key: str = "<bytes>") -> int:
     """Bytes from an integer or a size string: `1073741824`, `"512MiB"`, `"40GiB"`, `"1.5 GB"`."""
-    if isinstance(value, bool):
-        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB', got {value!r}")
-    if isinstance(value, int):
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
         n = value
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB' or '512MiB', got {value!r}")
+    elif m and m.group(2).lower() in _UNITS:
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
-        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB', got {value!r}")
+        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB' or '512MiB', got {value!r}")
     if n <= 0:
         raise ConfigError(key, f"must be positive, got {value!r}")
     return n

@@ -157,20 +157,6 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
-def add_memory_flags(p: argparse.ArgumentParser) -> None:
-    """`--device-memory` and `--recalibrate`, for every command that builds a stack."""
-    p.add_argument("--device-memory", type=_bytes, help="behave as on a card of this size, e.g. 40GiB (overrides [memory] device_memory)")
-    p.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved cost models")
-
-
-def add_input_flags(p: argparse.ArgumentParser) -> None:
-    """`--max-chars` and `--max-completions`: the `[input]` limits, for commands that score steps."""
-    p.add_argument("--max-chars", type=positive_int, help="read at most this many characters of each prompt and "
-                   "completion; a completion cut here gets status 'cut' (overrides [input] max_chars, default 65536)")
-    p.add_argument("--max-completions", type=positive_int, help="refuse a step with more completions, as a bad "
-                   "line (overrides [input] max_completions, default 256)")
-
-
 HOME_EPILOG = """\
 where files go (docs/SCORING.md): everything a command is not told where to put lands
 under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/,
@@ -200,8 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "bare --run-dir: a new folder score-<time> under $REWARDSTACK_HOME/<config stem>-<hash>/runs "
                         "(default: [telemetry] run_dir, else none)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
-    add_memory_flags(s)
-    add_input_flags(s)
+    s.add_argument("--device-memory", type=_bytes, help="behave as on a card of this size, e.g. 40GiB (overrides [memory] device_memory)")
+    s.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved cost models")
+    s.add_argument("--max-chars", type=positive_int, help="read at most this many characters of each prompt and "
+                   "completion; a completion cut here gets status 'cut' (overrides [input] max_chars, default 65536)")
+    s.add_argument("--max-completions", type=positive_int, help="refuse a step with more completions, as a bad "
+                   "line (overrides [input] max_completions, default 256)")
     s.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")

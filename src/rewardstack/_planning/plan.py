@@ -33,7 +33,7 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError
 from rewardstack._planning import simulate as S
 from rewardstack._memory.budget import split_card, usable_bytes, weights_bytes
-from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.costmodel import CostModel, largest
 from rewardstack._memory.placement import Placement
 from rewardstack._models import MODELS, owner_of
 from rewardstack._scorers.encoding import default_pass_tokens
@@ -126,25 +126,21 @@ def _checked_batch(name: str, cfg: StackConfig, dtype: str, arch: S.Arch, bound:
 
 
 def _count_weights(cfg: StackConfig, names: list[str], dtype: str | None
-                   ) -> tuple[dict[str, ModelPlan], dict[tuple, tuple[torch.nn.Module, ...]], dict[str, S.Arch]]:
-    """Each model's plan with its weights, one meta module set per distinct checkpoint (shared ones
-    are one object, counted once, for the first model that loads it), and the architectures."""
-    modules: dict[tuple, tuple[torch.nn.Module, ...]] = {}
-    owner: dict[tuple, str] = {}
+                   ) -> tuple[dict[str, ModelPlan], dict[str, tuple[torch.nn.Module, ...]], dict[str, S.Arch]]:
+    """Each model's plan with its weights, its meta modules (one set per distinct checkpoint: shared
+    ones are one object, counted once, for the first model that loads it), and the architectures."""
+    first: dict[tuple, str] = {}  # checkpoint -> the first model that loads it
     plans: dict[str, ModelPlan] = {}
+    modules: dict[str, tuple[torch.nn.Module, ...]] = {}
     archs: dict[str, S.Arch] = {}
     for name in names:
         path = S.model_path(name, cfg)
-        arch = S.load_arch(path)
+        arch = archs[name] = S.load_arch(path)
         dt = dtype or S.model_dtype(name, cfg)
-        mods = S.meta_modules(name, dt, arch)
-        key = (arch.key(), dt, S.SCORERS[name][1])
-        first = key not in modules
-        modules.setdefault(key, mods)
-        owner.setdefault(key, name)
-        archs[name] = arch
-        plans[name] = ModelPlan(name, path, arch.name, dt, weights_bytes(mods) if first else 0,
-                                stand_in=arch.stand_in, shares="" if first else owner[key])
+        owner = first.setdefault((arch.key(), dt, S.SCORERS[name][1]), name)
+        mods = modules[name] = modules[owner] if owner != name else S.meta_modules(name, dt, arch)
+        plans[name] = ModelPlan(name, path, arch.name, dt, weights_bytes(mods) if owner == name else 0,
+                                stand_in=arch.stand_in, shares="" if owner == name else owner)
     return plans, modules, archs
 
 
@@ -169,8 +165,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     owners: dict[str, list[torch.nn.Module]] = {}
     for name in names:
         owner = owner_of(name)
-        key = (archs[name].key(), plans[name].dtype, S.SCORERS[name][1])
-        owners.setdefault(owner, []).extend(m for m in modules[key] if all(m is not o for o in owners.get(owner, [])))
+        owners.setdefault(owner, []).extend(m for m in modules[name] if all(m is not o for o in owners.get(owner, [])))
     for owner, mods in owners.items():
         placement.register(owner, mods, cpu_ok=owner in _MASKS)
     decisions = placement.plan()
@@ -194,16 +189,10 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
             p.max_batch_at_bound, cost = _checked_batch(name, cfg, p.dtype, archs[name], p.bound, limit, cost, samples)
             p.max_batch_tokens = p.max_batch_at_bound * p.bound
         p.cost, p.cost_fit_error = cost.to_dict(samples=False), cost.max_error()
-        if on_card and not p.input_fits:
-            cannot = True
-        if p.where == "cpu" and owner_of(name) not in _MASKS:
-            cannot = True  # a reward model larger than the card's whole weight budget
-    if cannot:
-        verdict = "cannot fit"
-    elif any(p.where != "resident" for p in plans.values()):
-        verdict = "fits with swapping"
-    else:
-        verdict = "fits"
+        # An input of the bound over the budget, or a reward model larger than the card's whole weight budget.
+        cannot = cannot or not p.input_fits or (p.where == "cpu" and owner_of(name) not in _MASKS)
+    swapping = any(p.where != "resident" for p in plans.values())
+    verdict = "cannot fit" if cannot else "fits with swapping" if swapping else "fits"
     return StackPlan(device_memory, usable, weights, weights_budget, int(activation), margin, verdict,
                      swap, list(plans.values()), time.perf_counter() - t0)
 
@@ -225,38 +214,28 @@ def scorer_max_batch(name: str, cfg: StackConfig, bound: int) -> int:
 
 
 def _longest_fitting(name: str, cfg: StackConfig, dtype: str, arch: S.Arch, bound: int, limit: float) -> int:
-    """The longest single input whose simulated peak is within `limit` (binary search on the simulation)."""
-    lo, hi = 0, bound
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if S.simulate_peak(name, 1, mid, dtype, config=cfg, arch=arch, exact=False, padded=False).peak_bytes <= limit:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """The longest single input whose simulated peak is within `limit` (bisection on the simulation)."""
+    return largest(lambda n: S.simulate_peak(name, 1, n, dtype, config=cfg, arch=arch, exact=False,
+                                             padded=False).peak_bytes <= limit, bound)
 
 
 def _max_batch(cost: CostModel, length: int, limit: float, cap: int = 4096) -> int:
-    """The largest batch of `length`-token inputs the cost model puts within `limit`."""
-    b = 0
-    while b < cap and cost.predict(b + 1, length) <= limit:
-        b += 1
-    return b
+    """The largest batch of `length`-token inputs the cost model puts within `limit` (its predictions
+    grow with the batch: every coefficient is non-negative)."""
+    return largest(lambda b: cost.predict(b, length) <= limit, cap)
 
 
 def _swap_traffic(placement: Placement, order: list[str]) -> int:
     """Bytes moved onto the card in a steady-state step (each model used once per step, in order)."""
-    sizes = {n: placement._models[n].size for n in placement.names()}  # noqa: SLF001 - our own accounting
     for n in order:  # the first step warms the LRU
         placement.ensure(n)
-    before = placement.swaps
     moved = 0
     for n in order:
         s0 = placement.swaps
         placement.ensure(n)
         if placement.swaps > s0:
-            moved += sizes[n]
-    return moved if placement.swaps > before else 0
+            moved += placement._models[n].size  # noqa: SLF001 - our own accounting
+    return moved
 
 
 # -- output ----------------------------------------------------------------------------------------
