@@ -273,7 +273,7 @@ def _one_model_config(config: Path) -> Path:
 def _real_lines(repeats: int, n_steps: int | None = None, *, smoke: bool = False) -> list[str]:
     """bench.real's rows, or one line saying why they did not run (the checkpoints are not fetched)."""
     from bench import real
-    from rewardstack._realmodels import RealModelsError
+    from bench.realmodels import RealModelsError
 
     try:
         return real.measure(repeats, n_steps, smoke=smoke)

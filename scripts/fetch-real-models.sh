@@ -13,4 +13,4 @@ else
   source scripts/_venv.sh test
   PY=.venv/bin/python
 fi
-exec "$PY" -m rewardstack._realmodels fetch "$@"
+exec "$PY" -m bench.realmodels fetch "$@"

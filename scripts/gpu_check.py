@@ -261,6 +261,17 @@ def reference_deberta(mods: dict[str, tuple], cfg: Any) -> tuple:  # pragma: no 
     return build_on_gpu("rlhf_reward_model", S.load_arch(S.model_path("rlhf_reward_model", cfg)), "float32")
 
 
+def length_for_peak(model: str, budget_bytes: int, *, lo: int = 2, hi: int = 65_536) -> int:
+    """The shortest input whose reference call's peak exceeds `budget_bytes` (it would OOM there)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if S.reference_need(model, mid).peak_bytes > budget_bytes:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, dry: bool) -> None:
     """6. A real CUDA OOM survived with nothing lost: four DeBERTa reference inputs, each simulated
     at 45% of what the card has left, in one batch; the guard must hit a real OOM, split, and give
@@ -270,7 +281,7 @@ def oom_recovery_phase(mods: dict[str, tuple], cfg: Any, card: int, live: int, d
 
     t = time.time()
     left = card - (live if dry else torch.cuda.memory_allocated())
-    length = S.length_for_peak("rlhf_reward_model", int(left * 0.45))
+    length = length_for_peak("rlhf_reward_model", int(left * 0.45))
     print(f"OOM recovery: 4 x {length} tokens in one batch, each simulated at 45% of the {left / GIB:.2f} GiB left", flush=True)
     if dry:
         phase_done("6 oom recovery", t, length=length)
@@ -565,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     # 4. the unbounded reference OpenAssistant call OOMs where the simulation says
     t = time.time()
     left = int(card) - live
-    n_oom = S.length_for_peak("rlhf_reward_model", left)
+    n_oom = length_for_peak("rlhf_reward_model", left)
     print(f"reference OpenAssistant call: {left / GIB:.2f} GiB left on the card; simulated OOM from {n_oom} tokens "
           f"(peak {S.reference_need('rlhf_reward_model', n_oom).peak_bytes / GIB:.2f} GiB)", flush=True)
     if not dry and "rlhf_reward_model" in mods:  # pragma: no cover - CUDA-only path

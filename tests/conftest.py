@@ -27,7 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     the operator's ~/.cache/rewardstack, and stacks built from one config file still share one
     calibration cache across tests, as restarts would. The real checkpoints stay where they were
     fetched ($REWARDSTACK_REAL_CACHE, pinned before the home moves)."""
-    from rewardstack._realmodels import CACHE_ENV, default_cache
+    from bench.realmodels import CACHE_ENV, default_cache
 
     os.environ.setdefault(CACHE_ENV, str(default_cache()))
     _HOME["path"] = os.environ["REWARDSTACK_HOME"] = tempfile.mkdtemp(prefix="rewardstack-test-home-")

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from rewardstack import _realmodels as realmodels
+from bench import realmodels
 
 
 def in_ci() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.common import check_cost_model
 from rewardstack._memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack._memory import MemoryManager, Profile
 from rewardstack._standins.memory import LOGIT_CHUNK, build
@@ -87,7 +88,7 @@ def test_check_cost_model_measures_off_grid_shapes_with_the_profile_run() -> Non
     mm = MemoryManager(None)
     run = lambda b, l: torch.ones(b, l, l).softmax(-1).sum()  # noqa: E731
     mm.calibrate(Profile("attn", run, max_length=128, max_batch=4))
-    rows = mm.check_cost_model("attn", [(3, 50), (5, 100)])
+    rows = check_cost_model(mm, "attn", [(3, 50), (5, 100)])
     assert [(b, l) for b, l, _, _ in rows] == [(3, 50), (5, 100)]
     for _, _, predicted, measured in rows:
         assert measured > 0 and abs(predicted - measured) / measured < 0.15

@@ -65,7 +65,7 @@ def scorers() -> tuple[embedding.RelevanceMask, embedding.DiversityMask]:
 
 def test_the_checkpoint_is_the_published_one() -> None:
     """The folder holds the weights whose sha256 the hub publishes (fetch checks every file)."""
-    from rewardstack import _realmodels as realmodels
+    from bench import realmodels
 
     found = real_models()
     assert realmodels.sha256_of(found.mpnet / "model.safetensors") == realmodels.MPNET_SHA256["model.safetensors"]

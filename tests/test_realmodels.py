@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardstack import _realmodels as R
+from bench import realmodels as R
 
 FILES = {"model.safetensors": b"weights" * 100, "config.json": b"{}", "tokenizer.json": b"{\"t\": 1}",
          "tokenizer_config.json": b"{}", "special_tokens_map.json": b"{}", "vocab.txt": b"a\nb\n",

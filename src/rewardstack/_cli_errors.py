@@ -53,19 +53,15 @@ def run_command(func: Callable[[Any], int | None], args: Any, *, verbose: int = 
         print("rewardstack: interrupted", file=err)
         return 130
     except Exception as e:  # noqa: BLE001 - sorted below: ordinary mistakes vs bugs
+        # A missing extra, wherever the command imported it: one line, one exit code.
         missing = e if isinstance(e, MissingExtraError) else MissingExtraError.of(e)
-        if missing is not None:  # wherever the command imported it: one line, one exit code
-            if verbose > 0:
-                traceback.print_exception(e, file=err)
-            print(f"rewardstack: error: {missing}", file=err)
-            return EXIT_MISSING_EXTRA
-        message = ordinary_message(e)
+        message = str(missing) if missing is not None else ordinary_message(e)
         if message is None:
             raise
         if verbose > 0:
             traceback.print_exception(e, file=err)
         print(f"rewardstack: error: {message}", file=err)
-        return EXIT_FAILED
+        return EXIT_MISSING_EXTRA if missing is not None else EXIT_FAILED
 
 
 def check_input_file(path: str | os.PathLike[str], what: str = "--input") -> Path:

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 from rewardstack.config import ModelConfig, StackConfig, load_config
-from rewardstack._models import MODELS, explain_options
+from rewardstack._models import MODELS
 from rewardstack._settings import TABLES, explain_table
 
 _NOT_KEYS = {"name", "locked", "options", "models", "source", *TABLES}
@@ -44,7 +44,7 @@ def explain() -> str:
         name = m.name
         defaults = ", ".join(f"{k} = {json.dumps(v)}" for k, v in m.defaults.items())
         lines += ["", f"[models.{name}]: defaults {defaults}"]
-        opts = _rows(explain_options(name), strip=f"models.{name}.")
+        opts = _rows(explain_table(m.options, f"models.{name}"), strip=f"models.{name}.")
         lines += opts if opts else ["  (no options of its own)"]
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,8 @@ the service) never has to reach into the command line for how a line is written:
   become strings), and `event_line(event)`: one event as a JSONL line.
 - `read_steps(lines)`: (line number, parsed object or the `InputError` saying what is wrong).
 - `progress(total, desc)`: the progress bar the scoring commands show on stderr.
+- `sha256_of(path)`: a file's hex sha256 (the calibration cache's checkpoint digests, the real
+  checkpoints' checks in `bench/realmodels.py`).
 - `atomic_write` / `atomic_write_bytes` / `atomic_write_text`: the one way the package commits a
   file. A temporary file in the same folder is written, flushed and fsynced, renamed over the
   target, and the folder is fsynced: a reader (or a process started after a kill or a power cut)
@@ -30,6 +32,7 @@ the service) never has to reach into the command line for how a line is written:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -100,8 +103,6 @@ def read_steps(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, An
     never three; and the line number is counted here rather than by `enumerate`, whose reused
     result tuple keeps the last raw line alive while its step is scored.
     """
-    from rewardstack._fileio import decode_line, parse
-
     number = 0
     for line in lines:
         number += 1
@@ -128,6 +129,15 @@ def progress(total: int | None, desc: str) -> Any:
     from tqdm import tqdm  # only the commands that show one pay for the import
 
     return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, disable=None)
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 8 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def default_mode() -> int:
@@ -285,9 +295,6 @@ def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, m
     if exceeds_depth(obj, max_depth):
         raise JSONInputError(f"nested deeper than {max_depth} levels", "depth", line=line)
     return obj
-
-
-__all__ = ["JSONInputError", "MAX_DEPTH", "exceeds_depth", "parse"]
 
 
 SLICE_CHARS = 1 << 20

@@ -147,10 +147,8 @@ def load_source(cfg: "ModelConfig", path: str, *, client: HubClient | None = Non
         return path, {"revision": cfg.revision, "trust_remote_code": False}
     folder = (client or default_client()).snapshot(path, commit)
     where = f"fetched snapshot {folder}" if folder is not None else "the hub"
-    if trust:
-        log.info("%s: running the model's own code of %s at locked commit %s (from %s)", cfg.name, path, commit, where)
-    else:
-        log.info("%s: %s at locked commit %s (from %s)", cfg.name, path, commit, where)
+    log.info("%s: %s%s at locked commit %s (from %s)", cfg.name, "running the model's own code of " if trust else "",
+             path, commit, where)
     if folder is not None:
         return str(folder), {"trust_remote_code": trust}
     return path, {"revision": commit, "trust_remote_code": trust}

@@ -20,14 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else f"must be positive, got {v!r}"
+from rewardstack._settings import positive
 
 
 def _positive_int(default: int | None) -> Any:
-    return field(default=default, metadata={"check": _positive})
+    return field(default=default, metadata={"check": positive})
 
 
 def _attention_choice(v: Any) -> str | None:

@@ -32,7 +32,7 @@ from rewardstack._modeloptions import (
     ReciprocateOptions,
     RelevanceOptions,
 )
-from rewardstack._settings import explain_table, parse_table
+from rewardstack._settings import parse_table
 
 DTYPES = ("float32", "float16", "bfloat16")
 """Weight dtypes a model may be loaded in (a model's `dtype` key)."""
@@ -249,7 +249,3 @@ def parse_options(model: str, raw: Mapping[str, Any]) -> ModelOptions:
     """Validate the options set for `model` (types, checks) into its options dataclass, every key
     left out at its declared default: what `ModelConfig.options` holds."""
     return parse_table(options_class(model), dict(raw), model if is_user_model(model) else f"models.{model}")
-
-def explain_options(model: str) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) of every option of `model`, for `config --explain`."""
-    return explain_table(spec(model).options, f"models.{model}")

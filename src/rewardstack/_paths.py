@@ -5,7 +5,7 @@ operator finds everything rewardstack wrote in one place and moves all of it wit
 
     $REWARDSTACK_HOME/
       standins/                    `demo`'s stand-in models
-      real/                        `realmodels fetch`'s checkpoints ($REWARDSTACK_REAL_CACHE overrides)
+      real/                        `bench/realmodels.py`'s checkpoints ($REWARDSTACK_REAL_CACHE overrides)
       plan-cache/                  `plan`'s simulated peaks, shared by every config (one file per shape)
       calibration/cache.json       fitted cost models keyed by checkpoint content, shared by every
                                    config, unless a config sets `[memory] calibration_file`
@@ -88,8 +88,3 @@ def plan_cache() -> Path:
 def standins() -> Path:
     """Where `demo` builds its stand-in models."""
     return home() / "standins"
-
-
-def real_models() -> Path:
-    """Where `realmodels fetch` keeps the real checkpoints (overridden by $REWARDSTACK_REAL_CACHE)."""
-    return home() / "real"

@@ -33,24 +33,17 @@ MOOT: dict[str, tuple[str, ...]] = {
 """Logger name -> message fragments whose records are dropped."""
 
 
-class MootFilter(logging.Filter):
-    """Drops the records whose message holds one of `fragments`."""
-
-    def __init__(self, fragments: tuple[str, ...]) -> None:
-        super().__init__()
-        self.fragments = fragments
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(f in message for f in self.fragments)
+def _moot(record: logging.LogRecord) -> bool:
+    """Whether a record may show: False for one whose message holds a fragment `MOOT` names for its logger."""
+    return not any(f in record.getMessage() for f in MOOT.get(record.name, ()))
 
 
 def silence_moot_warnings() -> None:
-    """Install the filters of `MOOT` (idempotent; costs no import of transformers)."""
-    for name, fragments in MOOT.items():
+    """Install the filter on the loggers of `MOOT` (idempotent; costs no import of transformers)."""
+    for name in MOOT:
         logger = logging.getLogger(name)
-        if not any(isinstance(f, MootFilter) for f in logger.filters):
-            logger.addFilter(MootFilter(fragments))
+        if _moot not in logger.filters:
+            logger.addFilter(_moot)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import re
 import sys
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
 from rewardstack.errors import ConfigError
@@ -27,17 +27,13 @@ _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4
 
 def parse_bytes(value: int | str, *, key: str = "<bytes>") -> int:
     """Bytes from an integer or a size string: `1073741824`, `"512MiB"`, `"40GiB"`, `"1.5 GB"`."""
-    if isinstance(value, bool):
-        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB', got {value!r}")
-    if isinstance(value, int):
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
         n = value
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB' or '512MiB', got {value!r}")
+    elif m and m.group(2).lower() in _UNITS:
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
-        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB', got {value!r}")
+        raise ConfigError(key, f"must be a number of bytes or a size such as '40GiB' or '512MiB', got {value!r}")
     if n <= 0:
         raise ConfigError(key, f"must be positive, got {value!r}")
     return n
@@ -67,24 +63,17 @@ def field_docs(cls: type) -> dict[str, str]:
     Read from the class's module file with `ast` (parsed once per file): `inspect.getsource` costs a
     tenth of a second, which `rewardstack --help` would pay for its `serve` flags.
     """
-    filename = getattr(sys.modules.get(cls.__module__), "__file__", None)
-    try:
-        tree = _module_tree(filename) if filename else None
-    except (OSError, SyntaxError):  # pragma: no cover - source not available (frozen builds)
-        tree = None
-    if tree is None:  # pragma: no cover
-        return {}
-    nodes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
-    nodes = nodes or [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
-    if not nodes:  # pragma: no cover
-        return {}
+    tree = _module_tree(sys.modules[cls.__module__].__file__)
+    body = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
     docs: dict[str, str] = {}
-    body = nodes[0].body
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 def _check_type(value: Any, hint: Any, key: str, is_bytes: bool) -> Any:
@@ -97,27 +86,26 @@ def _check_type(value: Any, hint: Any, key: str, is_bytes: bool) -> Any:
         origin, args = typing.get_origin(hint), typing.get_args(hint)
     if is_bytes:
         return parse_bytes(value, key=key)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(key, f"must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(key, f"must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ConfigError(key, f"must be a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(key, f"must be a string, got {value!r}")
-        return value
+    if hint in _KINDS:  # a bool is no number here, though Python's bool is an int
+        accepted = (int, float) if hint is float else hint
+        if isinstance(value, bool) != (hint is bool) or not isinstance(value, accepted):
+            raise ConfigError(key, f"must be {_KINDS[hint]}, got {value!r}")
+        return float(value) if hint is float else value
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(key, f"must be a list, got {value!r}")
         return [_check_type(v, args[0], key, False) for v in value] if args else value
     return value
+
+
+def check_value(f: Field, hint: Any, value: Any, key: str) -> Any:
+    """`value` of the dataclass field `f` (type `hint`) checked: its type, then its metadata's `check`."""
+    v = _check_type(value, hint, key, bool(f.metadata.get("bytes")))
+    check = f.metadata.get("check")
+    problem = check(v) if check is not None and v is not None else None
+    if problem:
+        raise ConfigError(key, problem)
+    return v
 
 
 T = TypeVar("T")
@@ -135,14 +123,7 @@ def parse_table(cls: type[T], raw: Any, prefix: str) -> T:
     for key, value in raw.items():
         if key not in known:
             raise unknown_key_error(f"{prefix}.", key, known)
-        f = known[key]
-        v = _check_type(value, hints[key], f"{prefix}.{key}", bool(f.metadata.get("bytes")))
-        check = f.metadata.get("check")
-        if check is not None and v is not None:
-            problem = check(v)
-            if problem:
-                raise ConfigError(f"{prefix}.{key}", problem)
-        values[key] = v
+        values[key] = check_value(known[key], hints[key], value, f"{prefix}.{key}")
     return cls(**values)
 
 
@@ -159,7 +140,7 @@ def explain_table(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _positive(v: Any) -> str | None:
+def positive(v: Any) -> str | None:
     return None if v > 0 else f"must be positive, got {v!r}"
 
 
@@ -184,11 +165,11 @@ class TelemetrySettings:
 
     run_dir: str | None = None
     """Folder for timeline.jsonl, events.jsonl, incidents/ and summary.json (relative to the config file). Unset: no run directory unless a command's --run-dir gives one (a bare --run-dir: a new folder under $REWARDSTACK_HOME/<config stem>-<hash>/runs)."""
-    max_bytes: int = byte_field(256 * 1024**2, check=_positive)
+    max_bytes: int = byte_field(256 * 1024**2, check=positive)
     """Cap on the run directory's timeline and incidents together (rotated, oldest first); the events are never dropped."""
-    keep_incidents: int = field(default=50, metadata={"check": _positive})
+    keep_incidents: int = field(default=50, metadata={"check": positive})
     """OOM incident records kept (the newest)."""
-    keep_snapshots: int = field(default=3, metadata={"check": _positive})
+    keep_snapshots: int = field(default=3, metadata={"check": positive})
     """CUDA allocator snapshots kept beside the incident records (the newest; each can be large)."""
     history_entries: int = 0
     """CUDA only: allocation-history entries PyTorch records for the incident snapshots (a ring buffer, never unbounded). 0: off."""
@@ -212,39 +193,39 @@ class ServiceSettings:
 
     host: str = "127.0.0.1"
     """Address to bind; anything but loopback requires a bearer token."""
-    port: int = field(default=8000, metadata={"check": _positive})
+    port: int = field(default=8000, metadata={"check": positive})
     """TCP port."""
-    max_body_bytes: int = byte_field(4 * 1024**2, check=_positive)
+    max_body_bytes: int = byte_field(4 * 1024**2, check=positive)
     """Largest request body, counted as the bytes arrive (a Content-Length header is not trusted); larger is 413."""
-    max_completions: int = field(default=256, metadata={"check": _positive})
+    max_completions: int = field(default=256, metadata={"check": positive})
     """Most completions in one step; more is 413 (before any tokenization)."""
-    max_chars: int = field(default=65536, metadata={"check": _positive})
+    max_chars: int = field(default=65536, metadata={"check": positive})
     """Most characters in one completion, prompt or base prompt; more is 413 (before any tokenization)."""
-    queue_size: int = field(default=64, metadata={"check": _positive})
+    queue_size: int = field(default=64, metadata={"check": positive})
     """Steps that may wait for the scoring worker; a full queue answers 429 with Retry-After."""
-    deadline_s: float = field(default=60.0, metadata={"check": _positive})
+    deadline_s: float = field(default=60.0, metadata={"check": positive})
     """Seconds a request may wait for the worker to start it; past that it is not scored (504). Once started, a step always commits."""
-    batch_requests: int = field(default=16, metadata={"check": _positive})
+    batch_requests: int = field(default=16, metadata={"check": positive})
     """Most queued requests the worker takes together: forward passes model by model, each namespace committed once (1: one at a time)."""
-    max_namespaces: int = field(default=64, metadata={"check": _positive})
+    max_namespaces: int = field(default=64, metadata={"check": positive})
     """Most namespaces (clients with their own state); a request for a new one past this is 403."""
     tokens_file: str | None = None
     """TOML table of token SHA-256 hex digest -> namespace the token may use (relative to the config file). $REWARDSTACK_TOKEN is a token for every namespace."""
-    max_work_chars: int = field(default=1024**2, metadata={"check": _positive})
+    max_work_chars: int = field(default=1024**2, metadata={"check": positive})
     """Most work one request may ask, in characters the models read: each live completion with its prompt (and its base prompt when given); more is 413 before tokenizing. A turn of the worker takes at most this much too, so another namespace's request waits for at most one such turn."""
-    header_timeout_s: float = field(default=10.0, metadata={"check": _positive})
+    header_timeout_s: float = field(default=10.0, metadata={"check": positive})
     """Seconds a connection may take to send a request's headers (from connecting, or from its previous answer); slower is closed."""
-    body_timeout_s: float = field(default=30.0, metadata={"check": _positive})
+    body_timeout_s: float = field(default=30.0, metadata={"check": positive})
     """Seconds a request may take to send its whole body; slower is answered 408 and its connection closed."""
-    max_connections: int = field(default=256, metadata={"check": _positive})
+    max_connections: int = field(default=256, metadata={"check": positive})
     """Most open connections; more are closed as they arrive (the cap is also kept 64 under the process's open-file limit)."""
-    drain_timeout_s: float = field(default=30.0, metadata={"check": _positive})
+    drain_timeout_s: float = field(default=30.0, metadata={"check": positive})
     """Seconds a shutdown (SIGTERM) waits for open requests before closing them; a step already started still commits."""
     batch_wait_s: float = field(default=0.005, metadata={"check": lambda v: None if v >= 0 else f"must be >= 0, got {v!r}"})
     """Trainer routes (/get_reward, /classify): the longest a request waits for others to share its forward passes (requests that arrive while the worker is busy batch anyway)."""
-    stateless_batch: int = field(default=256, metadata={"check": _positive})
+    stateless_batch: int = field(default=256, metadata={"check": positive})
     """Trainer routes: most requests scored together in one batch (1: one request at a time)."""
-    stateless_queue: int = field(default=4096, metadata={"check": _positive})
+    stateless_queue: int = field(default=4096, metadata={"check": positive})
     """Trainer routes: most requests waiting for the worker; more is 429 with Retry-After (apart from the validators' queue_size)."""
 
 
@@ -252,9 +233,9 @@ class ServiceSettings:
 class InputSettings:
     """`[input]`: the most work one step may ask of the stack (library, `score`, `replay`)."""
 
-    max_chars: int = field(default=65536, metadata={"check": _positive})
+    max_chars: int = field(default=65536, metadata={"check": positive})
     """Most characters of a prompt, base prompt or completion the models read; past it the text is cut before tokenizing and the completion's status is `cut` (docs/SEMANTICS.md). --max-chars overrides."""
-    max_completions: int = field(default=256, metadata={"check": _positive})
+    max_completions: int = field(default=256, metadata={"check": positive})
     """Most completions in one step; a step with more is refused as bad input naming `completions`. --max-completions overrides."""
 
 

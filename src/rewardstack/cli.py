@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from rewardstack._argtypes import positive_int
 from rewardstack.errors import InputError
 from rewardstack._fileio import read_steps
+from rewardstack._models import DTYPES
 from rewardstack import _paths as paths
 
 
@@ -54,16 +55,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
-    if args.tiny:  # the standard stand-ins, shrunk (rewardstack._standins.tiny)
-        from rewardstack._standins import make_tiny_standins
+    from rewardstack._standins import make_standins, make_tiny_standins
 
-        path = make_tiny_standins(args.dir, force=args.force, dpo=args.dpo)
-    else:
-        from rewardstack._standins import make_standins
-
-        path = make_standins(args.dir, force=args.force, dpo=args.dpo)
+    make = make_tiny_standins if args.tiny else make_standins  # tiny: the standard stand-ins, shrunk
+    path = make(args.dir, force=args.force, dpo=args.dpo)
     print(f"stand-in stack written; config: {path}")
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Will this stack fit a card of this size? (rewardstack._planning.plan; torch loads only now)"""
+    from rewardstack._planning.plan import cmd_plan as run
+
+    return run(args)
 
 
 def _fmt(x: float) -> str:
@@ -153,20 +157,6 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
-def add_memory_flags(p: argparse.ArgumentParser) -> None:
-    """`--device-memory` and `--recalibrate`, for every command that builds a stack."""
-    p.add_argument("--device-memory", type=_bytes, help="behave as on a card of this size, e.g. 40GiB (overrides [memory] device_memory)")
-    p.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved cost models")
-
-
-def add_input_flags(p: argparse.ArgumentParser) -> None:
-    """`--max-chars` and `--max-completions`: the `[input]` limits, for commands that score steps."""
-    p.add_argument("--max-chars", type=positive_int, help="read at most this many characters of each prompt and "
-                   "completion; a completion cut here gets status 'cut' (overrides [input] max_chars, default 65536)")
-    p.add_argument("--max-completions", type=positive_int, help="refuse a step with more completions, as a bad "
-                   "line (overrides [input] max_completions, default 256)")
-
-
 HOME_EPILOG = """\
 where files go (docs/SCORING.md): everything a command is not told where to put lands
 under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/,
@@ -196,8 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "bare --run-dir: a new folder score-<time> under $REWARDSTACK_HOME/<config stem>-<hash>/runs "
                         "(default: [telemetry] run_dir, else none)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while scoring")
-    add_memory_flags(s)
-    add_input_flags(s)
+    s.add_argument("--device-memory", type=_bytes, help="behave as on a card of this size, e.g. 40GiB (overrides [memory] device_memory)")
+    s.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved cost models")
+    s.add_argument("--max-chars", type=positive_int, help="read at most this many characters of each prompt and "
+                   "completion; a completion cut here gets status 'cut' (overrides [input] max_chars, default 65536)")
+    s.add_argument("--max-completions", type=positive_int, help="refuse a step with more completions, as a bad "
+                   "line (overrides [input] max_completions, default 256)")
     s.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")
@@ -241,9 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_parsers(sub)
 
-    from rewardstack._planning.command import add_parser as add_plan_parser  # imports no torch
-
-    add_plan_parser(sub)
+    pl = sub.add_parser("plan", help="will this stack fit a card of this size? (configs only, no weights, no GPU)")
+    pl.add_argument("--config", default=None, help="stack config (default: the shipped default stack)")
+    pl.add_argument("--device-memory", default=None,
+                    help="the card's memory, e.g. 24GiB, 40GiB, 80GiB (default: the config's [memory] device_memory)")
+    pl.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="run every model in this dtype")
+    pl.add_argument("--json", default=None, help="also write the plan as JSON to this path")
+    pl.add_argument("--no-cache", action="store_true", help="simulate everything again (default: reuse "
+                    "$REWARDSTACK_HOME/plan-cache, shared by every config, keyed by the code and versions)")
+    pl.set_defaults(func=cmd_plan)
     return p
 
 

@@ -33,6 +33,7 @@ import logging
 import math
 import re
 import tomllib
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -43,11 +44,32 @@ from rewardstack._lockfile import is_hub_id, lock_path, read_lock
 from rewardstack._modeloptions import ModelOptions, NoOptions
 from rewardstack._models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, USER_PREFIX, is_user_model,
                                 option_keys, options_class, parse_options, spec)
-from rewardstack._settings import TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings, parse_table, unknown_key_error
+from rewardstack._settings import (TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings,
+                                  check_value, parse_table, positive as _positive, unknown_key_error)
 
 # The model names and their defaults (the openvalidators 1.2.0 default stack) are declared once, in
 # the model registry (`rewardstack._models`); these names are kept here for the modules that read them.
 DEFAULTS: dict[str, dict[str, Any]] = {m.name: dict(m.defaults) for m in MODELS}
+
+
+def _non_empty(v: str | list[str]) -> str | None:
+    return None if all(map(str.strip, [v] if isinstance(v, str) else v)) else "must be a non-empty string"
+
+
+def _weight(v: float) -> str | None:
+    return None if 0 <= v < math.inf else f"must be a number >= 0, got {v!r}"
+
+
+def _dtype(v: str) -> str | None:
+    return None if v in DTYPES else f"must be one of {', '.join(DTYPES)}, got {v!r}"
+
+
+def _positive_bytes(v: int) -> str | None:
+    return None if v > 0 else f"must be a positive number of bytes, got {v!r}"
+
+
+def _share(v: float) -> str | None:
+    return None if 0 < v <= 1 else f"must be a number in (0, 1], got {v!r}"
 
 
 @dataclass
@@ -56,21 +78,21 @@ class ModelConfig:
 
     name: str
     """The spec's event name, e.g. `rlhf_reward_model`."""
-    path: str | None = None
+    path: str | None = field(default=None, metadata={"check": _non_empty})
     """Hub id or local directory of the checkpoint."""
-    paths: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list, metadata={"check": _non_empty})
     """Several checkpoints, in order (the relevance filter's two embedding models)."""
-    weight: float = 0.0
+    weight: float = field(default=0.0, metadata={"check": _weight})
     """Weight in the combination (reward models only)."""
     enabled: bool = True
     """Masks: whether the mask is applied. Reward models: derived, weight > 0."""
-    dtype: str = "float32"
+    dtype: str = field(default="float32", metadata={"check": _dtype})
     """Weights dtype: float32, float16 or bfloat16."""
     revision: str | None = None
     """Hub revision (ignored for local directories)."""
-    max_length: int | None = None
+    max_length: int | None = field(default=None, metadata={"check": _positive})
     """Override of the model's input-length bound, in tokens."""
-    batch_size: int | None = None
+    batch_size: int | None = field(default=None, metadata={"check": _positive})
     """Upper bound on the batch size the planner may choose."""
     trust_remote_code: bool = False
     """Let the checkpoint run its own modeling code: only from a commit locked by `rewardstack download`, or from a local folder."""
@@ -107,16 +129,16 @@ class StackConfig:
 
     device: str = "cpu"
     """Torch device the models run on: `cpu`, `cuda`, `cuda:0`, ..."""
-    state_dir: str = field(default_factory=lambda: str(paths.state_dir(None)),
-                           metadata={"shown_default": "$REWARDSTACK_HOME/<config stem>-<hash>/state"})
+    state_dir: str = field(default_factory=lambda: str(paths.state_dir(None)), metadata={
+        "shown_default": "$REWARDSTACK_HOME/<config stem>-<hash>/state", "check": _non_empty})
     """Folder for state that outlives the process (normalizer statistics, diversity history); relative to the config file. Unset: $REWARDSTACK_HOME/<config stem>-<hash>/state (rewardstack._paths)."""
-    memory_budget: int | None = None
+    memory_budget: int | None = field(default=None, metadata={"check": _positive_bytes})
     """Activation budget in bytes. On CUDA, None means total memory x utilization minus weights minus headroom; on CPU, None means unlimited."""
-    gpu_utilization: float = 0.9
+    gpu_utilization: float = field(default=0.9, metadata={"check": _share})
     """Share of the device's total memory rewardstack may use (like vLLM's gpu_memory_utilization)."""
-    headroom_bytes: int = 512 * 1024**2
+    headroom_bytes: int = field(default=512 * 1024**2, metadata={"check": _positive_bytes})
     """Bytes kept free on the device beyond the budget."""
-    safety_margin: float = 0.9
+    safety_margin: float = field(default=0.9, metadata={"check": _share})
     """Share of the budget the batch planner fills with predicted peaks."""
     models: dict[str, ModelConfig] = field(default_factory=dict)
     memory: MemorySettings = field(default_factory=MemorySettings)
@@ -145,6 +167,7 @@ class StackConfig:
 
 _TOP_KEYS = {f.name for f in fields(StackConfig)} - {"models", "source"} - set(TABLES)
 _MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"name", "locked"}
+_MODEL_FIELDS, _MODEL_HINTS = {f.name: f for f in fields(ModelConfig)}, typing.get_type_hints(ModelConfig)
 
 
 def _resolve(path: str, base: Path | None) -> str:
@@ -166,17 +189,11 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
     if several == 1 and "paths" in explicit:
         raise ConfigError(f"models.{name}.paths", "this model takes a single `path`")
     merged.update(raw)
-    # A path given alone replaces the default pair and vice versa.
-    if "path" in explicit and "paths" not in explicit:
-        merged.pop("paths", None)
-    if "paths" in explicit and "path" not in explicit:
-        merged.pop("path", None)
-    # A default revision pin or remote-code opt-in belongs to the default checkpoint, not to
-    # whatever path the operator names instead.
+    # A path given alone replaces the default pair and vice versa; a default revision pin or
+    # remote-code opt-in belongs to the default checkpoint, not to whatever path the operator names.
     if explicit & {"path", "paths"}:
-        for key in ("revision", "trust_remote_code"):
-            if key not in explicit:
-                merged.pop(key, None)
+        for key in {"path", "paths", "revision", "trust_remote_code"} - explicit:
+            merged.pop(key, None)
     prefix = name if is_user_model(name) else f"models.{name}"
     opt_keys = option_keys(name)
     nested = merged.get("options", {})
@@ -186,37 +203,14 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
         if key not in _MODEL_KEYS and key not in opt_keys:
             raise unknown_key_error(f"{prefix}.", key, (_MODEL_KEYS - {"options"}) | opt_keys)
     known = {k: v for k, v in merged.items() if k in _MODEL_KEYS}
-    options = dict(nested)
-    options.update({k: v for k, v in merged.items() if k in opt_keys})
+    options = {**nested, **{k: v for k, v in merged.items() if k in opt_keys}}
+    if "weight" in known and name not in REWARD_MODELS and not is_user_model(name):
+        raise ConfigError(f"{prefix}.weight", "masks take `enabled`, not `weight`")
+    known = {k: check_value(_MODEL_FIELDS[k], _MODEL_HINTS[k], v, f"{prefix}.{k}") for k, v in known.items()}
     known["options"] = parse_options(name, options)
-    if not isinstance(known.get("trust_remote_code", False), bool):
-        raise ConfigError(f"{prefix}.trust_remote_code", f"must be true or false, got {known['trust_remote_code']!r}")
-    if "revision" in known and known["revision"] is not None and not isinstance(known["revision"], str):
-        raise ConfigError(f"{prefix}.revision", f"must be a string (branch, tag or commit), got {known['revision']!r}")
-    if "weight" in known:
-        w = known["weight"]
-        if name not in REWARD_MODELS and not is_user_model(name):
-            raise ConfigError(f"{prefix}.weight", "masks take `enabled`, not `weight`")
-        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
-            raise ConfigError(f"{prefix}.weight", f"must be a number >= 0, got {w!r}")
-        known["weight"] = float(w)
-    if "enabled" in known and not isinstance(known["enabled"], bool):
-        raise ConfigError(f"{prefix}.enabled", f"must be true or false, got {known['enabled']!r}")
-    if known.get("dtype", "float32") not in DTYPES:
-        raise ConfigError(f"{prefix}.dtype", f"must be one of {', '.join(DTYPES)}, got {known['dtype']!r}")
-    for key in ("max_length", "batch_size"):
-        v = known.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise ConfigError(f"{prefix}.{key}", f"must be a positive integer, got {v!r}")
-    if "path" in known and known["path"] is not None:
-        if not isinstance(known["path"], str) or not known["path"].strip():
-            raise ConfigError(f"{prefix}.path", "must be a non-empty string (hub id or local folder)")
+    if known.get("path") is not None:
         known["path"] = _resolve(known["path"], base)
-    if "paths" in known:
-        ps = known["paths"]
-        if not isinstance(ps, list) or not all(isinstance(p, str) and p.strip() for p in ps):
-            raise ConfigError(f"{prefix}.paths", "must be a list of non-empty strings")
-        known["paths"] = [_resolve(p, base) for p in ps]
+    known["paths"] = [_resolve(p, base) for p in known.get("paths", [])]
     cfg = ModelConfig(name=name, **known)
     if name in REWARD_MODELS and "enabled" in explicit and raw["enabled"] is False:
         cfg.weight = 0.0
@@ -283,29 +277,16 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
             raise ConfigError(f"models.{name}", "must be a table")
     top = {k: v for k, v in data.items() if k not in ("models", "rewards") and k not in TABLES}
     tables = {name: parse_table(cls, data.get(name), name) for name, cls in TABLES.items()}
-    if tables["telemetry"].run_dir is not None:
-        tables["telemetry"].run_dir = _resolve_dir(tables["telemetry"].run_dir, base)
-    if tables["memory"].calibration_file is not None:
-        tables["memory"].calibration_file = _resolve_dir(tables["memory"].calibration_file, base)
-    if tables["service"].tokens_file is not None:
-        tables["service"].tokens_file = _resolve_dir(tables["service"].tokens_file, base)
-    if "device" in top and not isinstance(top["device"], str):
-        raise ConfigError("device", f"must be a string such as 'cpu' or 'cuda:0', got {top['device']!r}")
+    for table, key in (("telemetry", "run_dir"), ("memory", "calibration_file"), ("service", "tokens_file")):
+        if getattr(tables[table], key) is not None:  # relative to the config file
+            setattr(tables[table], key, _resolve_dir(getattr(tables[table], key), base))
+    hints = typing.get_type_hints(StackConfig)
+    top = {f.name: check_value(f, hints[f.name], top[f.name], f.name) for f in fields(StackConfig) if f.name in top}
     if "state_dir" in top:
-        if not isinstance(top["state_dir"], str) or not top["state_dir"]:
-            raise ConfigError("state_dir", "must be a non-empty string")
         top["state_dir"] = _resolve_dir(top["state_dir"], base)
     else:
         top["state_dir"] = str(paths.state_dir(source))
         _warn_of_old_state(top["state_dir"])
-    for key in ("memory_budget", "headroom_bytes"):
-        v = top.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-            raise ConfigError(key, f"must be a positive number of bytes, got {v!r}")
-    for key in ("gpu_utilization", "safety_margin"):
-        v = top.get(key)
-        if v is not None and (not isinstance(v, (int, float)) or not 0 < v <= 1):
-            raise ConfigError(key, f"must be a number in (0, 1], got {v!r}")
     cfg = StackConfig(**top, **tables, source=source)
     cfg.models = {n: _model_from(n, models_raw.get(n, {}), base) for n in ALL_MODELS}
     cfg.models.update(_user_rewards(rewards_raw, base))

@@ -28,11 +28,7 @@ class InputError(RewardStackError):
     def __init__(self, message: str, *, line: int | None = None, field: str | None = None) -> None:
         self.line = line
         self.field = field
-        where = []
-        if line is not None:
-            where.append(f"line {line}")
-        if field is not None:
-            where.append(f"field '{field}'")
+        where = ([f"line {line}"] if line is not None else []) + ([f"field '{field}'"] if field is not None else [])
         prefix = (", ".join(where) + ": ") if where else ""
         super().__init__(prefix + message)
 

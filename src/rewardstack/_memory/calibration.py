@@ -41,11 +41,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from rewardstack import _paths as paths
-from rewardstack._fileio import atomic_write_text
+from rewardstack._fileio import atomic_write_text, sha256_of
 from rewardstack._memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack._memory.device import PeakWindow, TensorBytesTracker
 from rewardstack._models import owner_of
-from rewardstack._realmodels import sha256_of
 
 log = logging.getLogger("rewardstack.memory")
 

@@ -465,12 +465,15 @@ def max_fitting_length(cost: CostModel, budget_bytes: float, margin: float, uppe
     """
     limit = plan_limit(budget_bytes, cost, margin)
     ext = cost.extents()
-    if ext is not None:
-        upper = min(upper, ext[1])
+    return largest(lambda n: cost.predict(1, n) <= limit, upper if ext is None else min(upper, ext[1]))
+
+
+def largest(fits: Callable[[int], bool], upper: int) -> int:
+    """The largest n in [0, upper] for which `fits(n)` holds (by bisection: `fits` holds up to some n); 0 if none."""
     lo, hi = 0, upper
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if cost.predict(1, mid) <= limit:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1

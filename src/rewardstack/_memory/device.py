@@ -354,22 +354,19 @@ def _nvml(device: torch.device) -> tuple[int, int, int] | None:  # pragma: no co
         return None
 
 
+CUDA_STATS = {"allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
+              "active": "active_bytes.all.current", "inactive_split": "inactive_split_bytes.all.current",
+              "peak": "allocated_bytes.all.peak", "num_alloc_retries": "num_alloc_retries", "num_ooms": "num_ooms"}
+"""The `MemorySnapshot` fields read from the caching allocator's `torch.cuda.memory_stats`."""
+
+
 def cuda_snapshot(device: torch.device, *, nvml: bool = False) -> MemorySnapshot:  # pragma: no cover - CUDA-only path
     """The caching allocator's figures and the device's free and total bytes now (NVML's too with
     `nvml`); the process's memory is left out (`take_snapshot` adds it)."""
     s = torch.cuda.memory_stats(device)
     free, total = torch.cuda.mem_get_info(device)
-    snap = MemorySnapshot(
-        time=time.time(), source="cuda",
-        allocated=int(s.get("allocated_bytes.all.current", 0)),
-        reserved=int(s.get("reserved_bytes.all.current", 0)),
-        active=int(s.get("active_bytes.all.current", 0)),
-        inactive_split=int(s.get("inactive_split_bytes.all.current", 0)),
-        peak=int(s.get("allocated_bytes.all.peak", 0)),
-        num_alloc_retries=int(s.get("num_alloc_retries", 0)),
-        num_ooms=int(s.get("num_ooms", 0)),
-        device_free=int(free), device_total=int(total),
-    )
+    snap = MemorySnapshot(time.time(), "cuda", **{k: int(s.get(v, 0)) for k, v in CUDA_STATS.items()},
+                          device_free=int(free), device_total=int(total))
     v = _nvml(device) if nvml else None
     if v is not None:
         snap.nvml_used, snap.nvml_free, snap.nvml_total = v
@@ -530,9 +527,7 @@ def maybe_empty_cache(
     if dev.type != "cuda" and stats is None:
         return None
     s = (stats or torch.cuda.memory_stats)(dev)
-    reserved = int(s.get("reserved_bytes.all.current", 0))
-    allocated = int(s.get("allocated_bytes.all.current", 0))
-    inactive = int(s.get("inactive_split_bytes.all.current", 0))
+    reserved, allocated, inactive = (int(s.get(CUDA_STATS[k], 0)) for k in ("reserved", "allocated", "inactive_split"))
     split_limit = threshold // 2 if split_threshold is None else split_threshold
     if reserved - allocated > threshold:
         reason = f"reserved-allocated {reserved - allocated} > {threshold}"

@@ -8,7 +8,7 @@ an explicit `oom` status. A batch that raises anything else is split the same wa
 that fails is found, which gets the `error` status. Nothing is dropped.
 
 Where the passes run: on the device (inside the simulated device's tracker on CPU), or in host
-memory for a model that placement put on the CPU (`untracked`: outside every dispatch mode, so
+memory for a model that placement put on the CPU (`where_run`: outside every dispatch mode, so
 invisible to the simulated device, with no device budget and no fallback).
 
 `injector` (the soak's `rewardstack._replay.faults.FaultInjector`) is any object whose
@@ -79,15 +79,10 @@ def free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def untracked() -> AbstractContextManager[Any]:
-    """Run outside every dispatch mode: host memory, invisible to the simulated device."""
-    return _disable_current_modes()
-
-
 def where_run(on_host: bool, tracker: TensorBytesTracker | None) -> AbstractContextManager[Any]:
     """Where a model's passes run: host memory, the simulated device, or the real one."""
-    if on_host:
-        return untracked()
+    if on_host:  # outside every dispatch mode: invisible to the simulated device
+        return _disable_current_modes()
     return tracker if tracker is not None else nullcontext()
 
 
@@ -177,7 +172,7 @@ def cpu_fallback(owner: str, forward: Forward, placement: "Placement | None") ->
     def fallback(idx: list[int]) -> Sequence[Any]:
         started = time.perf_counter()
         lent = placement.lent_to_host(owner) if placement is not None and owner in placement.names() else nullcontext(0)
-        with lent as moved, untracked():
+        with lent as moved, _disable_current_modes():  # host memory, as `where_run(on_host=True)`
             out = forward(idx)
         log.warning("CPU fallback: %s scored input %s on the host (%d bytes of weights moved, %.3fs)",
                     owner, idx, moved, time.perf_counter() - started)

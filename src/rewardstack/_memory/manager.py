@@ -320,11 +320,6 @@ class MemoryManager:
                      self.calibration_seconds, self.calibration.hits, self.calibration.path)
         return done
 
-    def check_cost_model(self, name: str, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
-        """(B, L, predicted, measured) at `shapes`, measured with the profile run `calibrate` used."""
-        run, cost = self.calibrator.profile_runs[name], self.cost_models[name]
-        return [(b, l, cost.predict(b, l), self.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]
-
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
         """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
         return measure_peak(fn, name, self.tracker, self.device)
@@ -407,7 +402,8 @@ class MemoryManager:
                                    slack=slack, prefix=prefix)
             for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
                 forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix, completions=completions)
-            fallback = cpu_fallback(owner, forward, self.placement) if not on_host and self._cpu_ok(owner) else None
+            cpu_ok = self._registered.get(owner, ((), False))[1]
+            fallback = cpu_fallback(owner, forward, self.placement) if not on_host and cpu_ok else None
             # In host memory: no device budget, no injected device OOMs, no fallback, no trust regained.
             device, injector = (torch.device("cpu"), None) if on_host else (self.device, self.injector)
             with torch.inference_mode(), where_run(on_host, self.tracker):
@@ -445,10 +441,6 @@ class MemoryManager:
             cost.distrust()
         log.warning("OOM in %s: batch %d x %d (lengths %s) -> %s: %s",
                     rec.model, rec.batch, rec.length, rec.lengths[:8], rec.action, rec.message)
-
-    def _cpu_ok(self, owner: str) -> bool:
-        reg = self._registered.get(owner)
-        return bool(reg and reg[1])
 
 def check_device(name: str) -> torch.device:
     """`name` as a torch device this torch build and machine can use, or a ConfigError naming the

@@ -73,23 +73,20 @@ class Arch:
         return cfg
 
 
-def _arch_dir() -> Any:
-    return resources.files("rewardstack") / "configs" / "archs"
+def _read_arch(name: str, text: str, source: str = "") -> Arch:
+    """An architecture from a config.json's text; a shipped file's `_rewardstack` entry says where it comes from."""
+    data = json.loads(text)
+    meta = data.pop("_rewardstack", {})
+    return Arch(name, data, tuple(meta.get("hub_ids", ())), meta.get("source", source), meta.get("stand_in", ""),
+                meta.get("remote_code", ""))
 
 
 @lru_cache(maxsize=None)
 def shipped_archs() -> dict[str, Arch]:
     """The architecture configs shipped in `rewardstack/configs/archs/`, by file stem."""
-    out: dict[str, Arch] = {}
-    for entry in sorted(_arch_dir().iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".json"):
-            continue
-        data = json.loads(entry.read_text(encoding="utf-8"))
-        meta = data.pop("_rewardstack", {})
-        stem = entry.name[: -len(".json")]
-        out[stem] = Arch(stem, data, tuple(meta.get("hub_ids", ())), meta.get("source", ""), meta.get("stand_in", ""),
-                         meta.get("remote_code", ""))
-    return out
+    files = sorted(resources.files("rewardstack").joinpath("configs", "archs").iterdir(), key=lambda e: e.name)
+    return {e.name[:-5]: _read_arch(e.name[:-5], e.read_text(encoding="utf-8"))
+            for e in files if e.name.endswith(".json")}
 
 
 def load_arch(path: str) -> Arch:
@@ -97,15 +94,12 @@ def load_arch(path: str) -> Arch:
     whose hub ids name `path`, a shipped file stem, or a .json file. Nothing is downloaded."""
     p = Path(path)
     if p.is_dir() and (p / "config.json").exists():
-        data = json.loads((p / "config.json").read_text(encoding="utf-8"))
-        if "model_type" not in data:
+        arch = _read_arch(p.name, (p / "config.json").read_text(encoding="utf-8"), str(p / "config.json"))
+        if "model_type" not in arch.fields:
             raise SimulationError(f"{p / 'config.json'} has no model_type")
-        return Arch(p.name, data, (), f"{p / 'config.json'}")
+        return arch
     if p.suffix == ".json" and p.is_file():
-        data = json.loads(p.read_text(encoding="utf-8"))
-        meta = data.pop("_rewardstack", {})
-        return Arch(p.stem, data, tuple(meta.get("hub_ids", ())), meta.get("source", str(p)), meta.get("stand_in", ""),
-                    meta.get("remote_code", ""))
+        return _read_arch(p.stem, p.read_text(encoding="utf-8"), str(p))
     archs = shipped_archs()
     if path in archs:
         return archs[path]

@@ -51,27 +51,13 @@ def _prefix_runner(body: torch.nn.Module, prefix: int, fill: int = 5) -> Any:
     return PrefixRunner(body, [fill] * prefix, pad_id=0)
 
 
-def reciprocate_pass(mods: tuple, rows: list[list[int]], prefix: int) -> Callable[[], Any]:
-    model = mods[0]
-    body, head = model.base_model, model.score
+def decoder_pass(body: torch.nn.Module, head: torch.nn.Module, rows: list[list[int]], prefix: int) -> Callable[[], Any]:
+    """Reciprocate's and Dahoas's pass (`ReciprocateScorer._forward`, `DahoasScorer._forward`): the
+    shared prefix, the suffixes, then the head on each row's last position."""
 
     def run() -> Any:
         runner = _prefix_runner(body, prefix)
-        h, _ = runner.run([r[runner.length:] for r in rows])  # ReciprocateScorer._forward
-        idx = torch.arange(len(rows), device="meta")
-        pos = torch.tensor([len(r) - 1 for r in rows]).to("meta")
-        out = head(runner.rows(h, idx, pos))[:, 0].float()
-        return runner, out
-
-    return run
-
-
-def dahoas_pass(mods: tuple, rows: list[list[int]], prefix: int) -> Callable[[], Any]:
-    body, head = mods
-
-    def run() -> Any:
-        runner = _prefix_runner(body, prefix)
-        h, _ = runner.run([r[runner.length:] for r in rows])  # DahoasScorer._forward
+        h, _ = runner.run([r[runner.length:] for r in rows])
         last = torch.tensor([len(r) - 1 for r in rows]).to("meta")
         out = head(runner.rows(h, torch.arange(len(rows), device="meta"), last))[:, 0].float()
         return runner, out

@@ -33,7 +33,7 @@ from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError
 from rewardstack._planning import simulate as S
 from rewardstack._memory.budget import split_card, usable_bytes, weights_bytes
-from rewardstack._memory.costmodel import CostModel
+from rewardstack._memory.costmodel import CostModel, largest
 from rewardstack._memory.placement import Placement
 from rewardstack._models import MODELS, owner_of
 from rewardstack._scorers.encoding import default_pass_tokens
@@ -126,25 +126,21 @@ def _checked_batch(name: str, cfg: StackConfig, dtype: str, arch: S.Arch, bound:
 
 
 def _count_weights(cfg: StackConfig, names: list[str], dtype: str | None
-                   ) -> tuple[dict[str, ModelPlan], dict[tuple, tuple[torch.nn.Module, ...]], dict[str, S.Arch]]:
-    """Each model's plan with its weights, one meta module set per distinct checkpoint (shared ones
-    are one object, counted once, for the first model that loads it), and the architectures."""
-    modules: dict[tuple, tuple[torch.nn.Module, ...]] = {}
-    owner: dict[tuple, str] = {}
+                   ) -> tuple[dict[str, ModelPlan], dict[str, tuple[torch.nn.Module, ...]], dict[str, S.Arch]]:
+    """Each model's plan with its weights, its meta modules (one set per distinct checkpoint: shared
+    ones are one object, counted once, for the first model that loads it), and the architectures."""
+    first: dict[tuple, str] = {}  # checkpoint -> the first model that loads it
     plans: dict[str, ModelPlan] = {}
+    modules: dict[str, tuple[torch.nn.Module, ...]] = {}
     archs: dict[str, S.Arch] = {}
     for name in names:
         path = S.model_path(name, cfg)
-        arch = S.load_arch(path)
+        arch = archs[name] = S.load_arch(path)
         dt = dtype or S.model_dtype(name, cfg)
-        mods = S.meta_modules(name, dt, arch)
-        key = (arch.key(), dt, S.SCORERS[name][1])
-        first = key not in modules
-        modules.setdefault(key, mods)
-        owner.setdefault(key, name)
-        archs[name] = arch
-        plans[name] = ModelPlan(name, path, arch.name, dt, weights_bytes(mods) if first else 0,
-                                stand_in=arch.stand_in, shares="" if first else owner[key])
+        owner = first.setdefault((arch.key(), dt, S.SCORERS[name][1]), name)
+        mods = modules[name] = modules[owner] if owner != name else S.meta_modules(name, dt, arch)
+        plans[name] = ModelPlan(name, path, arch.name, dt, weights_bytes(mods) if owner == name else 0,
+                                stand_in=arch.stand_in, shares="" if owner == name else owner)
     return plans, modules, archs
 
 
@@ -169,8 +165,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     owners: dict[str, list[torch.nn.Module]] = {}
     for name in names:
         owner = owner_of(name)
-        key = (archs[name].key(), plans[name].dtype, S.SCORERS[name][1])
-        owners.setdefault(owner, []).extend(m for m in modules[key] if all(m is not o for o in owners.get(owner, [])))
+        owners.setdefault(owner, []).extend(m for m in modules[name] if all(m is not o for o in owners.get(owner, [])))
     for owner, mods in owners.items():
         placement.register(owner, mods, cpu_ok=owner in _MASKS)
     decisions = placement.plan()
@@ -194,16 +189,10 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
             p.max_batch_at_bound, cost = _checked_batch(name, cfg, p.dtype, archs[name], p.bound, limit, cost, samples)
             p.max_batch_tokens = p.max_batch_at_bound * p.bound
         p.cost, p.cost_fit_error = cost.to_dict(samples=False), cost.max_error()
-        if on_card and not p.input_fits:
-            cannot = True
-        if p.where == "cpu" and owner_of(name) not in _MASKS:
-            cannot = True  # a reward model larger than the card's whole weight budget
-    if cannot:
-        verdict = "cannot fit"
-    elif any(p.where != "resident" for p in plans.values()):
-        verdict = "fits with swapping"
-    else:
-        verdict = "fits"
+        # An input of the bound over the budget, or a reward model larger than the card's whole weight budget.
+        cannot = cannot or not p.input_fits or (p.where == "cpu" and owner_of(name) not in _MASKS)
+    swapping = any(p.where != "resident" for p in plans.values())
+    verdict = "cannot fit" if cannot else "fits with swapping" if swapping else "fits"
     return StackPlan(device_memory, usable, weights, weights_budget, int(activation), margin, verdict,
                      swap, list(plans.values()), time.perf_counter() - t0)
 
@@ -225,63 +214,34 @@ def scorer_max_batch(name: str, cfg: StackConfig, bound: int) -> int:
 
 
 def _longest_fitting(name: str, cfg: StackConfig, dtype: str, arch: S.Arch, bound: int, limit: float) -> int:
-    """The longest single input whose simulated peak is within `limit` (binary search on the simulation)."""
-    lo, hi = 0, bound
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if S.simulate_peak(name, 1, mid, dtype, config=cfg, arch=arch, exact=False, padded=False).peak_bytes <= limit:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """The longest single input whose simulated peak is within `limit` (bisection on the simulation)."""
+    return largest(lambda n: S.simulate_peak(name, 1, n, dtype, config=cfg, arch=arch, exact=False,
+                                             padded=False).peak_bytes <= limit, bound)
 
 
 def _max_batch(cost: CostModel, length: int, limit: float, cap: int = 4096) -> int:
-    """The largest batch of `length`-token inputs the cost model puts within `limit`."""
-    b = 0
-    while b < cap and cost.predict(b + 1, length) <= limit:
-        b += 1
-    return b
+    """The largest batch of `length`-token inputs the cost model puts within `limit` (its predictions
+    grow with the batch: every coefficient is non-negative)."""
+    return largest(lambda b: cost.predict(b, length) <= limit, cap)
 
 
 def _swap_traffic(placement: Placement, order: list[str]) -> int:
     """Bytes moved onto the card in a steady-state step (each model used once per step, in order)."""
-    sizes = {n: placement._models[n].size for n in placement.names()}  # noqa: SLF001 - our own accounting
     for n in order:  # the first step warms the LRU
         placement.ensure(n)
-    before = placement.swaps
     moved = 0
     for n in order:
         s0 = placement.swaps
         placement.ensure(n)
         if placement.swaps > s0:
-            moved += sizes[n]
-    return moved if placement.swaps > before else 0
+            moved += placement._models[n].size  # noqa: SLF001 - our own accounting
+    return moved
 
 
 # -- output ----------------------------------------------------------------------------------------
 
 def _g(n: float | None) -> str:
     return "-" if n is None else f"{n / 1024**3:.2f}"
-
-
-def fits_cell(p: ModelPlan) -> str:
-    """The `fits` column: `yes`, `no`, or `host` for a model placed in host memory (no device budget)."""
-    if p.where == "cpu":
-        return "host"
-    return "yes" if p.input_fits else "no"
-
-
-def longest_cell(p: ModelPlan) -> str:
-    """The `longest` column: the longest input (tokens) that fits; `-` on the host."""
-    return "-" if p.where == "cpu" else str(p.longest_fitting)
-
-
-def batch_cells(p: ModelPlan) -> str:
-    """The `batch@bound` and `tokens` columns; `-` where they do not apply (host, or no input fits at the bound)."""
-    if p.where == "cpu" or not p.input_fits:
-        return f"{'-':>11s} {'-':>7s}"
-    return f"{p.max_batch_at_bound:>11d} {p.max_batch_tokens:>7d}"
 
 
 def reasons(plan: StackPlan) -> list[str]:
@@ -317,9 +277,13 @@ def format_plan(plan: StackPlan) -> str:
         extra = [f"{c['d'] / 2**20:.1f} MiB*B" if c["d"] else "", f"{c['e'] / 2**10:.1f} KiB*L" if c["e"] else "",
                  f"{c['f']:.1f} B*L^2" if c["f"] else ""]
         cm += "".join(" + " + x for x in extra if x)
+        # Host-placed models have no device budget; no batch applies where no input fits the bound.
+        fits, longest = ("host", "-") if p.where == "cpu" else ("yes" if p.input_fits else "no", str(p.longest_fitting))
+        on_card = p.where != "cpu" and p.input_fits
+        batch = f"{p.max_batch_at_bound:>11d} {p.max_batch_tokens:>7d}" if on_card else f"{'-':>11s} {'-':>7s}"
         lines.append(
             f"{p.name:26s} {p.dtype:8s} {'shared' if p.shares else _g(p.weights_bytes):>8s} {p.where:9s} {p.bound:>6d} {_g(p.peak_at_bound):>10s} "
-            f"{_g(p.largest_alloc_bytes):>8s} {fits_cell(p):>5s} {longest_cell(p):>7s} {batch_cells(p)} "
+            f"{_g(p.largest_alloc_bytes):>8s} {fits:>5s} {longest:>7s} {batch} "
             f"{p.attention or '-':12s} {cm}")
     lines.append("")
     lines.append("sizes in GiB; peak@bound: one input of the model's longest admitted length; largest: its largest "
@@ -342,40 +306,27 @@ def format_plan(plan: StackPlan) -> str:
     return "\n".join(lines)
 
 
-def run_plan(config_path: str | None, device_memory: int | None, dtype: str | None, json_path: str | None,
-             cache_dir: str | None = None) -> tuple[str, StackPlan]:
-    """Load the config, plan it, write JSON if asked; the table and the plan. `cache_dir` keeps
-    simulated peaks across runs (per architecture and dtype), so a second plan takes about a second."""
+def cmd_plan(args: Any) -> int:
+    """`rewardstack plan`: load the config (default: the shipped default stack), plan it on the card,
+    print the table (and write --json). Simulated peaks are kept in the plan cache across runs (per
+    architecture and dtype; `--no-cache`: none), so a second plan takes about a second."""
     from importlib import resources
 
     from rewardstack.config import load_config
-
-    S.use_disk_cache(cache_dir)
-
-    if config_path is None:
-        config_path = str(resources.files("rewardstack") / "configs" / "default.toml")
-    cfg = load_config(config_path)
-    if device_memory is None:
-        device_memory = getattr(getattr(cfg, "memory", None), "device_memory", None)
-        if device_memory is None:
-            raise ConfigError("--device-memory", "give the card's size (e.g. 40GiB) or set [memory] device_memory")
-    plan = plan_stack(cfg, device_memory, dtype=dtype)
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(plan.to_dict(), f, indent=2)
-            f.write("\n")
-    return format_plan(plan), plan
-
-
-def cmd_plan(args: Any) -> int:
-    """`rewardstack plan`: print the table (and write --json)."""
+    from rewardstack._paths import plan_cache
     from rewardstack._settings import parse_bytes
 
-    from rewardstack._paths import plan_cache
-
-    cache = None if args.no_cache else str(plan_cache())
     size = parse_bytes(args.device_memory, key="--device-memory") if args.device_memory else None
-    table, plan = run_plan(args.config, size, args.dtype, args.json, cache)
-    print(table)
+    S.use_disk_cache(None if args.no_cache else plan_cache())
+    cfg = load_config(args.config or str(resources.files("rewardstack") / "configs" / "default.toml"))
+    size = size or cfg.memory.device_memory
+    if size is None:
+        raise ConfigError("--device-memory", "give the card's size (e.g. 40GiB) or set [memory] device_memory")
+    plan = plan_stack(cfg, size, dtype=args.dtype)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(plan.to_dict(), f, indent=2)
+            f.write("\n")
+    print(format_plan(plan))
     print(f"planned in {plan.seconds:.1f} s")
     return 0

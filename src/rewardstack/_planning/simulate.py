@@ -37,12 +37,13 @@ attention workspaces), allocator rounding, the CUDA context. `gpu_check.py` meas
 
 Public API: `simulate_peak(model, batch, length, dtype)` -> `SimResult`;
 `reference_need(model, n_tokens)` -> `SimResult` for what the unbounded openvalidators reference
-call asks for; `load_arch(path)`; `weights_bytes(model, dtype)`; `scorer_bound(model)`.
+call asks for; `load_arch(path)`; `scorer_bound(model)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -175,8 +176,6 @@ def use_disk_cache(folder: str | Path | None) -> None:
 @lru_cache(maxsize=1)
 def _code_version() -> str:
     """A digest of the code a simulated number depends on."""
-    import hashlib
-
     import transformers
 
     from rewardstack import _standin_btlm as standin_btlm
@@ -194,42 +193,18 @@ def _code_version() -> str:
 
 
 def _disk_file(arch: Arch, dtype: str) -> Path:
-    import hashlib
-
     assert _DISK is not None
     return _DISK / f"{arch.name}-{dtype}-{hashlib.sha256(arch.key().encode()).hexdigest()[:12]}.json"
 
 
-def _disk_get(arch: Arch, dtype: str, key: tuple) -> SimResult | None:
-    if _DISK is None:
-        return None
+def _disk_read(arch: Arch, dtype: str) -> dict[str, Any]:
+    """The on-disk cache of (arch, dtype) when this code wrote it (`_code_version`), else empty."""
     try:
         data = json.loads(_disk_file(arch, dtype).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if data.get("code") != _code_version():
-        return None
-    hit = data.get("results", {}).get(repr(key))
-    if hit is None:
-        return None
-    hit["largest_alloc_shape"] = tuple(hit["largest_alloc_shape"])
-    hit["modelled"] = tuple(hit["modelled"])
-    return SimResult(**hit)
+        return {}
+    return data if data.get("code") == _code_version() else {}
 
-
-def _disk_put(arch: Arch, dtype: str, key: tuple, res: SimResult) -> None:
-    if _DISK is None:
-        return
-    path = _disk_file(arch, dtype)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("code") != _code_version():
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    data["code"] = _code_version()
-    data.setdefault("results", {})[repr(key)] = dataclasses.asdict(res)
-    atomic_write_text(path, json.dumps(data))  # a killed run leaves the old file
 
 def simulate_peak(
     model: str,
@@ -274,27 +249,33 @@ def simulate_peak(
     same = "pooled" if kind == "encoder" else model
     key = (same, arch.key(), dtype, batch, length, prefix if kind in ("reciprocate", "dahoas", "dpo") else 0,
            prompt if kind == "dpo" else 0, padded, chunk if kind == "dpo" else 0, exact) + ((block,) if block else ())
-    if key not in _CACHE:
-        found = _disk_get(arch, dtype, key)
-        if found is not None:
-            _CACHE[key] = found
+    hit = _disk_read(arch, dtype).get("results", {}).get(repr(key)) if key not in _CACHE and _DISK else None
+    if hit is not None:  # JSON holds the tuples as lists
+        _CACHE[key] = SimResult(**{**hit, "largest_alloc_shape": tuple(hit["largest_alloc_shape"]),
+                                   "modelled": tuple(hit["modelled"])})
     if key in _CACHE:
         hit = _CACHE[key]
         return hit if hit.model == model else dataclasses.replace(hit, model=model)
     t0 = time.perf_counter()
-    if exact or depth(arch) <= 3:
-        res = _simulate(model, kind, meta_modules(model, dtype, arch), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache, block)
-    else:
-        n = depth(arch)
-        two = _simulate(model, kind, meta_modules(model, dtype, arch, min(2, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache, block)
-        res = _simulate(model, kind, meta_modules(model, dtype, arch, min(3, n)), batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache, block)
-        if n > 3:
-            res.peak_bytes = res.peak_bytes + (n - 3) * (res.peak_bytes - two.peak_bytes)
+
+    def at_depth(layers: int | None) -> SimResult:
+        mods = meta_modules(model, dtype, arch, layers)
+        return _simulate(model, kind, mods, batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache,
+                         block)
+
+    n = depth(arch)
+    res = at_depth(None if exact or n <= 3 else 3)
+    if not exact and n > 3:
+        res.peak_bytes = res.peak_bytes + (n - 3) * (res.peak_bytes - at_depth(2).peak_bytes)
     res.weights_bytes = weights_bytes(meta_modules(model, dtype, arch))
     res.arch = arch.name
     res.seconds = time.perf_counter() - t0
     _CACHE[key] = res
-    _disk_put(arch, dtype, key, res)
+    if _DISK is not None:
+        data = _disk_read(arch, dtype)
+        data.setdefault("results", {})[repr(key)] = dataclasses.asdict(res)
+        # Atomic: a killed run leaves the old file.
+        atomic_write_text(_disk_file(arch, dtype), json.dumps({**data, "code": _code_version()}))
     return res
 
 
@@ -305,10 +286,9 @@ def _simulate(model: str, kind: str, mods: tuple, batch: int, length: int, dtype
     rows = passes.rows_of(batch, length, padded)
     if kind in ("classifier", "encoder"):
         run = passes.encoder_pass(model, mods, rows, pair=spec(model).pair_input)
-    elif kind == "reciprocate":
-        run = passes.reciprocate_pass(mods, rows, prefix)
-    elif kind == "dahoas":
-        run = passes.dahoas_pass(mods, rows, prefix)
+    elif kind in ("reciprocate", "dahoas"):  # Dahoas: (GPT-J body, value head); Reciprocate: one model
+        body, head = (mods[0].base_model, mods[0].score) if kind == "reciprocate" else mods
+        run = passes.decoder_pass(body, head, rows, prefix)
     elif kind == "dpo":
         run = passes.dpo_pass(mods, rows, 0 if legacy else prefix, max(prompt, prefix), chunk, block)
     else:
@@ -336,18 +316,6 @@ def reference_need(model: str, n_tokens: int, *, config: Any | None = None, dtyp
     return simulate_peak(model, 1, n_tokens, dtype, padded=False, config=config, exact=exact)
 
 
-def length_for_peak(model: str, budget_bytes: int, *, lo: int = 2, hi: int = 65_536,
-                    config: Any | None = None, dtype: str | None = None) -> int:
-    """The shortest input whose reference call's peak exceeds `budget_bytes` (it would OOM there)."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if reference_need(model, mid, config=config, dtype=dtype).peak_bytes > budget_bytes:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
 def active_models(config: Any) -> list[str]:
     """The neural models a stack runs, by scorer name (the relevance filter's two as [0] and [1])."""
     out: list[str] = []
@@ -356,8 +324,3 @@ def active_models(config: Any) -> list[str]:
             continue
         out += [f"{name}[{k}]" for k in range(len(mc.paths))] if spec(name).checkpoints > 1 else [name]
     return out
-
-
-def gib(n: float) -> str:
-    """Bytes as GiB with two decimals, the way CUDA's OOM message prints them."""
-    return f"{n / 1024**3:.2f} GiB"

