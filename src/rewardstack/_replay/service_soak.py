@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack._replay.comparison import same
-from rewardstack._replay.soak import finish, new_run_dir
-from rewardstack._replay.supervisor import Pace, popen
+from rewardstack._replay.supervisor import Pace, finish, new_run_dir, popen
 
 RETRY_STATUSES = frozenset({429, 503, 504})
 RESEND_EVERY = 5

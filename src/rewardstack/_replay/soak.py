@@ -30,24 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rewardstack import _paths as paths
 from rewardstack._fileio import merge_json_section
+from rewardstack._replay.supervisor import finish, new_run_dir, spawn, supervise
 
 NO_KILLS = {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
-
-
-def new_run_dir(args: argparse.Namespace, kind: str) -> Path:
-    """`--run-dir`, or a new folder `<kind>-<time>` under the config's runs; made."""
-    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, kind)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
-def finish(run_dir: Path, key: str, verdict: dict[str, Any], text: str) -> dict[str, Any]:
-    """Write the verdict into summary.json under `key` (strict JSON: NaN as null) and print it."""
-    merge_json_section(run_dir / "summary.json", key, verdict)
-    print(text)
-    return verdict
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
@@ -60,7 +46,6 @@ def cmd_soak(args: argparse.Namespace) -> int:
         return rejudge(Path(args.rejudge), args)
     from rewardstack.config import load_config
     from rewardstack._memory.manager import check_device
-    from rewardstack._replay.supervisor import spawn, supervise
     from rewardstack._replay.workload import soak_steps, write_steps
 
     check_device(load_config(args.config).device)  # fails here, clearly, before any process starts

@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from rewardstack import _paths as paths
 from rewardstack.stack import Step
+from rewardstack._fileio import merge_json_section
 from rewardstack._memory.device import process_rss
 
 MAX_CRASHES = 3
@@ -34,6 +36,20 @@ threshold each time a large block is freed, after which activations come from th
 pages stay with the process: measured on the tiny stack, RSS then climbs 480 -> 860 MiB over 100
 steps with nothing leaked; with the threshold fixed at 64 KiB (activations mmapped, returned on
 free) it stays within 425..445 MiB. The setting changes where freed pages go, not what is kept."""
+
+
+def new_run_dir(args: argparse.Namespace, kind: str) -> Path:
+    """`--run-dir`, or a new folder `<kind>-<time>` under the config's runs; made."""
+    run_dir = Path(args.run_dir) if args.run_dir else paths.new_run_dir(args.config, kind)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def finish(run_dir: Path, key: str, verdict: dict[str, Any], text: str) -> dict[str, Any]:
+    """Write the verdict into summary.json under `key` (strict JSON: NaN as null) and print it."""
+    merge_json_section(run_dir / "summary.json", key, verdict)
+    print(text)
+    return verdict
 
 
 def popen(cmd: list[str], log: Path, threads: int = 1) -> subprocess.Popen:
