@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rewardstack._memory import MemoryManager, Profile
-from rewardstack._standins.memory import LOGIT_CHUNK, build
+from memory_models import LOGIT_CHUNK, build
 
 FAMILIES = {
     "deberta": "DeBERTa-v2 classifier (rlhf_reward_model)",

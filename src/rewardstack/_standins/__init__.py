@@ -5,7 +5,7 @@ writes that family's checkpoint (`classifier`, `embedding`, `dpo` (GPT-2-style, 
 remote-code checkpoint whose code is `rewardstack._standin_btlm`), `reciprocate`, `dahoas`, `judge`),
 all with the one tokenizer helper (`tokenizer.save_tokenizer`: the packaged MiniLM's BERT tokenizer).
 `build.make_standins` writes them all and the config that loads them; `tiny.make_tiny_standins` is
-the soak's tiny stack (every family at width 16); `memory` builds the memory tests' models in memory.
+the soak's tiny stack (every family at width 16).
 """
 
 from __future__ import annotations
