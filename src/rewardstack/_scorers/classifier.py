@@ -134,8 +134,7 @@ class NSFWMask(_Classifier):
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         super().__init__(NSFW.name, cfg, runtime, None)
         # The spec's window is 512 ids; an explicit max_length (or a shorter model) changes it.
-        self.window = int(cfg.max_length) if cfg.max_length else min(NSFW_WINDOW, self.max_length)
-        self.max_length = self.window
+        self.max_length = self.window = int(cfg.max_length) if cfg.max_length else min(NSFW_WINDOW, self.max_length)
         self.max_tokens = cfg.options.max_batch_tokens or enc.default_pass_tokens(self.window, runtime.device)
         enc.calibrate(self, hate_value, tune=cfg.options.max_batch_tokens is None)
 

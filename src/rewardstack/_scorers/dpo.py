@@ -104,8 +104,7 @@ class DpoScorer(CausalScorer):
     def _forward(self, runner: PrefixRunner, ids: Sequence[list[int]], plens: Sequence[int]) -> list[float]:
         """Scores of sequences `ids` (full ids, prefix included) run against the runner's prefix."""
         device = model_device(self.model)
-        c = runner.length
-        h, _ = runner.run([x[c:] for x in ids])
+        h, _ = runner.run([x[runner.length :] for x in ids])
         n = torch.tensor([len(x) for x in ids], device=device)
         padded = pad_rows(ids, self.fill_id)[0]
         hidden_at = lambda s, p: runner.rows(h, s, p)  # noqa: E731

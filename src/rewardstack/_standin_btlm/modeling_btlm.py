@@ -216,6 +216,11 @@ class BTLMLMHeadModel(BTLMPreTrainedModel):
     def get_output_embeddings(self):
         return self.lm_head
 
+    # Defined as the hub code defines it (generation is never run): transformers warns that a class
+    # defining it without GenerationMixin cannot generate, the warning `rewardstack._quiet` silences.
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        return {"input_ids": input_ids, **kwargs}
+
     def forward(self, input_ids, past_key_values=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 use_cache=None):
         transformer_outputs = self.transformer(
