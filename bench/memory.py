@@ -24,7 +24,7 @@ import torch
 
 from bench.common import check_cost_model
 from rewardstack._memory import MemoryManager, Profile
-from rewardstack._standins.memory import LOGIT_CHUNK, build
+from memory_models import LOGIT_CHUNK, build
 
 FAMILIES = {
     "deberta": "DeBERTa-v2 classifier (rlhf_reward_model)",

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from bench.common import check_cost_model
+from memory_models import LOGIT_CHUNK, build
 from rewardstack._memory.costmodel import CostModel, profile, profile_shapes
 from rewardstack._memory import MemoryManager, Profile
-from rewardstack._standins.memory import LOGIT_CHUNK, build
 
 
 def test_fit_recovers_all_six_terms() -> None:

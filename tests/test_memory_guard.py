@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from memory_fixtures import scale
+from memory_models import build
 from rewardstack._memory import MemoryManager, Profile
 from rewardstack._memory.guard import run_guarded
 from rewardstack._replay.faults import FaultInjector
-from rewardstack._standins.memory import build
 
 
 def _score_fn(model: torch.nn.Module, lengths: list[int], seed: int = 0):  # noqa: ANN202

@@ -104,7 +104,7 @@ DPO = ModelSpec(
     # BTLM is not a transformers architecture: it loads only with its own (hub) modeling code, which
     # runs only from a commit locked by `rewardstack download`. No other default model needs code.
     {"path": "cerebras/btlm-3b-8k-base", "weight": 0.3, "dtype": "float16", "trust_remote_code": True},
-    DpoOptions, "rewardstack._scorers.dpo:build", "rewardstack._standins.dpo:make_standin",
+    DpoOptions, "rewardstack._scorers.dpo:build", "rewardstack._standins.families:make_dpo_standin",
     simulated=Simulated("dpo", "AutoModelForCausalLM"),
     modelled=("penalty bookkeeping (columns bounded: every scored token distinct)",),
 )
@@ -113,7 +113,7 @@ OPENASSISTANT = ModelSpec(
     "rlhf_reward_model", "reward", "classifier",
     {"path": "OpenAssistant/reward-model-deberta-v3-large-v2", "weight": 0.4, "dtype": "float32"},
     ClassifierOptions, "rewardstack._scorers.classifier:build_openassistant",
-    "rewardstack._standins.classifier:make_openassistant_standin",
+    "rewardstack._standins.families:make_openassistant_standin",
     simulated=Simulated("classifier", _CLS, "rewardstack._scorers.classifier:first_logit"),
     tokenizer_length=512, pair_input=True, reference_dtype="float32", reference_unbounded=True,
 )
@@ -121,21 +121,21 @@ OPENASSISTANT = ModelSpec(
 RECIPROCATE = ModelSpec(
     "reciprocate_reward_model", "reward", "reciprocate",
     {"path": "reciprocate/gpt-j_rm_format-oa", "revision": "501f895", "weight": 0.3, "dtype": "float16"},
-    ReciprocateOptions, "rewardstack._scorers.reciprocate:build", "rewardstack._standins.reciprocate:make_standin",
+    ReciprocateOptions, "rewardstack._scorers.reciprocate:build", "rewardstack._standins.families:make_reciprocate_standin",
     simulated=Simulated("reciprocate", _CLS),
 )
 
 DAHOAS = ModelSpec(
     "dahoas_reward_model", "reward", "dahoas",
     {"path": "Dahoas/gptj-rm-static", "weight": 0.0, "dtype": "float16"},
-    DahoasOptions, "rewardstack._scorers.dahoas:build", "rewardstack._standins.dahoas:make_standin",
+    DahoasOptions, "rewardstack._scorers.dahoas:build", "rewardstack._standins.families:make_dahoas_standin",
     simulated=Simulated("dahoas", "GPTJModel"),
 )
 
 JUDGE = ModelSpec(
     "prompt_reward_model", "reward", "judge",
     {"path": "VMware/open-llama-7b-open-instruct", "weight": 0.0, "dtype": "float16"},
-    JudgeOptions, "rewardstack._scorers.judge:build", "rewardstack._standins.judge:make_standin",
+    JudgeOptions, "rewardstack._scorers.judge:build", "rewardstack._standins.families:make_judge_standin",
     simulated=Simulated("judge", "AutoModelForCausalLM"),
     modelled=("generation (prefill with logits_to_keep=1, then one decode step per new token)",),
 )
@@ -154,7 +154,7 @@ RELEVANCE = ModelSpec(
     "relevance_filter", "mask", "embedding",
     {"paths": ["bert-base-uncased", "sentence-transformers/all-mpnet-base-v2"], "enabled": True, "dtype": "float32"},
     RelevanceOptions, "rewardstack._scorers.embedding:build_relevance",
-    "rewardstack._standins.embedding:make_relevance_standin", checkpoints=2,
+    "rewardstack._standins.families:make_relevance_standin", checkpoints=2,
     simulated=Simulated("encoder", "AutoModel", "rewardstack._scorers.embedding:pooled"),
 )
 
@@ -162,7 +162,7 @@ DIVERSITY = ModelSpec(
     "diversity_reward_model", "mask", "embedding",
     {"path": "sentence-transformers/all-mpnet-base-v2", "enabled": True, "dtype": "float32"},
     EmbeddingOptions, "rewardstack._scorers.embedding:build_diversity",
-    "rewardstack._standins.embedding:make_diversity_standin",
+    "rewardstack._standins.families:make_diversity_standin",
     simulated=Simulated("encoder", "AutoModel", "rewardstack._scorers.embedding:pooled"),
     embeds_with="relevance_filter[1]",
 )
@@ -170,7 +170,7 @@ DIVERSITY = ModelSpec(
 NSFW = ModelSpec(
     "nsfw_filter", "mask", "classifier",
     {"path": "facebook/roberta-hate-speech-dynabench-r4-target", "enabled": True, "dtype": "float32"},
-    ClassifierOptions, "rewardstack._scorers.classifier:build_nsfw", "rewardstack._standins.classifier:make_nsfw_standin",
+    ClassifierOptions, "rewardstack._scorers.classifier:build_nsfw", "rewardstack._standins.families:make_nsfw_standin",
     simulated=Simulated("classifier", _CLS, "rewardstack._scorers.classifier:hate_value"),
     tokenizer_length=512,
 )

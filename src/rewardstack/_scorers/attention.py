@@ -49,13 +49,6 @@ PROBE_BLOCK = 16
 PROBE_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-@dataclass
-class BlockRows:
-    """The query rows per block, shared by every blocked layer of one model (the budget sets it)."""
-
-    rows: int = ATTENTION_BLOCK
-
-
 class AlibiBias:
     """The `[heads, q, k]` ALiBi bias `-slope * |key pos - query pos|`, built a block of rows at a time.
 
@@ -152,12 +145,10 @@ def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         p = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32)  # == softmax(w.float())
         del w
         p = p.type(value.dtype)
-        if r0 == 0 and r1 == q_len:  # one block: its product is the output (no copy)
+        if out is None:  # one block: its product is the output (no copy)
             return torch.matmul(p, value)
-        assert out is not None
         out[:, :, r0:r1] = torch.matmul(p, value)
         del p
-    assert out is not None
     return out
 
 
@@ -169,10 +160,10 @@ class BlockedAttention(torch.nn.Module):
     `output_attentions` too) and returns `(output, present)` as the original does.
     """
 
-    def __init__(self, original: torch.nn.Module, rows: BlockRows) -> None:
+    def __init__(self, original: torch.nn.Module, choice: AttentionChoice) -> None:
         super().__init__()
         _adopt(self, original)
-        self.block = rows
+        self.block = choice  # its `rows`, shared by every blocked layer of the model, the budget may lower
         self.embed_dim = int(original.embed_dim)
         self.num_heads = int(original.num_heads)
         self.head_dim = int(getattr(original, "head_dim", self.embed_dim // self.num_heads))
@@ -211,22 +202,18 @@ class BlockedAttention(torch.nn.Module):
 
 @dataclass
 class AttentionChoice:
-    """Which attention a model runs, and why; `rows` is shared with its blocked layers."""
+    """Which attention a model runs, and why; its blocked layers read `rows` from it."""
 
     kind: str  # "blocked" or "own"
     reason: str = ""
-    block: BlockRows | None = None
+    rows: int | None = None
+    """Query rows per block (None: the model's own attention)."""
     replaced: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list)
-
-    @property
-    def rows(self) -> int | None:
-        """Query rows per block (None: the model's own attention)."""
-        return self.block.rows if self.block is not None else None
 
     def set_rows(self, rows: int) -> None:
         """Use `rows` query rows per block from the next forward on (no effect on own attention)."""
-        if self.block is not None:
-            self.block.rows = max(1, int(rows))
+        if self.rows is not None:
+            self.rows = max(1, int(rows))
 
     def describe(self) -> str:
         """One phrase for the operator log and `rewardstack plan`."""
@@ -239,7 +226,7 @@ class AttentionChoice:
         for parent, name, original in reversed(self.replaced):
             setattr(parent, name, original)
         self.replaced.clear()
-        self.kind, self.block = "own", None
+        self.kind, self.rows = "own", None
 
 
 def sites(body: torch.nn.Module) -> tuple[list[tuple[torch.nn.Module, str]], str]:
@@ -265,24 +252,6 @@ def sites(body: torch.nn.Module) -> tuple[list[tuple[torch.nn.Module, str]], str
     return out, ""
 
 
-def _swap(body: torch.nn.Module, where: list[tuple[torch.nn.Module, str]], rows: BlockRows) -> list:
-    replaced = [(body, "relative_pe", body.relative_pe)]
-    setattr(body, "relative_pe", LazyAlibi(body.relative_pe))
-    for parent, name in where:
-        original = getattr(parent, name)
-        replaced.append((parent, name, original))
-        setattr(parent, name, BlockedAttention(original, rows))
-    return replaced
-
-
-def _probe_ids(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (2, PROBE_LENGTH), generator=g)
-    mask = torch.ones(2, PROBE_LENGTH, dtype=torch.long)
-    mask[1, PROBE_LENGTH - 7:] = 0  # a right-padded row: the padding mask's path is checked too
-    return ids, mask
-
-
 def _run(body: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     from rewardstack._scorers.prefix import accepts
 
@@ -292,36 +261,36 @@ def _run(body: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.
 
 
 def install(name: str, body: torch.nn.Module, *, rows: int = ATTENTION_BLOCK, verify: bool = True,
-            vocab: int | None = None) -> AttentionChoice:
+            vocab: int | None = None, wanted: bool = True) -> AttentionChoice:
     """Replace `body`'s attention by the blocked one when it applies and (if `verify`) agrees.
 
     `verify=False` installs without the probe (the meta-device simulation, which has no values to
-    compare). The choice is logged under `rewardstack.attention` with its reason.
+    compare); `wanted=False` (the scorer's option `attention = "own"`) keeps the model's own. The
+    choice is logged under `rewardstack.attention` with its reason.
     """
-    where, why = sites(body)
-    if not where:
-        choice = AttentionChoice("own", why)
-        log.info("%s: %s", name, choice.describe())
-        return choice
-    block = BlockRows(max(1, int(rows)))
-    own_out = None
-    if verify:
+    where, why = sites(body) if wanted else ([], 'attention = "own" in the config')
+    if where and verify:
         device = next(body.parameters()).device
-        v = vocab or int(body.get_input_embeddings().weight.shape[0])
-        ids, mask = _probe_ids(v)
+        vocab = vocab or int(body.get_input_embeddings().weight.shape[0])
+        ids = torch.randint(0, vocab, (2, PROBE_LENGTH), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones(2, PROBE_LENGTH, dtype=torch.long)
+        mask[1, PROBE_LENGTH - 7:] = 0  # a right-padded row: the padding mask's path is checked too
         ids, mask = ids.to(device), mask.to(device)
         try:
             own_out = _run(body, ids, mask)
         except Exception as e:  # noqa: BLE001 - the model's own pass failing leaves it as it is
-            choice = AttentionChoice("own", f"load probe: own attention raised {type(e).__name__}: {e}")
-            log.info("%s: %s", name, choice.describe())
-            return choice
-    replaced = _swap(body, where, block)
-    choice = AttentionChoice("blocked", "", block, replaced)
+            where, why = [], f"load probe: own attention raised {type(e).__name__}: {e}"
+    if not where:
+        choice = AttentionChoice("own", why)
+        log.info("%s: %s", name, choice.describe())
+        return choice
+    choice = AttentionChoice("blocked", rows=PROBE_BLOCK if verify else max(1, int(rows)))
+    choice.replaced.append((body, "relative_pe", body.relative_pe))
+    body.relative_pe = LazyAlibi(body.relative_pe)
+    for parent, attr in where:
+        choice.replaced.append((parent, attr, getattr(parent, attr)))
+        setattr(parent, attr, BlockedAttention(getattr(parent, attr), choice))
     if verify:
-        assert own_out is not None
-        dtype = own_out.dtype
-        block.rows = PROBE_BLOCK
         try:
             new_out = _run(body, ids, mask)
             valid = mask.bool()
@@ -331,8 +300,8 @@ def install(name: str, body: torch.nn.Module, *, rows: int = ATTENTION_BLOCK, ve
             err, why = float("nan"), f"{type(e).__name__}: {e}"
         else:
             why = f"relative difference {err:.2g}"
-        block.rows = max(1, int(rows))
-        tol = PROBE_TOLERANCE.get(dtype, 1e-2)
+        choice.rows = max(1, int(rows))
+        tol = PROBE_TOLERANCE.get(own_out.dtype, 1e-2)
         if not err <= tol:  # also NaN
             choice.restore()
             choice.reason = f"load probe: blocked attention differs from the model's own ({why}, tolerance {tol:g})"
@@ -343,8 +312,8 @@ def install(name: str, body: torch.nn.Module, *, rows: int = ATTENTION_BLOCK, ve
     return choice
 
 
-def block_rows_of(model: torch.nn.Module) -> BlockRows | None:
-    """The rows setting shared by a model's blocked layers (None: it runs its own attention)."""
+def block_rows_of(model: torch.nn.Module) -> AttentionChoice | None:
+    """The choice whose `rows` a model's blocked layers share (None: it runs its own attention)."""
     for m in model.modules():
         if isinstance(m, BlockedAttention):
             return m.block
@@ -357,8 +326,4 @@ def attention_of(model: torch.nn.Module) -> str:
         if isinstance(m, BlockedAttention):
             return f"blocked({m.block.rows})"
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if getattr(model, "_supports_sdpa", False) and impl == "sdpa":
-        return "sdpa"
-    if impl == "eager" and getattr(model, "_supports_sdpa", False):
-        return "eager"
-    return "own"
+    return impl if getattr(model, "_supports_sdpa", False) and impl in ("sdpa", "eager") else "own"

@@ -9,13 +9,14 @@ scorers or validators. Batching, placement and OOM recovery are done by the memo
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack._memory.guard import Outcome
     from rewardstack._memory.manager import MemoryManager
     from rewardstack._scorers.loading import ModelCache
 
@@ -37,10 +38,7 @@ class Status:
         """The most severe of several statuses: one completion over every scorer (the stack), or one
         value over its windows or its encoders (the scorers); docs/SEMANTICS.md's order."""
         order = [Status.FAILED, Status.OOM, Status.ERROR, Status.CUT, Status.TRUNCATED, Status.OK]
-        for s in order:
-            if s in statuses:
-                return s
-        return Status.OK
+        return next((s for s in order if s in statuses), Status.OK)
 
 
 @dataclass
@@ -72,13 +70,32 @@ class ScoreResult:
             raise ValueError("scores and statuses differ in length")
 
     @classmethod
-    def failed_only(cls, request: ScoreRequest) -> "ScoreResult":
-        """A result with every completion NaN; failed ones FAILED, others OK (to be filled)."""
+    def failed_only(cls, request: ScoreRequest, status: str = Status.OK) -> "ScoreResult":
+        """A result with every completion NaN; failed ones FAILED, others `status` (OK: to be filled)."""
         n = len(request.completions)
         return cls(
             scores=[math.nan] * n,
-            statuses=[Status.FAILED if c is None else Status.OK for c in request.completions],
+            statuses=[Status.FAILED if c is None else status for c in request.completions],
         )
+
+
+def fill(res: ScoreResult, completions: Sequence[int], outcomes: Sequence["Outcome"], value: Callable[..., float], *,
+         parts: int = 1, cut: Sequence[bool] | None = None) -> ScoreResult:
+    """Write each completion's outcomes into `res`: NaN and the status of its first part that
+    did not run ok, else `value(*its parts' values)`, TRUNCATED where `cut` says so.
+    `outcomes` holds `parts` runs per completion, part by part (Dahoas: every text with the
+    prompt, then every text alone); a status set before (TRUNCATED) stays when all ran ok."""
+    n = len(completions)
+    for k, i in enumerate(completions):
+        mine = [outcomes[p * n + k] for p in range(parts)]
+        failed = next((o.status for o in mine if o.status != Status.OK), None)
+        if failed is not None:
+            res.scores[i], res.statuses[i] = math.nan, failed
+            continue
+        res.scores[i] = value(*(o.value for o in mine))
+        if cut is not None and cut[k]:
+            res.statuses[i] = Status.TRUNCATED
+    return res
 
 
 @dataclass
@@ -102,9 +119,17 @@ class Scorer(ABC):
     the value) and runs only `stateless_part` with the forward passes; `score` alone runs both
     halves against the scorer's own state."""
 
-    @abstractmethod
     def score(self, request: ScoreRequest) -> ScoreResult:
-        """Score every completion of one step; never raises for a bad completion or OOM."""
+        """Score every completion of one step; never raises for a bad completion or OOM.
+
+        A model's scorer fills in `_score_live`; a step without a live completion needs no model."""
+        result = ScoreResult.failed_only(request)
+        live = request.live()
+        return self._score_live(request, live, result) if live else result
+
+    def _score_live(self, request: ScoreRequest, live: list[int], result: ScoreResult) -> ScoreResult:
+        """`score` of a step with live completions (`live`): fill `result` (NaN, FAILED for the others)."""
+        raise NotImplementedError(f"{type(self).__name__} scores through `score`")
 
     def stateless_part(self, request: ScoreRequest) -> list[tuple[Any, str]] | None:
         """A stateful scorer's forward pass: one (value, status) per live completion for the state to

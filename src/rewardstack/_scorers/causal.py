@@ -7,23 +7,22 @@ completion's outcome back: its value, or NaN and the status of the part that did
 base holds those parts; a family keeps its model, its input and its number.
 
 A family that scores through `PrefixRunner` (`prefix.py`) sets, at load, `body`, `vocab`,
-`fill_id` and `use_prefix`, and says what runs after the prefix (`_profile_forward`); the
-profile's dummy passes then take its own path, prefix cache included.
+`fill_id` and `use_prefix`, and says what runs after the prefix (`_profile_forward(runner, ids)`:
+its scoring forward on `ids`); the profile's dummy passes then take its own path, prefix cache
+included. A family that profiles otherwise (the judge's generation) replaces `_dummy` instead.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack._hub import load_source
 from rewardstack._memory.calibration import Profile
-from rewardstack._memory.guard import Outcome
-from rewardstack._scorers.base import Runtime, Scorer, ScoreResult, Status
-from rewardstack._scorers.prefix import PrefixRunner, dummy_ids, profile_runner
+from rewardstack._scorers.base import Runtime, Scorer, fill
+from rewardstack._scorers.prefix import dummy_ids, profile_runner
 
 
 class CausalScorer(Scorer):
@@ -80,25 +79,4 @@ class CausalScorer(Scorer):
             runner.state()
         return lambda: self._profile_forward(runner, ids)
 
-    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> object:
-        """What a profile pass runs after the prefix: the family's scoring forward on `ids`."""
-        raise NotImplementedError(f"{type(self).__name__} profiles through its own `_dummy`")
-
-    @staticmethod
-    def _fill(res: ScoreResult, completions: Sequence[int], outcomes: Sequence[Outcome],
-              value: Callable[..., float], *, parts: int = 1, cut: Sequence[bool] | None = None) -> ScoreResult:
-        """Write each completion's outcomes into `res`: NaN and the status of its first part that
-        did not run ok, else `value(*its parts' values)`, TRUNCATED where `cut` says so.
-        `outcomes` holds `parts` runs per completion, part by part (Dahoas: every text with the
-        prompt, then every text alone); a status set before (TRUNCATED) stays when all ran ok."""
-        n = len(completions)
-        for k, i in enumerate(completions):
-            mine = [outcomes[p * n + k] for p in range(parts)]
-            failed = next((o.status for o in mine if o.status != Status.OK), None)
-            if failed is not None:
-                res.scores[i], res.statuses[i] = math.nan, failed
-                continue
-            res.scores[i] = value(*(o.value for o in mine))
-            if cut is not None and cut[k]:
-                res.statuses[i] = Status.TRUNCATED
-        return res
+    _fill = staticmethod(fill)  # the outcome unpacking every causal family ends with (`base.fill`)

@@ -20,9 +20,10 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack._hub import load_source
+from rewardstack._memory.guard import Outcome
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
-from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status, fill
 from rewardstack._scorers.encoding import head_for_tokens
 from rewardstack._models import NSFW, OPENASSISTANT
 
@@ -60,16 +61,6 @@ class _Classifier(Scorer):
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
 
-    def _calibrate(self, head: Any) -> None:
-        token = min(1000, self.model.config.vocab_size - 1)
-        tuned = self.cfg.options.max_batch_tokens is None  # a size set in the config is kept
-
-        def set_pass_tokens(n: int) -> None:
-            self.max_tokens = n
-
-        enc.calibrate(self.runtime, self.name, self.model, head, self.max_length, token,
-                      pass_tokens=self.max_tokens, set_pass_tokens=set_pass_tokens if tuned else None)
-
 
 class OpenAssistantScorer(_Classifier):
     """`rlhf_reward_model`: DeBERTa-v3 reward on the (prompt, completion) pair, bounded length."""
@@ -78,7 +69,7 @@ class OpenAssistantScorer(_Classifier):
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         super().__init__(OPENASSISTANT.name, cfg, runtime, OA_TRAINED_LENGTH)
-        self._calibrate(first_logit)
+        enc.calibrate(self, first_logit, tune=cfg.options.max_batch_tokens is None)  # a size set in the config is kept
 
     def encode(self, prompt: str, texts: list[str], bound: int) -> tuple[list[list[int]], list[list[int]] | None, list[bool]]:
         """Pair ids (and token types) per text, cut to `bound`; and whether each was cut."""
@@ -110,13 +101,10 @@ class OpenAssistantScorer(_Classifier):
                     types[j] = short["token_type_ids"][k]
         return ids, types, cut
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        result = ScoreResult.failed_only(request)
-        live = request.live()
-        if not live:
-            return result
+    def _score_live(self, request: ScoreRequest, live: list[int], result: ScoreResult) -> ScoreResult:
         texts = list(dict.fromkeys(request.completions[i] for i in live))  # identical texts scored once
-        first = enc.first_completion(request.completions, live)
+        # Each text's first completion index: the telemetry names its row by it.
+        first = {request.completions[i]: i for i in reversed(live)}
         cut: list[bool] = []
         failed: list[Exception] = []
 
@@ -133,18 +121,9 @@ class OpenAssistantScorer(_Classifier):
 
         outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=self.max_length)
         if failed:
-            for i in live:
-                result.statuses[i] = Status.ERROR
-            return result
-        by_text = {t: (o, c) for t, o, c in zip(texts, outcomes, cut)}
-        for i in live:
-            o, c = by_text[request.completions[i]]  # type: ignore[index]
-            if o.status != Status.OK:
-                result.statuses[i] = o.status
-                continue
-            result.scores[i] = float(o.value)
-            result.statuses[i] = Status.TRUNCATED if c else Status.OK
-        return result
+            return ScoreResult.failed_only(request, Status.ERROR)
+        ks = [texts.index(request.completions[i]) for i in live]  # type: ignore[arg-type]
+        return fill(result, live, [outcomes[k] for k in ks], float, cut=[cut[k] for k in ks])
 
 
 class NSFWMask(_Classifier):
@@ -155,24 +134,17 @@ class NSFWMask(_Classifier):
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         super().__init__(NSFW.name, cfg, runtime, None)
         # The spec's window is 512 ids; an explicit max_length (or a shorter model) changes it.
-        self.window = int(cfg.max_length) if cfg.max_length else min(NSFW_WINDOW, self.max_length)
-        self.max_length = self.window
+        self.max_length = self.window = int(cfg.max_length) if cfg.max_length else min(NSFW_WINDOW, self.max_length)
         self.max_tokens = cfg.options.max_batch_tokens or enc.default_pass_tokens(self.window, runtime.device)
-        self._calibrate(hate_value)
+        enc.calibrate(self, hate_value, tune=cfg.options.max_batch_tokens is None)
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        result = ScoreResult.failed_only(request)
-        live = request.live()
-        if not live:
-            return result
+    def _score_live(self, request: ScoreRequest, live: list[int], result: ScoreResult) -> ScoreResult:
         texts = list(dict.fromkeys(request.completions[i] for i in live))
         try:
             all_ids = self.tokenizer(texts)["input_ids"]
         except Exception:  # noqa: BLE001
-            for i in live:
-                result.statuses[i] = Status.ERROR
-            return result
-        first = enc.first_completion(request.completions, live)
+            return ScoreResult.failed_only(request, Status.ERROR)
+        first = {request.completions[i]: i for i in reversed(live)}  # each text's first completion
         owner: list[int] = []
         width = self.window
 
@@ -197,24 +169,13 @@ class NSFWMask(_Classifier):
                 status[t] = Status.worst([status[t], o.status])
             else:
                 worst[t] = max(worst[t], float(o.value))
-        recut = width < self.window
-        by_text = {}
-        for t, text in enumerate(texts):
-            if status[t] != Status.OK:
-                by_text[text] = (math.nan, status[t])
-            else:
-                st = Status.TRUNCATED if recut and len(all_ids[t]) > width else Status.OK
-                by_text[text] = (0.0 if worst[t] > NSFW_THRESHOLD else 1.0, st)
-        for i in live:
-            result.scores[i], result.statuses[i] = by_text[request.completions[i]]  # type: ignore[index]
-        return result
+        recut = width < self.window  # the budget re-cut the windows: a longer text lost its whole-window reading
+        ks = [texts.index(request.completions[i]) for i in live]  # type: ignore[arg-type]
+        masks = [Outcome(0.0 if worst[t] > NSFW_THRESHOLD else 1.0, status[t]) for t in ks]
+        return fill(result, live, masks, float, cut=[recut and len(all_ids[t]) > width for t in ks])
 
 
-def build_openassistant(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The `rlhf_reward_model` scorer."""
-    return OpenAssistantScorer(cfg, runtime)
-
-
-def build_nsfw(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The `nsfw_filter` mask."""
-    return NSFWMask(cfg, runtime)
+build_openassistant = OpenAssistantScorer
+"""The registry's builder of the `rlhf_reward_model` scorer."""
+build_nsfw = NSFWMask
+"""The registry's builder of the `nsfw_filter` mask."""

@@ -21,7 +21,6 @@ reference did not truncate (its padding is to 550 with truncation off).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,14 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.errors import ModelLoadError
-from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
+from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.encoding import head_for_tokens
 from rewardstack._scorers.kvcache import choose_path
-from rewardstack._scorers.loading import load_checkpoint_file, load_into_empty_model, torch_dtype
+from rewardstack._scorers.loading import DTYPE_BY_NAME, load_checkpoint_file, load_into_empty_model
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.costmodel import PADDING_SLACK
-from rewardstack._scorers.prefix import PrefixRunner, model_device, padding_groups, split_prefix
+from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 from rewardstack._models import DAHOAS
 
 
@@ -80,7 +79,7 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
 
     folder = _local_folder(str(cfg.path), cfg.locked.get(str(cfg.path), cfg.revision))  # locked commit first
     base = cfg.options.base_config
-    dtype = torch_dtype(cfg.dtype, runtime.device)
+    dtype = DTYPE_BY_NAME[cfg.dtype]
     has_tok = (folder / "tokenizer_config.json").exists()
     base_rev = cfg.locked.get(base)  # the lock file pins the base config's hub id too
     tokenizer = runtime.models.tokenizer(str(folder)) if has_tok else runtime.models.tokenizer(base, revision=base_rev)
@@ -126,9 +125,6 @@ class DahoasScorer(CausalScorer):
     def modules(self) -> list[torch.nn.Module]:
         return [self.body, self.head]
 
-    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
-        return self._forward(runner, ids)
-
     def _forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
         """Values at the last token of each (already cut) input."""
         h, _ = runner.run([x[runner.length :] for x in ids])
@@ -136,11 +132,9 @@ class DahoasScorer(CausalScorer):
         last = torch.tensor([len(x) - 1 for x in ids], device=device)
         return self.head(runner.rows(h, torch.arange(len(ids), device=device), last))[:, 0].float().tolist()
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        res = ScoreResult.failed_only(request)
-        live = request.live()
-        if not live:
-            return res
+    _profile_forward = _forward  # the profile runs the scoring forward itself
+
+    def _score_live(self, request: ScoreRequest, live: list[int], res: ScoreResult) -> ScoreResult:
         comps = [request.completions[i] for i in live]
         n = len(live)
         cut = [False] * (2 * n)
@@ -159,25 +153,19 @@ class DahoasScorer(CausalScorer):
                 x = x[: read_position(x, self.eos_id) + 1]  # positions after it cannot change its value
                 cut[k] = len(x) > cap
                 ids.append(x[:cap])
-            runners = []
-            for group in (ids[:n], ids[n:]):  # with-prompt texts share more than without
-                prefix, _ = split_prefix(group, self.use_prefix)
-                runners.append(PrefixRunner(self.body, prefix, pad_id=self.fill_id))
+            # With-prompt texts share more than without: each group runs its own prefix.
+            runners = [PrefixRunner(self.body, split_prefix(group, self.use_prefix)[0], pad_id=self.fill_id)
+                       for group in (ids[:n], ids[n:])]
+            lengths = [len(x) for x in ids]
 
             def forward(batch: list[int]) -> list[float]:
-                out = [math.nan] * len(batch)
-                for part in (0, 1):
-                    sel = [g for g, j in enumerate(batch) if (j >= n) == bool(part)]
-                    if not sel:
-                        continue
-                    for group in padding_groups([len(ids[batch[g]]) for g in sel]):
-                        members = [sel[g] for g in group]
-                        vals = self._forward(runners[part], [ids[batch[m]] for m in members])
-                        for m, v in zip(members, vals):
-                            out[m] = v
-                return out
+                out: dict[int, float] = {}
+                for part, runner in enumerate(runners):
+                    sel = [j for j in batch if (j >= n) == bool(part)]
+                    out.update(zip(sel, run_in_groups(sel, lengths, lambda js: self._forward(runner, [ids[j] for j in js]))))
+                return [out[j] for j in batch]
 
-            return Pass([len(x) for x in ids], forward, max_batch=self.max_batch, slack=PADDING_SLACK,
+            return Pass(lengths, forward, max_batch=self.max_batch, slack=PADDING_SLACK,
                         prepare=lambda: [r.state() for r in runners], completions=live + live)
 
         outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=self.max_len)
@@ -186,6 +174,5 @@ class DahoasScorer(CausalScorer):
                           cut=[cut[k] or cut[n + k] for k in range(n)])
 
 
-def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The Dahoas scorer for `cfg` (a folder or hub id holding body + value head weights)."""
-    return DahoasScorer(cfg, runtime)
+build = DahoasScorer
+"""The registry's builder: the Dahoas scorer for a folder or hub id holding body + value head weights."""

@@ -29,7 +29,6 @@ scores requests.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Sequence
 
@@ -37,33 +36,21 @@ import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack._models import DPO
-from rewardstack._scorers.attention import AttentionChoice
 from rewardstack._scorers.attention import install as install_attention
-from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.encoding import head_for_tokens, pad_rows, sane_max_length
 from rewardstack._scorers.dpo_chunks import ChunkPolicy, tune_chunk
 from rewardstack._scorers.dpo_numerics import (  # noqa: F401 - re-exported: the scorer's numerics
-    LOW,
-    PENALTY,
-    SAFE_EXP,
-    LogitHead,
-    PenaltyShapes,
-    PenaltyValues,
-    chunked_logprobs,
-    logits_scale,
-    lse_inplace,
-)
+    LOW, PENALTY, SAFE_EXP, LogitHead, PenaltyShapes, chunked_logprobs, logits_scale)
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.costmodel import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
 
-log = logging.getLogger(__name__)
-
 # The numerics are re-exported: callers (the simulation, the GPU check, tests) name them `dpo.X`.
-__all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "PenaltyShapes", "PenaltyValues", "chunked_logprobs",
-           "logits_scale", "lse_inplace", "DpoScorer", "build"]
+__all__ = ["LOW", "PENALTY", "SAFE_EXP", "LogitHead", "PenaltyShapes", "chunked_logprobs", "logits_scale",
+           "DpoScorer", "build"]
 
 
 class DpoScorer(CausalScorer):
@@ -81,32 +68,30 @@ class DpoScorer(CausalScorer):
         self.scale = logits_scale(self.model)
         self.max_len = sane_max_length(self.tokenizer, self.model.config, cfg.max_length)
         opts = cfg.options
-        # logits_chunk bounds the [rows, V] buffer (memory); within it the fastest row count is
-        # measured at load (on CPU a cache-sized chunk is ~4x faster than 512 rows).
-        max_chunk = opts.logits_chunk
         self.vocab = int(self.lm_head.weight.shape[0])
         self.logit_head = LogitHead(self.lm_head, self.scale)
-        tune = opts.tune_logits_chunk
         # The shared prefix needs cache objects: a legacy-cache model runs full sequences.
         self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=opts.shared_prefix)
         # Models whose own attention builds [heads, L, L] scores (BTLM's ALiBi) run it in blocks of
         # query rows when the load probe agrees (`attention.install`); `attention = "own"` opts out.
-        if opts.attention == "own":
-            self.attention = AttentionChoice("own", "attention = \"own\" in the config")
-            log.info("%s: %s", self.name, self.attention.describe())
-        else:
-            self.attention = install_attention(self.name, self.body, rows=opts.attention_block, vocab=self.vocab)
+        self.attention = install_attention(self.name, self.body, rows=opts.attention_block, vocab=self.vocab,
+                                           wanted=opts.attention != "own")
         pad = self.tokenizer.pad_token_id
         self.fill_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        # `tune` runs with the calibration (on the device the model runs on), or the calibration
-        # cache gives the chunk it found before; a tight budget may lower both knobs per call.
-        self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=max_chunk, max_len=self.max_len,
-                                  calib_len=self.calib_len, attention=self.attention)
-        device_of = lambda: model_device(self.model)  # noqa: E731 - placement may have moved it
-        self._calibrate(
-            max_batch=16, prefixed=True, chunk=self.chunks.chunk, chunk_rows=True,
-            tune=(lambda: {"chunk": tune_chunk(self.logit_head, device_of(), max_chunk, self.chunks.timings)}) if tune else None,
-            apply=self.chunks.apply, then=self.chunks.measure_for_budget)
+        # logits_chunk bounds the [rows, V] buffer (memory); within it the fastest row count is
+        # measured at load (on CPU a cache-sized chunk is ~4x faster than 512 rows). `tune` runs with
+        # the calibration (on the device the model runs on now: placement may have moved it), or the
+        # calibration cache gives the chunk it found before; a tight budget may lower both knobs per call.
+        self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=opts.logits_chunk,
+                                  max_len=self.max_len, calib_len=self.calib_len, attention=self.attention)
+
+        def tune() -> dict[str, int]:
+            device = model_device(self.model)
+            return {"chunk": tune_chunk(self.logit_head, device, opts.logits_chunk, self.chunks.timings)}
+
+        self._calibrate(max_batch=16, prefixed=True, chunk=self.chunks.chunk, chunk_rows=True,
+                        tune=tune if opts.tune_logits_chunk else None, apply=self.chunks.apply,
+                        then=self.chunks.measure_for_budget)
 
     def attention_info(self) -> str:
         return self.attention.describe()
@@ -119,8 +104,7 @@ class DpoScorer(CausalScorer):
     def _forward(self, runner: PrefixRunner, ids: Sequence[list[int]], plens: Sequence[int]) -> list[float]:
         """Scores of sequences `ids` (full ids, prefix included) run against the runner's prefix."""
         device = model_device(self.model)
-        c = runner.length
-        h, _ = runner.run([x[c:] for x in ids])
+        h, _ = runner.run([x[runner.length :] for x in ids])
         n = torch.tensor([len(x) for x in ids], device=device)
         padded = pad_rows(ids, self.fill_id)[0]
         hidden_at = lambda s, p: runner.rows(h, s, p)  # noqa: E731
@@ -130,14 +114,11 @@ class DpoScorer(CausalScorer):
         )
         return out.tolist()
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        res = ScoreResult.failed_only(request)
-        live = request.live()
+    def _score_live(self, request: ScoreRequest, live: list[int], res: ScoreResult) -> ScoreResult:
         todo = []
         for i in live:
             c = request.completions[i]
-            assert c is not None
-            if c.strip() == "" or len(c) <= 5:
+            if c.strip() == "" or len(c) <= 5:  # type: ignore[union-attr]
                 res.scores[i] = LOW
             else:
                 todo.append(i)
@@ -159,9 +140,7 @@ class DpoScorer(CausalScorer):
             cap = min(self.max_len, allowance.cap)
             ids: list[list[int]] = []
             for i, x in zip(todo, enc):
-                if len(x) > self.max_len:
-                    res.statuses[i] = Status.TRUNCATED
-                if len(x) > cap:  # the budget cannot hold it whole: cut further (not the spec's number)
+                if len(x) > cap:  # past the bound, or past what the budget holds (not the spec's number)
                     res.statuses[i] = Status.TRUNCATED
                 if cap <= p < len(x):
                     # The budget cannot hold one completion token after the prompt: not scored (a -11
@@ -188,7 +167,7 @@ class DpoScorer(CausalScorer):
                         prefix=min(runner.length, p), completions=keep)
 
         longest = min(self.max_len, max(len(x) for x in enc))
-        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=longest, settings=self.chunks.settings())
+        outcomes = self.runtime.memory.run_pass(self.name, inputs, upper=longest, settings=list(self.chunks.names))
         return self._fill(res, keep, outcomes, _finite_or_low)
 
 
@@ -198,6 +177,5 @@ def _finite_or_low(value: float) -> float:
     return v if math.isfinite(v) else LOW
 
 
-def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The DPO scorer for `cfg` (a causal LM checkpoint)."""
-    return DpoScorer(cfg, runtime)
+build = DpoScorer
+"""The registry's builder: the DPO scorer for a causal LM checkpoint."""

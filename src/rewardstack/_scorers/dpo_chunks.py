@@ -55,16 +55,15 @@ def tune_chunk(head: LogitHead, device: torch.device, max_chunk: int, timings: d
     plens = torch.ones(b, dtype=torch.long, device=device)
     lengths = torch.full((b,), n, dtype=torch.long, device=device)
     hidden_at = lambda s, p: hidden[s, p]  # noqa: E731
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None  # a GPU runs asynchronously
     with torch.inference_mode():
         for c in cands:
             best = math.inf
             for _ in range(2):
-                if device.type == "cuda":  # pragma: no cover - GPU only
-                    torch.cuda.synchronize(device)
+                sync(device)
                 t = time.perf_counter()
                 chunked_logprobs(hidden_at, head, ids, plens, lengths, c)
-                if device.type == "cuda":  # pragma: no cover
-                    torch.cuda.synchronize(device)
+                sync(device)
                 best = min(best, time.perf_counter() - t)
             timings[c] = best
     return min(cands, key=lambda c: timings[c])
@@ -94,12 +93,6 @@ class ChunkPolicy:
     def apply(self, settings: dict) -> None:
         """The tuned logits chunk, measured now or read from the calibration cache."""
         self.chunk = self.tuned_chunk = int(settings.get("chunk", self.max_chunk))
-
-    def calibration_name(self, chunk: int, rows: int | None) -> str:
-        """The calibration's name of a setting (at the load-time attention block, the chunk alone)."""
-        if rows == self.tuned_rows:
-            return f"{self.name}[chunk={chunk}]"
-        return f"{self.name}[chunk={chunk},block={rows}]"
 
     def ladder(self) -> Iterator[tuple[int, int | None]]:
         """The settings below the tuned one, in the order they are tried: the attention block
@@ -132,7 +125,8 @@ class ChunkPolicy:
             if rows == self.tuned_rows and chunk > MIN_CHUNK and max_fitting_length(
                     guess, memory.free_bytes(), memory.margin, self.calib_len) < self.calib_len:
                 continue  # even the guess says no: the next setting, without profiling this one
-            name = self.calibration_name(chunk, rows)
+            # The calibration's name of the setting (at the load-time attention block, the chunk alone).
+            name = f"{self.name}[chunk={chunk}" + ("]" if rows == self.tuned_rows else f",block={rows}]")
             log.info("%s: profiling the %d-row logits chunk%s the budget needs", self.name, chunk,
                      f" and {rows}-row attention blocks" if rows is not None else "")
             self.use((chunk, rows))
@@ -141,10 +135,6 @@ class ChunkPolicy:
             self.names[name] = (chunk, rows)
             cap = max(cap, memory.length_cap(name, self.calib_len))
         self.use((self.tuned_chunk, self.tuned_rows))
-
-    def settings(self) -> list[str]:
-        """The measured settings below the tuned one, in the order a step tries them."""
-        return list(self.names)
 
     def use(self, setting: str | tuple[int, int | None]) -> None:
         """Run with a setting: its logits chunk and attention rows, by value or by calibration name

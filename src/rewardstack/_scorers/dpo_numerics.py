@@ -47,10 +47,8 @@ class LogitHead:
         self.scale = float(scale)
         self.vocab = int(self.weight.shape[0])
         self.dtype = self.weight.dtype  # the logits' dtype: the penalty and the sum round to it
-        w = self.weight.detach().float()
-        self._wmax = float(w.norm(dim=1).max())
+        self._wmax = float(self.weight.detach().float().norm(dim=1).max())  # the float32 copy is freed at once
         self._bmax = float(self.bias.detach().float().abs().max()) if self.bias is not None else 0.0
-        del w
 
     def __call__(self, h: torch.Tensor, out: torch.Tensor) -> None:
         w = self.weight

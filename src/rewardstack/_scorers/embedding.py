@@ -45,8 +45,7 @@ Embedding = tuple["torch.Tensor | None", str]  # (vector on CPU, status)
 class EmbeddingCache:
     """A bounded LRU of text embeddings, keyed by (embedder key, length used, text digest)."""
 
-    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
-        self.max_entries = max_entries
+    def __init__(self) -> None:
         self._data: OrderedDict[tuple, Embedding] = OrderedDict()
 
     def get(self, key: tuple) -> Embedding | None:
@@ -58,7 +57,7 @@ class EmbeddingCache:
     def put(self, key: tuple, value: Embedding) -> None:
         self._data[key] = value
         self._data.move_to_end(key)
-        while len(self._data) > self.max_entries:
+        while len(self._data) > CACHE_ENTRIES:
             self._data.popitem(last=False)
 
     def clear(self) -> None:
@@ -78,31 +77,28 @@ def _digest(text: str) -> bytes:
 
 
 def pooled(out: Any, mask: torch.Tensor) -> torch.Tensor:
-    # Mean-pool then L2-normalize per row (a window for model 1, a whole text for model 2).
-    return F.normalize(enc.mean_pool(out[0], mask), p=2, dim=1)
+    # Mean-pool over the attention mask (the sentence-transformers pooling), then L2-normalize per
+    # row (a window for model 1, a whole text for model 2).
+    m = mask.unsqueeze(-1).to(out[0].dtype)
+    return F.normalize((out[0] * m).sum(1) / m.sum(1).clamp(min=1e-9), p=2, dim=1)
 
 
 class Embedder:
     """One encoder checkpoint: windowed (relevance model 1) or truncated (model 2, diversity)."""
 
-    def __init__(self, runtime: Runtime, path: str, dtype: str, *, windowed: bool, name: str,
-                 override: int | None = None, revision: str | None = None, max_batch_tokens: int | None = None) -> None:
+    def __init__(self, runtime: Runtime, cfg: ModelConfig, path: str, *, windowed: bool, name: str) -> None:
         from transformers import AutoModel
 
+        source, how = load_source(cfg, path)  # a locked commit's snapshot, or the hub id as given
+        revision, pass_tokens = how.get("revision"), cfg.options.max_batch_tokens
         self.runtime, self.windowed, self.name = runtime, windowed, name
-        self.key = (path, dtype, revision, windowed)
-        self.tokenizer, self.model = runtime.models.pretrained(path, AutoModel, dtype=dtype, revision=revision)
-        self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, override)
-        self.max_tokens = max_batch_tokens or enc.default_pass_tokens(self.max_length, runtime.device)
+        self.key = (source, cfg.dtype, revision, windowed)
+        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModel, dtype=cfg.dtype, revision=revision)
+        self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, cfg.max_length)
+        self.max_tokens = pass_tokens or enc.default_pass_tokens(self.max_length, runtime.device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.cache: EmbeddingCache = runtime.options.setdefault("embedding_cache", EmbeddingCache())
-        token = min(1000, self.model.config.vocab_size - 1)
-
-        def set_pass_tokens(n: int) -> None:
-            self.max_tokens = n
-
-        enc.calibrate(runtime, name, self.model, pooled, self.max_length, token, pass_tokens=self.max_tokens,
-                      set_pass_tokens=set_pass_tokens if max_batch_tokens is None else None)  # a size set in the config is kept
+        enc.calibrate(self, pooled, tune=pass_tokens is None)  # a size set in the config is kept
 
     @classmethod
     def shared(cls, runtime: Runtime, path: str, cfg: ModelConfig, *, windowed: bool, name: str) -> "Embedder":
@@ -110,9 +106,7 @@ class Embedder:
         pool = runtime.options.setdefault("embedders", {})
         key = (path, cfg.dtype, cfg.revision, windowed, cfg.max_length)
         if key not in pool:
-            source, how = load_source(cfg, path)  # a locked commit's snapshot, or the hub id as given
-            pool[key] = cls(runtime, source, cfg.dtype, windowed=windowed, name=name, override=cfg.max_length,
-                            revision=how.get("revision"), max_batch_tokens=cfg.options.max_batch_tokens)
+            pool[key] = cls(runtime, cfg, path, windowed=windowed, name=name)
         return pool[key]
 
     def embed(self, texts: list[str], completions: Sequence[int | None] | None = None) -> list[Embedding]:
@@ -176,23 +170,14 @@ class Embedder:
             statuses[t].append(Status.TRUNCATED if o.status == Status.OK and cut and len(row) >= length else o.status)
             if o.status == Status.OK:
                 parts[t].append(o.value)
-        result: list[Embedding] = []
-        for t in range(n):
-            st = Status.worst(statuses[t])  # of its windows
-            if st not in Status.SCORED:
-                result.append((None, st))
-            else:  # the mean of the window vectors, not re-normalized (one window: itself)
-                result.append((torch.stack(parts[t]).mean(0), st))
-        return result
+        worst = [Status.worst(st) for st in statuses]  # of its windows
+        # A scored text's vector: the mean of its window vectors, not re-normalized (one window: itself).
+        return [(torch.stack(p).mean(0) if st in Status.SCORED else None, st) for p, st in zip(parts, worst)]
 
 
 def relevance_similarity(prompt_vec: torch.Tensor, vec: torch.Tensor) -> float:
     """Relevance model 2's score: |cosine(base prompt embedding, completion embedding)|."""
     return abs(float(F.cosine_similarity(prompt_vec, vec, dim=0)))
-
-
-def _merge(*statuses: str) -> str:
-    return Status.worst(statuses)
 
 
 class RelevanceMask(Scorer):
@@ -211,11 +196,7 @@ class RelevanceMask(Scorer):
     def modules(self) -> list[torch.nn.Module]:
         return [self.first.model, self.second.model]
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        result = ScoreResult.failed_only(request)
-        live = request.live()
-        if not live:
-            return result
+    def _score_live(self, request: ScoreRequest, live: list[int], result: ScoreResult) -> ScoreResult:
         texts: list[str] = [request.completions[i] for i in live]  # type: ignore[misc]
         # The base prompt is embedded once per step, in the same passes as the completions.
         (p1, ps1), *e1 = self.first.embed([request.prompt] + texts, [None, *live])
@@ -225,7 +206,7 @@ class RelevanceMask(Scorer):
                 result.statuses[i] = ps1 if p1 is None else st
                 continue
             s1 = -float(((v - p1) ** 2).mean().sqrt())
-            result.statuses[i] = _merge(ps1, st)
+            result.statuses[i] = Status.worst([ps1, st])
             if s1 < self.bounds[0]:
                 result.scores[i] = 0.0  # stop: model 2 never sees it
             else:
@@ -240,7 +221,7 @@ class RelevanceMask(Scorer):
                 continue
             s2 = relevance_similarity(p2, v)
             result.scores[i] = 0.0 if s2 < self.bounds[1] else 1.0
-            result.statuses[i] = _merge(result.statuses[i], ps2, st)
+            result.statuses[i] = Status.worst([result.statuses[i], ps2, st])
         return result
 
 
@@ -324,11 +305,12 @@ class DiversityHistory:
         self.history = t[-HISTORY_MAX:].clone() if t.ndim == 2 and t.shape[0] > 0 else None
 
 
-class DiversityMask(Scorer):
+class DiversityMask(DiversityHistory, Scorer):
     """`diversity_reward_model`: far from the other completions and from recent history.
 
     Split in two for the stack: `stateless_part` is the forward pass (the embeddings),
-    `DiversityHistory.score` the stateful rest. Used alone, the scorer keeps one `DiversityHistory`.
+    `DiversityHistory.score` the stateful rest (the stack runs it on the history it keeps). Used
+    alone, the scorer is its own `DiversityHistory`: its `history`, `state_dict` and `load_state_dict`.
     """
 
     name = DIVERSITY.name
@@ -337,12 +319,8 @@ class DiversityMask(Scorer):
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         assert cfg.path, f"{self.name}: no path"
+        super().__init__()
         self.embedder = Embedder.shared(runtime, cfg.path, cfg, windowed=False, name=self.name)
-        self.state = DiversityHistory()
-
-    @property
-    def history(self) -> torch.Tensor | None:
-        return self.state.history
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.embedder.model]
@@ -354,21 +332,11 @@ class DiversityMask(Scorer):
             return []
         return self.embedder.embed([request.completions[i] for i in live], live)  # type: ignore[misc]
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        return self.state.score(request, self.stateless_part(request))
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state.load_state_dict(state)
+    def score(self, request: ScoreRequest) -> ScoreResult:  # type: ignore[override] - the Scorer's score
+        return DiversityHistory.score(self, request, self.stateless_part(request))
 
 
-def build_relevance(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The `relevance_filter` mask."""
-    return RelevanceMask(cfg, runtime)
-
-
-def build_diversity(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The `diversity_reward_model` mask."""
-    return DiversityMask(cfg, runtime)
+build_relevance = RelevanceMask
+"""The registry's builder of the `relevance_filter` mask."""
+build_diversity = DiversityMask
+"""The registry's builder of the `diversity_reward_model` mask."""

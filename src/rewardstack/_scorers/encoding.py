@@ -48,6 +48,7 @@ characters, doubling, so the work is a small multiple of what the bound keeps.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -57,8 +58,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewardstack._memory.calibration import Profile
+from rewardstack._memory.costmodel import _greedy_groups
 from rewardstack._memory.manager import Pass
-from rewardstack._scorers.base import Runtime
 
 SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 says 1e30) is not believed
 # Families whose position ids start at padding_idx + 1: two position rows are never usable.
@@ -130,63 +131,48 @@ def pad_batch(
 ) -> dict[str, torch.Tensor]:
     """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device."""
     ids, mask = pad_rows(rows, pad_id)
-    tt = pad_rows(types, 0, width=ids.shape[1])[0] if types is not None else None
     device = model_device(model)
     batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-    if tt is not None and accepts(model, "token_type_ids"):
-        batch["token_type_ids"] = tt.to(device)
+    if types is not None and accepts(model, "token_type_ids"):
+        batch["token_type_ids"] = pad_rows(types, 0, width=ids.shape[1])[0].to(device)
     return batch
 
 
-def calibrate(
-    runtime: Runtime,
-    name: str,
-    model: torch.nn.Module,
-    head: Callable[[Any, torch.Tensor], torch.Tensor],
-    max_length: int,
-    token_id: int,
-    *,
-    pass_tokens: int,
-    set_pass_tokens: Callable[[int], None] | None = None,
-) -> None:
-    """Fit the cost model of `name` from measured peaks of dummy passes (once per name).
+def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, tune: bool) -> None:
+    """Fit the cost model of the encoder scorer `owner` (its `runtime`, `name`, `model`, `max_length`
+    and `max_tokens`) from measured peaks of dummy passes (once per name).
 
-    `pass_tokens` is the scorer's cap on the tokens of one padded pass. With `set_pass_tokens`
-    (the cap was not set in the config) and on CPU, the cap is tuned first (`tune_pass_tokens`)
-    and handed back, from the calibration cache on a warm start. The profiled shapes reach the
+    `owner.max_tokens` is the scorer's cap on the tokens of one padded pass. With `tune` (the cap
+    was not set in the config) and on CPU, the cap is tuned first (`tune_pass_tokens`) and set on
+    `owner`, from the calibration cache on a warm start. The profiled shapes reach the
     cap with batches of short inputs: the planner admits no shape wider than the widest profiled,
     so a grid of batches up to 4 held every pass of short inputs to 4 rows, and on a small model
     the per-pass overhead then cost 2-3x the floor (docs/LOG.md, 2026-11-30).
     """
-    if name in runtime.memory.cost_models:
+    runtime, model, max_length, pass_tokens = owner.runtime, owner.model, owner.max_length, owner.max_tokens
+    if owner.name in runtime.memory.cost_models:
         return  # a checkpoint shared by two scorers is profiled once
+    token_id = min(1000, model.config.vocab_size - 1)
 
-    def run(b: int, length: int) -> None:
+    def run(b: int, length: int, padded: bool = True) -> None:
         batch = pad_batch(model, [[token_id] * length] * b, 0, [[0] * length] * b)
-        if length > 1:
+        if padded and length > 1:
             # One padded position, as real batches have: the attention mask is then built (sdpa
             # drops an all-ones mask), the path scoring takes; a lone input only costs less.
             batch["attention_mask"][-1, -1] = 0
         head(model(**batch), batch["attention_mask"])
 
-    def lone(length: int) -> None:  # a batch of one is never padded: no mask is built
-        batch = pad_batch(model, [[token_id] * length], 0, [[0] * length])
-        head(model(**batch), batch["attention_mask"])
-
-    tune = None
-    if set_pass_tokens is not None and runtime.device.type == "cpu":
-        def tune() -> dict[str, Any]:
-            return {"pass_tokens": tune_pass_tokens(run, max_length)}
-
     def apply(settings: dict[str, Any]) -> None:
-        if set_pass_tokens is not None and "pass_tokens" in settings:
-            set_pass_tokens(int(settings["pass_tokens"]))
+        if tune and "pass_tokens" in settings:
+            owner.max_tokens = int(settings["pass_tokens"])
 
     def shapes(settings: dict[str, Any]) -> list[tuple[int, int]]:
         return pass_shapes(max_length, int(settings.get("pass_tokens", pass_tokens)))
 
-    runtime.memory.calibrate(Profile(name, run, max_length=max_length, shapes=shapes, tune=tune, apply=apply,
-                                     lone_run=lone))
+    tune_cpu = tune and runtime.device.type == "cpu"
+    tuner = (lambda: {"pass_tokens": tune_pass_tokens(run, max_length)}) if tune_cpu else None
+    runtime.memory.calibrate(Profile(owner.name, run, max_length=max_length, shapes=shapes, tune=tuner, apply=apply,
+                                     lone_run=lambda length: run(1, length, padded=False)))  # a batch of one: no mask
 
 
 def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:
@@ -237,17 +223,9 @@ def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, *, rounds:
 
 
 def token_groups(order: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Cut length-sorted indices into groups whose padded rectangle stays within `max_tokens`."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * max(lengths[i], 1) > max_tokens:
-            groups.append(current)
-            current = []
-        current.append(i)
-    if current:
-        groups.append(current)
-    return groups
+    """Cut length-sorted indices into groups whose padded rectangle stays within `max_tokens`: the
+    greedy pass of the planner's groups (`costmodel._greedy_groups`), closed by the rectangle."""
+    return _greedy_groups(order, lengths, lambda count, longest, _: count * longest > max_tokens)
 
 
 def rows_pass(
@@ -280,26 +258,10 @@ def rows_pass(
             )
             out = head(model(**batch), batch["attention_mask"]).float().cpu()
             del batch  # free the group's activations before the next group
-            for j, i in enumerate(group):
-                values[i] = out[j]
+            values.update(zip(group, out))
         return [values[i] for i in idx]
 
     return Pass(lengths, forward, max_batch=max_batch, completions=completions)
-
-
-def first_completion(completions: Sequence[str | None], live: Sequence[int]) -> dict[str, int]:
-    """Each distinct live text -> the step's first completion index with it: a scorer that scores
-    identical texts once names that row by it in the telemetry."""
-    first: dict[str, int] = {}
-    for i in live:
-        first.setdefault(completions[i], i)  # type: ignore[arg-type]
-    return first
-
-
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of token vectors over the attention mask (the sentence-transformers pooling)."""
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
 
 
 # -- every family: the length bound and padding ----------------------------------------------------
@@ -385,26 +347,12 @@ def _safe_pre_tokenizer(p: dict) -> bool:
     return True
 
 
-_CHECKED: dict[int, tuple[Any, bool]] = {}
-"""id(tokenizer) -> (the tokenizer, kept so the id stays its own; whether it is prefix-stable)."""
-
-
+@functools.lru_cache(maxsize=None)  # per tokenizer object: they hash by identity
 def prefix_stable(tokenizer: Any) -> bool:
     """Whether a head cut at a safe boundary tokenizes to a prefix of the whole text's tokens."""
-    hit = _CHECKED.get(id(tokenizer))
-    if hit is not None and hit[0] is tokenizer:
-        return hit[1]
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    stable = backend is not None and _stable_pipeline(backend.to_str(), tuple(_added_tokens(tokenizer)))
-    _CHECKED[id(tokenizer)] = (tokenizer, stable)
-    return stable
-
-
-def _added_tokens(tokenizer: Any) -> list[str]:
-    try:
-        return [t.content if hasattr(t, "content") else str(t) for t in tokenizer.added_tokens_decoder.values()]
-    except AttributeError:
-        return []
+    added = tuple(str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values())
+    return backend is not None and _stable_pipeline(backend.to_str(), added)
 
 
 def _stable_pipeline(spec: str, added: tuple[str, ...]) -> bool:
@@ -446,5 +394,3 @@ def head_for_tokens(text: str, tokenizer: Any, tokens: int) -> str:
         limit *= 2
     return text
 
-
-__all__ = ["CHARS_PER_TOKEN_START", "head_for_tokens", "prefix_stable", "safe_boundary"]

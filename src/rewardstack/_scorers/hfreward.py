@@ -22,7 +22,7 @@ from rewardstack.errors import InputError
 from rewardstack._memory.guard import Outcome
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
-from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult, fill
 from rewardstack._scorers.classifier import _Classifier, first_logit
 from rewardstack._scorers.encoding import pad_rows
 
@@ -64,7 +64,7 @@ class HfRewardScorer(_Classifier):
             # it refuses batches of more than one row.
             self.model.config.pad_token_id = self.pad_id
         tok.truncation_side = cfg.options.truncation_side
-        self._calibrate(first_logit)
+        enc.calibrate(self, first_logit, tune=cfg.options.max_batch_tokens is None)
 
     def encode(self, item: str | Chat, field: str, bound: int | None = None) -> tuple[list[int], bool]:
         """The ids of one input, cut at `bound` tokens (default: the model's length bound), and
@@ -143,30 +143,20 @@ class HfRewardScorer(_Classifier):
                     device = enc.model_device(self.model)
                     out = first_logit(self.model(input_ids=ids.to(device), attention_mask=mask.to(device)), mask)
                     out = out.float().cpu()
-                    for j, i in enumerate(group):
-                        values[i] = out[j]
+                    values.update(zip(group, out))
             return [values[i] for i in idx]
 
         return forward
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
+    def _score_live(self, request: ScoreRequest, live: list[int], result: ScoreResult) -> ScoreResult:
         """The validator-step interface: each live completion after its prompt, as one text."""
-        result = ScoreResult.failed_only(request)
-        live = request.live()
-        if not live:
-            return result
         [reads] = self.score_groups([[(request.prompt + str(request.completions[i]), f"completions[{i}]") for i in live]],
                                     [live])
         if isinstance(reads, InputError):
             raise reads
-        for i, read in zip(live, reads):
-            o = read.outcome
-            result.scores[i] = float(o.value) if o.status == Status.OK else float("nan")
-            result.statuses[i] = (Status.TRUNCATED if read.cut else Status.OK) if o.status == Status.OK else o.status
-        return result
+        return fill(result, live, [read.outcome for read in reads], float, cut=[read.cut for read in reads])
 
 
-def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The scorer of one `[rewards.<name>]` model."""
-    return HfRewardScorer(cfg, runtime)
+build = HfRewardScorer
+"""The registry's builder: the scorer of one `[rewards.<name>]` model."""
 

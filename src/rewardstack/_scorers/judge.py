@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from rewardstack.config import ModelConfig
-from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
+from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.encoding import pad_rows, sane_max_length
 from rewardstack._scorers.kvcache import choose_path, greedy_tokens
@@ -42,12 +42,8 @@ NEW_TOKENS = 2  # the spec's budget: enough for "10"
 
 def template_for(task: str) -> str | None:
     """The template of a task name (`augment`, `followupN`, `answerN`), None for any other task."""
-    if task == "augment":
-        return TEMPLATES["augment"]
-    for kind in ("followup", "answer"):
-        if re.fullmatch(kind + r"\d*", task):
-            return TEMPLATES[kind]
-    return None
+    m = re.fullmatch(r"(augment)|(followup|answer)\d*", task)
+    return TEMPLATES[m.group(1) or m.group(2)] if m else None
 
 
 SCORE_PATTERN = re.compile(r"\b([0-9]|10)\b", re.DOTALL)  # the reference's pattern, verbatim
@@ -114,15 +110,11 @@ class JudgeScorer(CausalScorer):
         )
         return self.tokenizer.batch_decode(out[:, batch.shape[1]:], skip_special_tokens=True)
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        res = ScoreResult.failed_only(request)
-        live = request.live()
+    def _score_live(self, request: ScoreRequest, live: list[int], res: ScoreResult) -> ScoreResult:
         template = template_for(request.task)
         if template is None:
             for i in live:
                 res.scores[i] = 0.0
-            return res
-        if not live:
             return res
         enc = [self.encode(request.prompt, request.completions[i] or "", template) for i in live]
         ids = [x for x, _ in enc]
@@ -135,6 +127,5 @@ class JudgeScorer(CausalScorer):
         return self._fill(res, live, outcomes, extract_score, cut=[was_cut for _, was_cut in enc])
 
 
-def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The judge scorer for `cfg` (an instruction-tuned causal LM)."""
-    return JudgeScorer(cfg, runtime)
+build = JudgeScorer
+"""The registry's builder: the judge scorer for an instruction-tuned causal LM."""

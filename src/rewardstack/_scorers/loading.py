@@ -27,13 +27,9 @@ from rewardstack.errors import ModelLoadError
 
 log = logging.getLogger("rewardstack.loading")
 
+# The configured dtype, as configured on every device (torch's CPU kernels run float16: a float16
+# model's numbers, e.g. DPO's saturating penalty, are the same on CPU as on a GPU).
 DTYPE_BY_NAME = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def torch_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The configured dtype, as configured on every device (torch's CPU kernels run float16: a
-    float16 model's numbers, e.g. DPO's saturating penalty, are the same on CPU as on a GPU)."""
-    return DTYPE_BY_NAME[name]
 
 
 class ModelCache:
@@ -69,14 +65,11 @@ class ModelCache:
 
         The model is not moved to the device: placement moves the models that stay resident.
         """
-        name = getattr(loader, "__name__", repr(loader))
+        name = loader.__name__
         key = (path, name, dtype, revision, tuple(sorted(kwargs.items())))
         if key not in self._models:
-            from_pretrained = getattr(loader, "from_pretrained", loader)
             try:
-                model = from_pretrained(
-                    path, dtype=torch_dtype(dtype, self.device), revision=revision, **kwargs
-                )
+                model = loader.from_pretrained(path, dtype=DTYPE_BY_NAME[dtype], revision=revision, **kwargs)
             except Exception as e:  # noqa: BLE001
                 raise ModelLoadError(f"cannot load {name} from {path!r}: {e}") from e
             model.eval()

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
 
-from rewardstack._scorers.encoding import pad_rows
-from rewardstack._memory.costmodel import padding_groups  # noqa: F401 - the scorers' name for the planner's rule
+from rewardstack._scorers.encoding import model_device, pad_rows
+from rewardstack._memory.costmodel import padding_groups
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -32,23 +33,7 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     if not seqs:
         return 0
     shortest = min(len(s) for s in seqs)
-    if shortest <= 1:
-        return 0
-    first = seqs[0]
-    n = shortest - 1
-    for s in seqs[1:]:
-        i = 0
-        while i < n and s[i] == first[i]:
-            i += 1
-        n = i
-        if n == 0:
-            break
-    return n
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device the model's weights are on now (placement may move a model between calls)."""
-    return next(model.parameters()).device
+    return min(len(os.path.commonprefix([list(s) for s in seqs])), max(0, shortest - 1))
 
 
 def accepts(module: torch.nn.Module, name: str) -> bool:
@@ -140,12 +125,11 @@ class PrefixRunner:
             kwargs["use_cache"] = True
         elif accepts(self.body, "use_cache"):  # some remote-code models have no use_cache
             kwargs["use_cache"] = False
-        full_mask = torch.cat([torch.ones((b, st.length), dtype=torch.long, device=device), mask], dim=1)
         # Without padding no mask is needed, which lets attention use its causal fast path.
-        attn = None if bool(mask.all()) else full_mask
-        pos = torch.arange(st.length, st.length + s, device=device).unsqueeze(0).expand(b, -1)
+        prefix_mask = torch.ones((b, st.length), dtype=torch.long, device=device)
+        attn = None if bool(mask.all()) else torch.cat([prefix_mask, mask], dim=1)
         if accepts(self.body, "position_ids"):  # ALiBi models may not take them
-            kwargs["position_ids"] = pos
+            kwargs["position_ids"] = torch.arange(st.length, st.length + s, device=device).unsqueeze(0).expand(b, -1)
         if types is not None:
             kwargs["token_type_ids"] = pad_rows(types, 0, width=s)[0].to(device)
         out = self.body(input_ids=ids, attention_mask=attn, **kwargs)
@@ -160,7 +144,7 @@ class PrefixRunner:
         kwargs: dict = {}
         if accepts(self.body, "use_cache"):
             kwargs["use_cache"] = False
-        if types is not None and self.prefix_types is not None:
+        if types is not None:  # `run` comes here with types only when the prefix has its own
             kwargs["token_type_ids"] = torch.tensor([self.prefix_types + list(t) for t in types],
                                                     dtype=torch.long, device=device)
         out = self.body(input_ids=ids, **kwargs)  # no mask, no position ids: as the whole sequence runs

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rewardstack.config import ModelConfig
-from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.kvcache import choose_path
 from rewardstack._scorers.encoding import head_for_tokens, sane_max_length
@@ -65,14 +65,11 @@ def tokenize_bounded(tokenizer, texts: list[str], max_len: int) -> tuple[list[li
                 cut[k] = len(f) > max_len
         types = enc.get("token_type_ids") if want_types else None
         return ids, cut, [list(t) for t in types] if types is not None else None
-    first: dict[int, int] = {}
-    rows_of = [0] * len(texts)
-    for row, k in enumerate(owner):
-        first.setdefault(k, row)
-        rows_of[k] += 1
-    ids = [list(enc["input_ids"][first[k]]) for k in range(len(texts))]
+    owner = list(owner)
+    first = [owner.index(k) for k in range(len(texts))]  # each text's truncated row
+    cut = [owner.count(k) > 1 for k in range(len(texts))]
     types = enc.get("token_type_ids") if want_types else None
-    return ids, [n > 1 for n in rows_of], [list(types[first[k]]) for k in range(len(texts))] if types is not None else None
+    return [list(enc["input_ids"][r]) for r in first], cut, [list(types[r]) for r in first] if types is not None else None
 
 
 class ReciprocateScorer(CausalScorer):
@@ -106,11 +103,7 @@ class ReciprocateScorer(CausalScorer):
         rows = runner.rows(h, torch.arange(len(ids), device=device), torch.tensor(pos, device=device))
         return self.head(rows)[:, 0].float().tolist()
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        res = ScoreResult.failed_only(request)
-        live = request.live()
-        if not live:
-            return res
+    def _score_live(self, request: ScoreRequest, live: list[int], res: ScoreResult) -> ScoreResult:
         texts = [TEMPLATE.format(prompt=request.prompt, completion=request.completions[i]) for i in live]
         ids, cut, types = tokenize_bounded(self.tokenizer, texts, self.max_len)
 
@@ -146,6 +139,5 @@ class ReciprocateScorer(CausalScorer):
         return self._fill(res, live, outcomes, float)
 
 
-def build(cfg: ModelConfig, runtime: Runtime) -> Scorer:
-    """The Reciprocate scorer for `cfg` (a GPT-J sequence-classification checkpoint)."""
-    return ReciprocateScorer(cfg, runtime)
+build = ReciprocateScorer
+"""The registry's builder: the Reciprocate scorer for a GPT-J sequence-classification checkpoint."""

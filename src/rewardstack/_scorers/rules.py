@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rewardstack.config import ModelConfig
-from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult, Status
+from rewardstack._scorers.base import Runtime, Scorer, ScoreRequest, ScoreResult
 from rewardstack._models import BLACKLIST, TASK_VALIDATOR
 
 BLACKLISTED_PHRASE = "That is an excellent question."
@@ -61,46 +61,19 @@ class BlacklistState:
         self.answer_blacklist = [str(x) for x in state.get("answer_blacklist", [])]
 
 
-class Blacklist(Scorer):
+class Blacklist(BlacklistState, Scorer):
     """0 for the stock phrase, the base prompt itself, or a best question/answer of this forward pass.
 
-    Used alone, the scorer keeps one `BlacklistState`; the stack keeps its own per namespace.
+    Used alone, the scorer is its own `BlacklistState`; the stack keeps one per namespace.
     """
 
     name = BLACKLIST.name
     kind = "mask"
     stateful = True  # no model: the whole value comes from the state
 
-    def __init__(self) -> None:
-        self.state = BlacklistState()
-
-    @property
-    def question_blacklist(self) -> list[str]:
-        return self.state.question_blacklist
-
-    @property
-    def answer_blacklist(self) -> list[str]:
-        return self.state.answer_blacklist
-
     def begin_forward_pass(self) -> None:
         """Forget the best questions and answers of the previous forward pass."""
-        self.state.reset()
-
-    def record_best(self, task: str, best: str) -> None:
-        """Remember a step's best completion: followup steps add questions, answer steps answers."""
-        self.state.record_best(task, best)
-
-    def score(self, request: ScoreRequest) -> ScoreResult:
-        """1.0 unless a completion is blacklisted."""
-        return self.state.score(request)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The lists of the forward pass in progress (a restart mid-pass keeps them)."""
-        return self.state.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the lists."""
-        self.state.load_state_dict(state)
+        self.reset()
 
 
 def task_validator_value(task: str, completion: str) -> float:
@@ -139,5 +112,3 @@ def build_task_validator(cfg: ModelConfig, runtime: Runtime) -> TaskValidator:
     """The task validator mask (no model)."""
     return TaskValidator()
 
-
-__all__ = ["Blacklist", "BlacklistState", "TaskValidator", "task_validator_value", "Status"]

@@ -1,6 +1,6 @@
 """The code of a BTLM-like checkpoint that loads through remote code (tests, the stand-in stack, benchmarks).
 
-`rewardstack._standins.dpo.make_btlm_checkpoint(folder)` writes a tiny random checkpoint in the
+`rewardstack._standins.families.make_btlm_checkpoint(folder)` writes a tiny random checkpoint in the
 layout of cerebras/btlm-3b-8k-base on the hub: `config.json` with `model_type = "btlm"` and the
 `auto_map` below naming `configuration_btlm.BTLMConfig` / `modeling_btlm.BTLMLMHeadModel`, those
 two files beside it (`CODE_FILES`, copied from this package), safetensors weights and a tokenizer.

@@ -20,50 +20,14 @@ class BTLMConfig(PretrainedConfig):
         "num_hidden_layers": "n_layer",
     }
 
-    def __init__(
-        self,
-        vocab_size=50257,
-        n_positions=1024,
-        n_embd=768,
-        n_layer=12,
-        n_head=12,
-        n_inner=None,
-        activation_function="swiglu",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5,
-        initializer_range=0.02,
-        scale_attn_weights=True,
-        use_cache=True,
-        bos_token_id=50256,
-        eos_token_id=50256,
-        position_embedding_type="alibi",
-        mup_width_scale=1.0,
-        mup_embeddings_scale=1.0,
-        mup_output_alpha=1.0,
-        mup_scale_qk_dot_by_d=False,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.n_positions = n_positions
-        self.n_embd = n_embd
-        self.n_layer = n_layer
-        self.n_head = n_head
-        self.n_inner = n_inner
-        self.activation_function = activation_function
-        self.resid_pdrop = resid_pdrop
-        self.embd_pdrop = embd_pdrop
-        self.attn_pdrop = attn_pdrop
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.initializer_range = initializer_range
-        self.scale_attn_weights = scale_attn_weights
-        self.use_cache = use_cache
-        self.position_embedding_type = position_embedding_type
-        self.mup_width_scale = mup_width_scale
-        self.mup_embeddings_scale = mup_embeddings_scale
-        self.mup_output_alpha = mup_output_alpha
-        self.mup_scale_qk_dot_by_d = mup_scale_qk_dot_by_d
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
+    def __init__(self, vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
+                 activation_function="swiglu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+                 initializer_range=0.02, scale_attn_weights=True, use_cache=True, bos_token_id=50256,
+                 eos_token_id=50256, position_embedding_type="alibi", mup_width_scale=1.0, mup_embeddings_scale=1.0,
+                 mup_output_alpha=1.0, mup_scale_qk_dot_by_d=False, **kwargs):
+        fields = dict(locals())
+        for name in ("self", "kwargs", "__class__"):
+            fields.pop(name, None)
+        for name, value in fields.items():  # every field under its own name, as the hub file assigns them
+            setattr(self, name, value)
         super().__init__(bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)

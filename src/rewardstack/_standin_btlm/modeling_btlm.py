@@ -13,7 +13,6 @@ loaded with `trust_remote_code=True`, exactly as the hub model is.
 """
 
 import math
-from typing import Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -57,11 +56,6 @@ class AlibiPositionEmbeddingLayer(nn.Module):
         memory_position = torch.arange(key_length, device=self.slopes.device)[None, :]
         relative_position = torch.abs(memory_position - context_position).unsqueeze(0).expand(self.num_heads, -1, -1)
         return (self.slopes * -1.0).unsqueeze(1) * relative_position  # [heads, q, k]
-
-
-class SwiGLUActivation(nn.Module):
-    def forward(self, x1, x2):
-        return x1 * nn.functional.silu(x2)
 
 
 class BTLMAttention(nn.Module):
@@ -118,11 +112,10 @@ class BTLMMLP(nn.Module):
         self.c_fc = Conv1D(intermediate_size, config.n_embd)
         self.c_fc2 = Conv1D(intermediate_size, config.n_embd)
         self.c_proj = Conv1D(config.n_embd, intermediate_size)
-        self.act = SwiGLUActivation()
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, hidden_states):
-        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states), self.c_fc2(hidden_states))))
+        return self.dropout(self.c_proj(self.c_fc(hidden_states) * nn.functional.silu(self.c_fc2(hidden_states))))
 
 
 class BTLMBlock(nn.Module):
@@ -176,25 +169,10 @@ class BTLMModel(BTLMPreTrainedModel):
     def get_input_embeddings(self):
         return self.wte
 
-    def set_input_embeddings(self, new_embeddings):
-        self.wte = new_embeddings
-
-    def forward(
-        self,
-        input_ids: Optional[torch.LongTensor] = None,
-        past_key_values: Optional[Tuple[Tuple[torch.Tensor]]] = None,
-        attention_mask: Optional[torch.FloatTensor] = None,
-        token_type_ids: Optional[torch.LongTensor] = None,
-        position_ids: Optional[torch.LongTensor] = None,
-        inputs_embeds: Optional[torch.FloatTensor] = None,
-        use_cache: Optional[bool] = None,
-        output_hidden_states: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-    ) -> Union[Tuple, BaseModelOutputWithPastAndCrossAttentions]:
+    def forward(self, input_ids, past_key_values=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                use_cache=None):
         use_cache = use_cache if use_cache is not None else self.config.use_cache
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
-        if inputs_embeds is None:
-            inputs_embeds = self.wte(input_ids)
+        inputs_embeds = self.wte(input_ids)
         batch_size, seq_len = inputs_embeds.shape[:2]
         if past_key_values is None:
             past_length = 0
@@ -212,24 +190,15 @@ class BTLMModel(BTLMPreTrainedModel):
         position_bias = self.relative_pe(seq_len, past_length + seq_len)
 
         presents = () if use_cache else None
-        all_hidden_states = () if output_hidden_states else None
         for block, layer_past in zip(self.h, past_key_values):
-            if output_hidden_states:
-                all_hidden_states = all_hidden_states + (hidden_states,)
             hidden_states, present = block(
                 hidden_states, layer_past=layer_past, attention_mask=attention_mask,
                 position_bias=position_bias, use_cache=use_cache,
             )
             if use_cache:
                 presents = presents + (present,)
-        hidden_states = self.ln_f(hidden_states)
-        if output_hidden_states:
-            all_hidden_states = all_hidden_states + (hidden_states,)
-        if not return_dict:
-            return tuple(v for v in [hidden_states, presents, all_hidden_states] if v is not None)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=presents, hidden_states=all_hidden_states,
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.ln_f(hidden_states),
+                                                         past_key_values=presents)
 
 
 class BTLMLMHeadModel(BTLMPreTrainedModel):
@@ -247,48 +216,17 @@ class BTLMLMHeadModel(BTLMPreTrainedModel):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
+    # Defined as the hub code defines it (generation is never run): transformers warns that a class
+    # defining it without GenerationMixin cannot generate, the warning `rewardstack._quiet` silences.
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        return {"input_ids": input_ids, **kwargs}
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
-        if past_key_values:
-            input_ids = input_ids[:, -1:]
-        return {
-            "input_ids": input_ids, "past_key_values": past_key_values,
-            "use_cache": kwargs.get("use_cache"), "attention_mask": kwargs.get("attention_mask"),
-        }
-
-    def forward(
-        self,
-        input_ids: Optional[torch.LongTensor] = None,
-        past_key_values: Optional[Tuple[Tuple[torch.Tensor]]] = None,
-        attention_mask: Optional[torch.FloatTensor] = None,
-        token_type_ids: Optional[torch.LongTensor] = None,
-        position_ids: Optional[torch.LongTensor] = None,
-        inputs_embeds: Optional[torch.FloatTensor] = None,
-        labels: Optional[torch.LongTensor] = None,
-        use_cache: Optional[bool] = None,
-        output_hidden_states: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-    ) -> Union[Tuple, CausalLMOutputWithCrossAttentions]:
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+    def forward(self, input_ids, past_key_values=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                use_cache=None):
         transformer_outputs = self.transformer(
             input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
-            token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            use_cache=use_cache, output_hidden_states=output_hidden_states, return_dict=return_dict,
+            token_type_ids=token_type_ids, position_ids=position_ids, use_cache=use_cache,
         )
-        hidden_states = transformer_outputs[0]
-        lm_logits = self.lm_head(hidden_states)
+        lm_logits = self.lm_head(transformer_outputs[0])
         lm_logits *= torch.tensor(float(self.output_logits_scale), dtype=lm_logits.dtype, device=lm_logits.device)
-        loss = None
-        if labels is not None:
-            shift_logits = lm_logits[..., :-1, :].contiguous()
-            shift_labels = labels[..., 1:].contiguous()
-            loss = nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
-        if not return_dict:
-            output = (lm_logits,) + tuple(transformer_outputs[1:])
-            return ((loss,) + output) if loss is not None else output
-        return CausalLMOutputWithCrossAttentions(
-            loss=loss, logits=lm_logits, past_key_values=transformer_outputs.past_key_values,
-            hidden_states=transformer_outputs.hidden_states,
-        )
+        return CausalLMOutputWithCrossAttentions(logits=lm_logits, past_key_values=transformer_outputs.past_key_values)

