@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from causal_fixtures import cached_runtime, close, make_runtime, model_config, reference_dpo
-from rewardstack._scorers import dpo
+from rewardstack._scorers import dpo, dpo_numerics
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dpo_standin
 from rewardstack._replay.synthetic import text
@@ -210,7 +210,7 @@ def test_chunk_sizes_and_lse_paths_agree(scorer: dpo.DpoScorer, monkeypatch: pyt
         scorer.chunks.tuned_chunk = tuned
     h = torch.randn(8, scorer.lm_head.weight.shape[1])
     assert scorer.logit_head.bound(h) >= float((scorer.lm_head(h) * scorer.scale).abs().max())  # the bound holds
-    monkeypatch.setattr(dpo, "SAFE_EXP", -1.0)  # never provably bounded: the max-shift path
+    monkeypatch.setattr(dpo_numerics, "SAFE_EXP", -1.0)  # never provably bounded: the max-shift path
     shifted = scorer.score(ScoreRequest(prompt, comps)).scores
     for c, s, b in zip(comps, shifted, base):
         assert close(s, b, 1e-5)
