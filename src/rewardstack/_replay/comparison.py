@@ -110,6 +110,30 @@ def same(a: Any, b: Any, tol: float = TOL) -> bool:
     return abs(x - y) <= tol * max(1.0, abs(y))
 
 
+def _count_ooms(ooms: dict[str, int], recs: list[dict[str, Any]]) -> None:
+    """Add one step's committed OOM records to the tally: injected or real, and what the guard did."""
+    for r in recs:
+        ooms["injected" if r["injected"] else "real"] += 1
+        if r["action"] in ("split", "cpu_fallback", "gave_up"):
+            ooms[r["action"]] += 1
+            ooms["recovered"] += r["action"] != "gave_up"
+
+
+def _fold_included(folded: dict[str, Any], f: dict[str, Any], c: dict[str, Any], active_rewards: list[str]) -> int:
+    """Fold the clean run's raw values of the completions the faulted step included into `folded`.
+
+    Returns how many of the faulted step's values are NaN where the clean run's are not, with no
+    OOM to explain it (an exclusion nothing accounts for).
+    """
+    n = len(f["statuses"])
+    unexplained = 0
+    for m in active_rewards:
+        folded[m].update([_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))])
+        unexplained += sum(1 for i in range(n) if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i]))
+                           and f["statuses"][i] != "oom" and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom")
+    return unexplained
+
+
 def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
             clean: EventIndex | Sequence[dict[str, Any]],
             faulted_state: dict[str, Any], active_rewards: list[str]) -> dict[str, Any]:
@@ -142,11 +166,7 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
             order_ok = False
         recs = f.get("soak_ooms", [])
         statuses.update(f["statuses"])
-        for r in recs:
-            ooms["injected" if r["injected"] else "real"] += 1
-            if r["action"] in ("split", "cpu_fallback", "gave_up"):
-                ooms[r["action"]] += 1
-                ooms["recovered"] += r["action"] != "gave_up"
+        _count_ooms(ooms, recs)
         oom_statuses += sum(s == "oom" for sts in f.get("model_statuses", {}).values() for s in sts)
         c = by_hash.get(h)
         if c is None:
@@ -158,7 +178,6 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         history_noise = history_noise or DIVERSITY.name in split
         if history_noise:
             split.add(DIVERSITY.name)
-        n = len(f["statuses"])
         for i, status in enumerate(f["statuses"]):
             if status == "oom":
                 # Reported lost: its raw values must be out of the statistics (NaN), nothing else.
@@ -178,10 +197,7 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
                     n_mismatched += 1
                     if len(mismatched) < LISTED:
                         mismatched.append({"step": pos, "index": i, "model": m, "faulted": x, "clean": y})
-        for m in active_rewards:
-            folded[m].update([_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))])
-            unexplained += sum(1 for i in range(n) if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i]))
-                               and f["statuses"][i] != "oom" and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom")
+        unexplained += _fold_included(folded, f, c, active_rewards)
     norm_equal, norm_diff = _normalizers_match(folded, faulted_state.get("normalizers", {}), active_rewards)
     return {
         "events": pos + 1, "expected": len(expected_hashes),

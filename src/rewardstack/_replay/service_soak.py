@@ -195,6 +195,31 @@ def _differences(ns: str, seq: int, got: dict[str, Any], want: dict[str, Any]) -
     return out
 
 
+def _judge_namespace(c: Client, st: Any, lib_events: list[dict[str, Any]], lib_state: Any, active: list[str],
+                     steps: int, failures: list[str]) -> dict[str, Any]:
+    """One namespace against the library: its answers, the steps never answered, and its saved state.
+
+    `st` is the namespace's state as the server saved it, `lib_state` the library's after the same
+    steps; what differs is appended to `failures`.
+    """
+    diffs = [d for seq, answer in c.answers.items()
+             for d in _differences(c.namespace, seq, answer, lib_events[seq - 1])]
+    lost = [seq for seq in range(1, steps + 1) if seq not in c.answers]
+    want = lib_state.normalizers
+    norm_ok = all(st.normalizers[m].count == want[m].count and same(st.normalizers[m].mean, want[m].mean)
+                  and same(st.normalizers[m].var, want[m].var) for m in active)
+    extra = {m: st.normalizers[m].count - want[m].count for m in active}
+    failures += diffs[:5]
+    if lost:
+        failures.append(f"{c.namespace}: {len(lost)} steps never answered (first {lost[0]})")
+    if st.sequence != steps:
+        failures.append(f"{c.namespace}: the state's sequence is {st.sequence} for {steps} steps")
+    if not norm_ok:
+        failures.append(f"{c.namespace}: normalizer statistics differ from the library's (count excess {extra})")
+    return {"answered": len(c.answers), "lost": len(lost), "differing": len(diffs),
+            "sequence": st.sequence, "normalizers_equal": norm_ok, "count_excess": extra}
+
+
 def cmd_service_soak(args: argparse.Namespace) -> int:
     """`rewardstack soak --service`."""
     from rewardstack.config import REWARD_MODELS, load_config
@@ -245,24 +270,10 @@ def cmd_service_soak(args: argparse.Namespace) -> int:
         failures += c.bad[:5]
         if c.is_alive():
             failures.append(f"{c.namespace}: the client was still running at the deadline")
-        diffs = [d for seq, answer in c.answers.items()
-                 for d in _differences(c.namespace, seq, answer, lib_events[c.namespace][seq - 1])]
-        lost = [seq for seq in range(1, args.steps + 1) if seq not in c.answers]
-        st = RewardState(cfg)
-        st.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
-        want = lib_states[c.namespace].normalizers
-        norm_ok = all(st.normalizers[m].count == want[m].count and same(st.normalizers[m].mean, want[m].mean)
-                      and same(st.normalizers[m].var, want[m].var) for m in active)
-        extra = {m: st.normalizers[m].count - want[m].count for m in active}
-        failures += diffs[:5]
-        if lost:
-            failures.append(f"{c.namespace}: {len(lost)} steps never answered (first {lost[0]})")
-        if st.sequence != args.steps:
-            failures.append(f"{c.namespace}: the state's sequence is {st.sequence} for {args.steps} steps")
-        if not norm_ok:
-            failures.append(f"{c.namespace}: normalizer statistics differ from the library's (count excess {extra})")
-        per_namespace[c.namespace] = {"answered": len(c.answers), "lost": len(lost), "differing": len(diffs),
-                                      "sequence": st.sequence, "normalizers_equal": norm_ok, "count_excess": extra}
+        state = RewardState(cfg)
+        state.load_state_dict(StateStore(run_dir / "service" / "state" / "namespaces" / c.namespace).load())
+        per_namespace[c.namespace] = _judge_namespace(c, state, lib_events[c.namespace], lib_states[c.namespace],
+                                                      active, args.steps, failures)
     applied_twice = sum(max(0, ns["sequence"] - args.steps) for ns in per_namespace.values()) + sum(
         1 for ns in per_namespace.values() if any(v > 0 for v in ns["count_excess"].values()))
     if len(kill_points) < args.kills:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardstack._fileio import merge_json_section
-from rewardstack._replay.supervisor import finish, new_run_dir, spawn, supervise
+from rewardstack._replay.supervisor import finish, new_run_dir
 
 NO_KILLS = {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
 
@@ -46,6 +46,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         return rejudge(Path(args.rejudge), args)
     from rewardstack.config import load_config
     from rewardstack._memory.manager import check_device
+    from rewardstack._replay.supervisor import spawn, supervise
     from rewardstack._replay.workload import soak_steps, write_steps
 
     check_device(load_config(args.config).device)  # fails here, clearly, before any process starts
