@@ -1,8 +1,7 @@
 """Public names a package loads on first use, so that importing the package stays cheap.
 
-`rewardstack`, `rewardstack._replay` and `rewardstack._distributed` name classes whose modules
-import torch; the command line's `--help` and `import rewardstack` must not pay for that. A
-package declares its names and gets a module `__getattr__` and `__dir__` (PEP 562):
+`rewardstack` names classes whose modules import torch; the command line's `--help` and
+`import rewardstack` must not pay for that. A package declares its names and gets a module `__getattr__` and `__dir__` (PEP 562):
 
     __getattr__, __dir__ = lazy_names(__name__, {"RewardStack": "rewardstack.stack"})
 """
