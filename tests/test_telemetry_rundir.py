@@ -48,3 +48,19 @@ def test_keep_incidents_and_reopen_appends(tmp_path) -> None:  # noqa: ANN001
     rd.timeline({"type": "step", "step": 2})
     rd.close()
     assert [r["step"] for r in read_timeline(tmp_path)] == [1, 2]
+
+
+def test_a_reopened_run_numbers_incidents_after_the_newest_kept(tmp_path) -> None:  # noqa: ANN001
+    """After the cap dropped the oldest records, a resumed run's next incident is numbered after the
+    newest on disk: counting the files would reuse a kept number (overwriting that record when the
+    step and model match) and sort the new record among the old, where the cap drops it first."""
+    rd = RunDir(tmp_path, keep_incidents=3)
+    for k in range(5):
+        rd.incident({"step": 7, "model": "rlhf_reward_model", "k": k})
+    rd.close()
+    rd = RunDir(tmp_path, keep_incidents=3)
+    rd.incident({"step": 7, "model": "rlhf_reward_model", "k": 5})
+    rd.close()
+    files = sorted((tmp_path / INCIDENTS).glob("*.json"))
+    assert [p.name[:6] for p in files] == ["000004", "000005", "000006"]
+    assert [json.loads(p.read_text())["k"] for p in files] == [3, 4, 5]

@@ -69,7 +69,10 @@ class RunDir:
         self._timeline = open(self.path / TIMELINE, "a", encoding="utf-8")
         self._timeline_bytes = self._timeline.tell()
         self._events = open(self.path / EVENTS, "a", encoding="utf-8")
-        self._incident_seq = len(list(self.incident_dir.glob("*.json")))
+        # Numbered after the newest kept record: the cap may have dropped the oldest, so a count
+        # of the files would reuse a number still on disk.
+        numbers = (p.name[:6] for p in self.incident_dir.iterdir())
+        self._incident_seq = max((int(n) for n in numbers if n.isdigit()), default=0)
         self._enforce()
 
     # -- writing ----------------------------------------------------------------------------
