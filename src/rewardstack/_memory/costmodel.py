@@ -497,10 +497,10 @@ def padding_groups(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list
     Returns lists of positions into `lengths`, ascending by length.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return _greedy_groups(order, lengths, lambda count, longest, tokens: wastes_too_much(count, longest, tokens, slack))
+    return greedy_groups(order, lengths, lambda count, longest, tokens: wastes_too_much(count, longest, tokens, slack))
 
 
-def _greedy_groups(order: Sequence[int], lengths: Sequence[int],
+def greedy_groups(order: Sequence[int], lengths: Sequence[int],
                    closes: Callable[[int, int, int], bool]) -> list[list[int]]:
     """Walk `order` (ascending by length) and start a new group wherever `closes(count, longest,
     tokens)` says the current one may not take the next input (count, longest and real tokens
@@ -548,7 +548,7 @@ def plan_batches(
         padded = slack is not None and wastes_too_much(count, longest, tokens, slack)
         return not fits or padded or (max_batch is not None and count > max_batch)
 
-    batches = _greedy_groups(sorted(range(len(lengths)), key=lambda i: (lengths[i], i)), lengths, closes)
+    batches = greedy_groups(sorted(range(len(lengths)), key=lambda i: (lengths[i], i)), lengths, closes)
     if largest_first:
         batches.sort(key=lambda b: -cost.predict(len(b), max(lengths[b[-1]], 1), prefix))
     return batches

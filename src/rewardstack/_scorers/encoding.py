@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewardstack._memory.calibration import Profile
-from rewardstack._memory.costmodel import _greedy_groups
+from rewardstack._memory.costmodel import greedy_groups
 from rewardstack._memory.manager import Pass
 
 SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 says 1e30) is not believed
@@ -224,8 +224,8 @@ def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, *, rounds:
 
 def token_groups(order: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Cut length-sorted indices into groups whose padded rectangle stays within `max_tokens`: the
-    greedy pass of the planner's groups (`costmodel._greedy_groups`), closed by the rectangle."""
-    return _greedy_groups(order, lengths, lambda count, longest, _: count * longest > max_tokens)
+    greedy pass of the planner's groups (`costmodel.greedy_groups`), closed by the rectangle."""
+    return greedy_groups(order, lengths, lambda count, longest, _: count * longest > max_tokens)
 
 
 def rows_pass(
