@@ -236,9 +236,10 @@ def test_binding_beyond_loopback_needs_a_token(server: Server) -> None:
     env = {k: v for k, v in __import__("os").environ.items() if k != "REWARDSTACK_TOKEN"}
     config = server.config.with_name("service-open.toml")
     config.write_text(server.config.read_text().replace("tokens_file", "# tokens_file"))
-    r = subprocess.run([sys.executable, "-m", "rewardstack.cli", "serve", "--config", str(config), "--host", "0.0.0.0"],
-                       capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 2 and "requires a bearer token" in r.stderr
+    for command in (["serve"], ["ray-serve", "--state-dir", str(config.parent / "ray-state")]):  # refused before Ray starts
+        r = subprocess.run([sys.executable, "-m", "rewardstack.cli", *command, "--config", str(config), "--host", "0.0.0.0"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2 and "requires a bearer token" in r.stderr, (command, r.stderr)
 
 
 def _count(metrics_text: str, code: str) -> float:

@@ -72,24 +72,17 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 
 def cmd_ray_serve(args: argparse.Namespace) -> int:
     """Deploy the Serve application and keep it up until SIGTERM or Ctrl-C; then stop it cleanly."""
-    import dataclasses
     import signal
     import threading
 
     from rewardstack.config import load_config
     from rewardstack._distributed import cluster
+    from rewardstack._service.command import checked_access, effective_settings
 
     config = load_config(args.config)
-    settings = dataclasses.replace(config.service)
-    for key in ("host", "port", "tokens_file"):
-        if getattr(args, key) is not None:
-            setattr(settings, key, getattr(args, key))
-    from rewardstack._service.namespaces import Access, is_loopback
-
-    access = Access.load(settings.tokens_file)
-    if not is_loopback(settings.host) and not access.required:
-        print(f"rewardstack: error: binding {settings.host} (not loopback) requires a bearer token: set "
-              "REWARDSTACK_TOKEN or [service].tokens_file (never a command-line flag)", file=sys.stderr)
+    settings = effective_settings(config, args)
+    access = checked_access(settings)
+    if access is None:
         return 2
     started = cluster.connect(args.ray_address)
     try:

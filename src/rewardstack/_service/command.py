@@ -17,6 +17,7 @@ from rewardstack._settings import ServiceSettings, field_docs, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import StackConfig
+    from rewardstack._service.namespaces import Access
 
 _INT_FLAGS = ("port", "max_completions", "max_chars", "max_work_chars", "queue_size", "batch_requests", "max_namespaces")
 
@@ -52,6 +53,19 @@ def effective_settings(config: StackConfig, args: argparse.Namespace) -> Service
     return s
 
 
+def checked_access(settings: ServiceSettings) -> Access | None:
+    """The service's `Access` (its bearer tokens), or None after printing why it may not bind:
+    a host that is not loopback needs a token."""
+    from rewardstack._service.namespaces import Access, is_loopback
+
+    access = Access.load(settings.tokens_file)
+    if not is_loopback(settings.host) and not access.required:
+        print(f"rewardstack: error: binding {settings.host} (not loopback) requires a bearer token: set "
+              "REWARDSTACK_TOKEN or [service].tokens_file (never a command-line flag)", file=sys.stderr)
+        return None
+    return access
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the config, check access, serve until SIGTERM; 0 after a clean drain."""
     try:
@@ -59,7 +73,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         from rewardstack._service.app import create_app
         from rewardstack._service.edge import log_rate_limited, server_config
-        from rewardstack._service.namespaces import Access, is_loopback
     except ImportError as e:  # depends on the install: one line and the exit code of a missing extra
         missing = MissingExtraError.of(e)
         if missing is None:  # not an extra's module: a broken install or a bug, its traceback kept
@@ -81,10 +94,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.deadline_s <= 0:
         print("rewardstack: error: --deadline-s must be positive", file=sys.stderr)
         return 2
-    access = Access.load(settings.tokens_file)
-    if not is_loopback(settings.host) and not access.required:
-        print(f"rewardstack: error: binding {settings.host} (not loopback) requires a bearer token: set "
-              "REWARDSTACK_TOKEN or [service].tokens_file (never a command-line flag)", file=sys.stderr)
+    access = checked_access(settings)
+    if access is None:
         return 2
     if getattr(args, "run_dir", None):
         config.telemetry.run_dir = args.run_dir
