@@ -48,6 +48,6 @@ def own_home(home: Path) -> Iterator[None]:
 
 def check_cost_model(mm: MemoryManager, name: str, shapes: list[tuple[int, int]]) -> list[tuple[int, int, float, int]]:
     """(B, L, predicted, measured) at `shapes` off the profiled grid, measured with the profile run the
-    manager's calibration of `name` used (`Calibrator.profile_runs`)."""
-    run, cost = mm.calibrator.profile_runs[name], mm.cost_models[name]
+    manager's calibration of `name` used (`MemoryManager.profile_runs`)."""
+    run, cost = mm.profile_runs[name], mm.cost_models[name]
     return [(b, l, cost.predict(b, l), mm.measure(lambda b=b, l=l: run(b, l), f"check:{name}")) for b, l in shapes]

@@ -1,10 +1,10 @@
 """Calibration: the load-time profiles that fit each model's cost model, and the cache that keeps the fits.
 
 `Profile` is what a scorer hands the memory layer, its whole side of calibration (what to run at a
-shape, which shapes it admits, what it tunes first); `Calibrator` owns what calibration remembers
-(each model's key, the queue kept while the models load on the host, the names profiled and the
-seconds spent, the run each fit was measured with) and fits a profile; `measure_peak` is the peak
-of one call; every profile that runs is published as a `ProfileRecord`.
+shape, which shapes it admits, what it tunes first); the manager (`MemoryManager.calibrate`) keeps
+what calibration remembers (each model's key, the queue kept while the models load on the host, the
+names profiled and the seconds spent, the run each fit was measured with) and fits a profile;
+`measure_peak` is the peak of one call; every profile that runs is published as a `ProfileRecord`.
 
 Profiling every model at every start costs a forward pass per profiled shape per model (minutes for
 the full stack on a card). The fits depend only on what was measured and where, so each one is
@@ -31,10 +31,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -42,7 +41,7 @@ import torch
 
 from rewardstack import _paths as paths
 from rewardstack._fileio import atomic_write_text, sha256_of
-from rewardstack._memory.costmodel import CostModel, profile, profile_shapes
+from rewardstack._memory.costmodel import profile_shapes
 from rewardstack._memory.device import PeakWindow, TensorBytesTracker
 from rewardstack._models import owner_of
 
@@ -233,111 +232,17 @@ class Profile:
         return profile_shapes(self.max_length, self.max_batch, settings.get("chunk", self.chunk), self.max_tokens)
 
 
-class Calibrator:
-    """Fits cost models for the manager and remembers what calibration did.
-
-    `device`: where the profiles run (part of every key's environment); `publish`: told of every
-    profile that runs (`ProfileRecord`, the telemetry's `profiling` records).
-    """
-
-    def __init__(self, device: torch.device, publish: Callable[[ProfileRecord], None]) -> None:
-        self.device = device
-        self.publish = publish
-        self.model_keys: dict[str, dict[str, Any]] = {}  # scorer name -> what its fit depends on
-        self.profiled: list[str] = []  # names whose cost model was measured in this process
-        self.seconds = 0.0  # spent tuning and profiling (a cache read costs none)
-        self.profile_runs: dict[str, Callable[[int, int], Any]] = {}  # the run each fit measured
-        self._pending: list[tuple[str, Callable[[], CostModel]]] | None = None
-
-    def describe_model(self, model_cfg: Any, cache: CalibrationCache | None) -> None:
-        """Record what a scorer's fits depend on, the model part of its calibration key: its
-        checkpoints by content (`calibration.checkpoint_identity`, not where they sit, so another
-        config or folder with the same checkpoint shares the fit) and its settings."""
-        d = {k: v for k, v in asdict(model_cfg).items() if k not in ("weight", "enabled", "path", "paths")}
-        if cache is not None:  # hashing the checkpoint serves the cache only
-            d["checkpoints"] = [checkpoint_identity(p, cache) for p in [model_cfg.path, *model_cfg.paths] if p]
-            cache.save()  # digests of new files: not read again at the next start
-        self.model_keys[model_cfg.name] = d
-
-    def key(self, request: Profile, tracked: bool) -> str | None:
-        """The profile's calibration key, a stable digest of (model, profile arguments, environment)
-        (None: its model was never described, so nothing is cached)."""
-        model = self.model_keys.get(request.name, self.model_keys.get(owner_of(request.name)))
-        if model is None:
-            return None
-        blob = json.dumps({"model": {"scorer": request.name, **model}, "profile": request.key_args(tracked),
-                           "env": environment(self.device), "format": FORMAT}, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
-
-    def fit(self, request: Profile, cache: CalibrationCache | None, tracker: TensorBytesTracker | None) -> CostModel:
-        """The profile's cost model: the cache's fit under its key, else tuned, profiled (peaks
-        measured under `tracker` on the simulated device) and saved there."""
-        name = request.name
-        self.profile_runs[name] = request.run
-        key = self.key(request, tracked=tracker is not None)
-        entry = cache.get(key) if (cache is not None and key is not None) else None
-        if entry is not None:
-            cost = CostModel.from_dict(entry["cost"])
-            if request.apply is not None:
-                request.apply(dict(entry.get("settings", {})))
-            log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
-            return cost
-        started = time.perf_counter()
-        settings: dict[str, Any] = {}
-        if request.tune is not None:  # timing passes, not a scoring pass: the budget does not bound them
-            # Timed as the passes will run: on the simulated device every aten op also pays the
-            # tracker's dispatch (~10 us), which an untracked timing leaves out, so it would favour
-            # small chunks that cost many more ops a step.
-            with torch.inference_mode(), _no_budget(tracker, enter=True):
-                settings = request.tune()
-        if request.apply is not None:
-            request.apply(dict(settings))
-        use_chunk = settings.get("chunk", request.chunk)
-        shapes = request.grid(settings)
-        began = time.time()
-        cost = profile(request.run, lambda fn: measure_peak(fn, f"profile:{name}", tracker, self.device), shapes,
-                       use_chunk, request.chunk_rows, prefix_run=request.prefix_run, lone_run=request.lone_run)
-        self.profiled.append(name)
-        self.seconds += time.perf_counter() - started
-        self.publish(ProfileRecord(name, owner_of(name), began, time.perf_counter() - started, len(shapes)))
-        if cache is not None and key is not None:
-            cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
-        return cost
-
-    # -- the queue kept while models load on the host -----------------------------------------
-    @contextmanager
-    def deferred(self) -> Iterator[None]:
-        """Queue the work `queue` is given inside (see `MemoryManager.deferred_calibration`)."""
-        self._pending = []
-        try:
-            yield
-        except BaseException:
-            self._pending = None
-            raise
-
-    def queue(self, name: str, work: Callable[[], CostModel]) -> bool:
-        """Queue `work` when inside `deferred()` (True); False: the caller runs it now."""
-        if self._pending is None:
-            return False
-        self._pending.append((name, work))
-        return True
-
-    def run_queue(self, before: Callable[[str], Any]) -> list[str]:
-        """Run the queued work in order, `before(name)` first for each; the names run."""
-        pending, self._pending = self._pending or [], None
-        from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
-
-        bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
-        for name, work in bar:
-            bar.set_postfix_str(name)
-            before(name)
-            t0 = time.perf_counter()
-            work()
-            seconds = time.perf_counter() - t0
-            if seconds >= 1.0:  # a profile, not a cache hit
-                log.info("calibration of %s took %.1fs", name, seconds)
-        bar.close()
-        return [name for name, _ in pending]
+def calibration_key(request: Profile, model_keys: dict[str, dict[str, Any]], tracked: bool,
+                    device: torch.device) -> str | None:
+    """The profile's calibration key, a stable digest of (model, profile arguments, environment)
+    (None: its model was never described, so nothing is cached). `tracked`: profiled under the
+    simulated device's tracker."""
+    model = model_keys.get(request.name, model_keys.get(owner_of(request.name)))
+    if model is None:
+        return None
+    blob = json.dumps({"model": {"scorer": request.name, **model}, "profile": request.key_args(tracked),
+                       "env": environment(device), "format": FORMAT}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
 
 def measure_peak(fn: Callable[[], Any], name: str, tracker: TensorBytesTracker | None, device: torch.device) -> int:
@@ -345,7 +250,7 @@ def measure_peak(fn: Callable[[], Any], name: str, tracker: TensorBytesTracker |
     device (its budget lifted: profile runs may pass it), the allocator's on CUDA."""
     with torch.inference_mode():  # what `MemoryManager.run` does: no autograd graph is kept
         if tracker is not None:
-            with tracker.window(name) as w, _no_budget(tracker):
+            with tracker.window(name) as w, no_budget(tracker):
                 fn()
             return w.peak_increase
         # CUDA: a nestable window of the allocator's peak (an open telemetry or replay window keeps its own).
@@ -357,7 +262,7 @@ def measure_peak(fn: Callable[[], Any], name: str, tracker: TensorBytesTracker |
 
 
 @contextmanager
-def _no_budget(tracker: TensorBytesTracker | None, *, enter: bool = False) -> Iterator[None]:
+def no_budget(tracker: TensorBytesTracker | None, *, enter: bool = False) -> Iterator[None]:
     """Lift the tracker's budget inside (profile and timing passes may pass it); keep counting.
     `enter`: count the current thread's ops too (nothing on CUDA, where there is no tracker)."""
     if tracker is None:

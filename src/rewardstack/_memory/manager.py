@@ -1,7 +1,7 @@
 """The memory manager: the one object scorers ask to run their forward passes, and what it tells subscribers.
 
 It owns the budget (sized on the `Card`), the tracker (the simulated device on CPU), the per-model
-cost models, the OOM log, the calibrator and (when the stack's weights do not fit) the placement.
+cost models, the OOM log, what calibration did and (when the stack's weights do not fit) the placement.
 `run` plans batches from token lengths, makes sure the model is where it runs, runs the batches
 under the OOM guard and returns outcomes in input order. `length_cap` tells a scorer how long one
 input may be and still fit alone.
@@ -39,16 +39,19 @@ run inside the scoring loop and must never raise into it.
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections import deque
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from rewardstack._memory.budget import Budget, Card, weights_bytes
-from rewardstack._memory.calibration import CalibrationCache, Calibrator, Profile, ProfileRecord, cache_path_for, measure_peak
-from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches
+from rewardstack._memory.calibration import (CalibrationCache, Profile, ProfileRecord, cache_path_for, calibration_key,
+                                             checkpoint_identity, measure_peak, no_budget)
+from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches, profile
 from rewardstack._memory.device import MemorySnapshot, TensorBytesTracker
 from rewardstack._memory.guard import Forward, OomRecord, Outcome, cpu_fallback, prepare_batches, run_guarded, where_run
 from rewardstack._memory.placement import Decision, Placement, PlacementMove
@@ -145,7 +148,13 @@ class MemoryManager:
         self.budget: Budget | None = None
         self.observers: list[MemoryObserver] = []
         """Subscribers told of runs, batches, OOMs, profiles and placement moves (`subscribe`)."""
-        self.calibrator = Calibrator(self.device, lambda record: self._publish("profiled", record))
+        self.model_keys: dict[str, dict[str, Any]] = {}  # scorer name -> what its fit depends on (`describe_model`)
+        self.profiled: list[str] = []
+        """Names whose cost model was measured in this process (not read from the cache)."""
+        self.calibration_seconds = 0.0
+        """Seconds spent tuning and profiling (a cache read costs none)."""
+        self.profile_runs: dict[str, Callable[[int, int], Any]] = {}  # the run each fit measured
+        self._pending: list[tuple[str, Callable[[], CostModel]]] | None = None  # inside `deferred_calibration`
         self._registered: dict[str, tuple[list[torch.nn.Module], bool]] = {}
         simulated = self.device.type != "cuda"  # the tracker is the device off CUDA
         self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulated else None
@@ -155,24 +164,20 @@ class MemoryManager:
         """The manager a stack built from `cfg` uses: its device and margin, and the config's
         calibration cache (`[memory] calibration_file`, else in the config's home folder,
         `rewardstack._paths.calibration_file`; none for a config built in code)."""
-        memory = getattr(cfg, "memory", None)
-        path = cache_path_for(getattr(cfg, "source", None), getattr(memory, "calibration_file", None))
+        path = cache_path_for(cfg.source, cfg.memory.calibration_file)
         cache = CalibrationCache(path, recalibrate=recalibrate) if path is not None or recalibrate else None
         return cls(None, device=torch.device(cfg.device), margin=cfg.safety_margin, calibration=cache)
 
-    @property
-    def profiled(self) -> list[str]:
-        """Names whose cost model was measured in this process (not read from the cache)."""
-        return self.calibrator.profiled
-
-    @property
-    def calibration_seconds(self) -> float:
-        """Seconds spent tuning and profiling."""
-        return self.calibrator.seconds
-
     def describe_model(self, model_cfg: Any) -> None:
-        """Record what a scorer's fits depend on (`Calibrator.describe_model`)."""
-        self.calibrator.describe_model(model_cfg, self.calibration)
+        """Record what a scorer's fits depend on, the model part of its calibration key: its
+        checkpoints by content (`calibration.checkpoint_identity`, not where they sit, so another
+        config or folder with the same checkpoint shares the fit) and its settings."""
+        d = {k: v for k, v in asdict(model_cfg).items() if k not in ("weight", "enabled", "path", "paths")}
+        cache = self.calibration
+        if cache is not None:  # hashing the checkpoint serves the cache only
+            d["checkpoints"] = [checkpoint_identity(p, cache) for p in [model_cfg.path, *model_cfg.paths] if p]
+            cache.save()  # digests of new files: not read again at the next start
+        self.model_keys[model_cfg.name] = d
 
     # -- observers --------------------------------------------------------------------------
     def subscribe(self, observer: MemoryObserver) -> None:
@@ -284,13 +289,14 @@ class MemoryManager:
 
         def work() -> CostModel:
             # The cache and the tracker as they are when the work runs (the queue runs after setup).
-            cost = self.calibrator.fit(profile, self.calibration, self.tracker)
+            cost = self._fit(profile)
             self.set_cost_model(name, cost)
             if profile.then is not None:
                 profile.then()
             return cost
 
-        if self.calibrator.queue(name, work):
+        if self._pending is not None:
+            self._pending.append((name, work))
             # Keep the name taken (a checkpoint shared by two scorers is profiled once).
             return self.cost_model(name)
         self._bring_in(owner_of(name))  # a profile after start-up (DPO's smaller chunk) runs where scoring does
@@ -299,8 +305,12 @@ class MemoryManager:
     @contextmanager
     def deferred_calibration(self) -> Iterator[None]:
         """Queue `calibrate` calls made inside (models load on the host first; see `run_calibrations`)."""
-        with self.calibrator.deferred():
+        self._pending = []
+        try:
             yield
+        except BaseException:
+            self._pending = None
+            raise
 
     def run_calibrations(self) -> list[str]:
         """Run the queued calibrations, each with its model on the device it will run on.
@@ -312,13 +322,61 @@ class MemoryManager:
         """
         if self.placement is None and self._registered:
             self.place(None)  # no setup (a manager handed in): every model resident, moved there now
-        done = self.calibrator.run_queue(lambda name: self._bring_in(owner_of(name)))
+        pending, self._pending = self._pending or [], None
+        from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
+
+        bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
+        for name, work in bar:
+            bar.set_postfix_str(name)
+            self._bring_in(owner_of(name))
+            t0 = time.perf_counter()
+            work()
+            seconds = time.perf_counter() - t0
+            if seconds >= 1.0:  # a profile, not a cache hit
+                log.info("calibration of %s took %.1fs", name, seconds)
+        bar.close()
         if self.budget is not None and self.card.charge_growth(self.budget):
             self.set_budget(self.budget.activation_bytes)
         if self.calibration is not None:
             log.info("calibration: %d profiled (%.1fs), %d read from %s", len(self.profiled),
                      self.calibration_seconds, self.calibration.hits, self.calibration.path)
-        return done
+        return [name for name, _ in pending]
+
+    def _fit(self, request: Profile) -> CostModel:
+        """The profile's cost model: the cache's fit under its key, else tuned, profiled (peaks
+        measured under the tracker on the simulated device) and saved there."""
+        name, cache = request.name, self.calibration
+        self.profile_runs[name] = request.run
+        key = calibration_key(request, self.model_keys, self.tracker is not None, self.device)
+        entry = cache.get(key) if (cache is not None and key is not None) else None
+        if entry is not None:
+            cost = CostModel.from_dict(entry["cost"])
+            if request.apply is not None:
+                request.apply(dict(entry.get("settings", {})))
+            log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
+            return cost
+        started = time.perf_counter()
+        settings: dict[str, Any] = {}
+        if request.tune is not None:  # timing passes, not a scoring pass: the budget does not bound them
+            # Timed as the passes will run: on the simulated device every aten op also pays the
+            # tracker's dispatch (~10 us), which an untracked timing leaves out, so it would favour
+            # small chunks that cost many more ops a step.
+            with torch.inference_mode(), no_budget(self.tracker, enter=True):
+                settings = request.tune()
+        if request.apply is not None:
+            request.apply(dict(settings))
+        shapes = request.grid(settings)
+        began = time.time()
+        cost = profile(request.run, lambda fn: self.measure(fn, f"profile:{name}"), shapes,
+                       settings.get("chunk", request.chunk), request.chunk_rows, prefix_run=request.prefix_run,
+                       lone_run=request.lone_run)
+        self.profiled.append(name)
+        seconds = time.perf_counter() - started
+        self.calibration_seconds += seconds
+        self._publish("profiled", ProfileRecord(name, owner_of(name), began, seconds, len(shapes)))
+        if cache is not None and key is not None:
+            cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
+        return cost
 
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
         """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
