@@ -26,15 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "ModelConfig": "rewardstack.config",
-    "StackConfig": "rewardstack.config",
-    "default_config": "rewardstack.config",
-    "load_config": "rewardstack.config",
-    "RewardStack": "rewardstack.stack",
-    "Step": "rewardstack.stack",
-    "StepResult": "rewardstack.stack",
-}
+_LAZY = (dict.fromkeys(["ModelConfig", "StackConfig", "default_config", "load_config"], "rewardstack.config")
+         | dict.fromkeys(["RewardStack", "Step", "StepResult"], "rewardstack.stack"))
 
 __all__ = [
     "ConfigError",
