@@ -11,40 +11,45 @@ from __future__ import annotations
 
 import json
 import textwrap
+import typing
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from rewardstack.config import ModelConfig, StackConfig, load_config
 from rewardstack._models import MODELS
-from rewardstack._settings import TABLES, explain_table
+from rewardstack._settings import TABLES, field_docs
 
 _NOT_KEYS = {"name", "locked", "options", "models", "source", *TABLES}
 
 
-def _rows(rows: list[tuple[str, str, str, str]], strip: str = "") -> list[str]:
-    out = []
-    for key, kind, default, help_ in rows:
-        key = key.removeprefix(strip)
-        if key.rsplit(".", 1)[-1] in _NOT_KEYS:
+def _rows(cls: type) -> list[str]:
+    """Key, type, default and help of every setting of a dataclass table."""
+    docs, hints, out = field_docs(cls), typing.get_type_hints(cls), []
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name in _NOT_KEYS:
             continue
-        out.append(f"  {key:<28} {kind:<12} {default:<24}")
-        out.extend(textwrap.wrap(help_, width=96, initial_indent="      ", subsequent_indent="      "))
+        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
+        kind = "bytes" if f.metadata.get("bytes") else getattr(hints[f.name], "__name__", str(hints[f.name]).replace("typing.", ""))
+        shown = f.metadata.get("shown_default", repr(default))  # a default computed from the config: its rule
+        out.append(f"  {f.name:<28} {kind:<12} {shown:<24}")
+        out.extend(textwrap.wrap(docs.get(f.name, ""), width=96, initial_indent="      ", subsequent_indent="      "))
     return out
 
 
 def explain() -> str:
     """Every key of the config file: key, type, default, help."""
     lines = ["Top-level keys:"]
-    lines += _rows(explain_table(StackConfig, ""), strip=".")
+    lines += _rows(StackConfig)
     for name, cls in TABLES.items():
         lines += ["", f"[{name}]:"]
-        lines += _rows(explain_table(cls, name), strip=f"{name}.")
+        lines += _rows(cls)
     lines += ["", "[models.<name>]: keys every model takes (<name> is an event name below):"]
-    lines += _rows(explain_table(ModelConfig, ""), strip=".")
+    lines += _rows(ModelConfig)
     for m in MODELS:  # the model registry, in the spec's order
         name = m.name
         defaults = ", ".join(f"{k} = {json.dumps(v)}" for k, v in m.defaults.items())
         lines += ["", f"[models.{name}]: defaults {defaults}"]
-        opts = _rows(explain_table(m.options, f"models.{name}"), strip=f"models.{name}.")
+        opts = _rows(m.options)
         lines += opts if opts else ["  (no options of its own)"]
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,7 @@
 """Settings tables of the config file that features add: `[memory]`, `[telemetry]`, `[service]`, `[input]`.
 
-Each table is a dataclass; its fields' docstrings (the string literal under each field) are the
-help that `rewardstack config --explain` prints. `parse_table` validates a TOML table against one:
+Each table is a dataclass; its fields' docstrings (the string literal under each field, `field_docs`) are
+the help that `rewardstack config --explain` prints. `parse_table` validates a TOML table against one:
 an unknown key is an error naming the closest valid key, and a value of the wrong type names its
 key. Fields whose metadata says `bytes` accept an integer or a size string ("40GiB", "512MiB").
 Command-line flags override what a table sets (each command says which).
@@ -16,7 +16,7 @@ import re
 import sys
 import types
 import typing
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, TypeVar
 
 from rewardstack.errors import ConfigError
@@ -125,19 +125,6 @@ def parse_table(cls: type[T], raw: Any, prefix: str) -> T:
             raise unknown_key_error(f"{prefix}.", key, known)
         values[key] = check_value(known[key], hints[key], value, f"{prefix}.{key}")
     return cls(**values)
-
-
-def explain_table(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) of every setting of a table, for `config --explain`."""
-    docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
-    rows = []
-    for f in fields(cls):  # type: ignore[arg-type]
-        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
-        kind = "bytes" if f.metadata.get("bytes") else getattr(hints[f.name], "__name__", str(hints[f.name]).replace("typing.", ""))
-        shown = f.metadata.get("shown_default", repr(default))  # a default computed from the config: its rule
-        rows.append((f"{prefix}.{f.name}", kind, shown, docs.get(f.name, "")))
-    return rows
 
 
 def positive(v: Any) -> str | None:
