@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from rewardstack.errors import InputError, json_error_message
+from rewardstack.errors import InputError
 
 log = logging.getLogger("rewardstack.fileio")
 
@@ -283,7 +283,13 @@ def parse(data: str | bytes, *, line: int | None = None, strict: bool = False, m
     try:
         obj = json.loads(text, parse_constant=_refuse_constant if strict else None, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
-        raise JSONInputError(json_error_message(e), "syntax", line=line) from None
+        # The column within the error's own line, never the column after its line break: `json` puts an
+        # error at the end of a line (an unclosed object) at column 1 of the next.
+        own = text.rstrip("\r\n")
+        column = min(e.pos, len(own)) - own.rfind("\n", 0, e.pos)
+        # Some of json's messages end in "at" ("Invalid control character at"): said once here.
+        raise JSONInputError(f"not valid JSON ({e.msg.removesuffix(' at')} at column {column})", "syntax",
+                             line=line) from None
     except _DuplicateKey as e:
         key = json.dumps(str(e.args[0])[:40], ensure_ascii=False)
         raise JSONInputError(f"not valid JSON (duplicate key {key}: a key may appear once in an object)", "syntax",

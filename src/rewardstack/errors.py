@@ -7,8 +7,6 @@ simulated) itself and turns it into a retry or a per-completion status.
 
 from __future__ import annotations
 
-import json  # noqa: F401 - the type of the helpers below
-
 
 class RewardStackError(Exception):
     """Base class of every error rewardstack raises deliberately."""
@@ -64,21 +62,3 @@ class MissingExtraError(RewardStackError):
 
 class ClusterError(RewardStackError):
     """The Ray cluster cannot run the job as asked (a path not shared by every node, no workers left)."""
-
-
-def json_error_column(e: "json.JSONDecodeError") -> int:
-    """The 1-based column of a JSON error within its line, never the column after the line break.
-
-    A line read from a file ends in its line break; an error at the end of the text (an unclosed
-    object) is then reported by `json` as column 1 of the next line. The column is counted within
-    the line's own text instead: at most one past its last character.
-    """
-    text = e.doc.rstrip("\r\n") if isinstance(e.doc, str) else ""
-    start = text.rfind("\n", 0, e.pos) + 1  # a document of several lines: the error's own line
-    return min(e.pos, len(text)) - start + 1
-
-
-def json_error_message(e: "json.JSONDecodeError") -> str:
-    """'not valid JSON (<what> at column N)', the column as `json_error_column` counts it."""
-    # Some of json's messages end in "at" ("Invalid control character at"): said once here.
-    return f"not valid JSON ({e.msg.removesuffix(' at')} at column {json_error_column(e)})"
