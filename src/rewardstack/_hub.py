@@ -27,18 +27,14 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rewardstack.config import ALL_MODELS
+from rewardstack.config import ALL_MODELS, hub_ids
 from rewardstack.errors import ConfigError, ModelLoadError
-from rewardstack.config import hub_ids
 from rewardstack._lockfile import COMMIT, LockEntry, is_hub_id, lock_path, write_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import ModelConfig, StackConfig
 
 log = logging.getLogger("rewardstack.hub")
-
-__all__ = ["COMMIT", "HubClient", "HuggingFaceHub", "LockEntry", "default_client", "download", "hub_ids",
-           "is_hub_id", "load_source", "lock_path", "write_lock"]
 
 
 class HubClient(Protocol):
@@ -81,22 +77,14 @@ def default_client() -> HubClient:
     return HuggingFaceHub()
 
 
-def _check_commit(repo_id: str, commit: Any) -> str:
-    if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
-        raise ModelLoadError(f"the hub gave {commit!r} as the commit of {repo_id!r}; expected 40 hex digits")
-    return commit
-
-
 def download(cfg: "StackConfig", *, client: HubClient | None = None, include_off: bool = False,
-             fetch: bool = True, lock_file: str | Path | None = None) -> tuple[Path, list[LockEntry]]:
+             fetch: bool = True) -> tuple[Path, list[LockEntry]]:
     """Resolve, fetch and lock every hub id of the config's models; returns (lock file, entries).
 
     Models that are off are skipped unless `include_off`. `fetch=False` resolves and locks only.
     """
-    if lock_file is None:
-        if cfg.source is None:
-            raise ConfigError("<file>", "download needs a config file (the lock file is written beside it)")
-        lock_file = lock_path(cfg.source)
+    if cfg.source is None:
+        raise ConfigError("<file>", "download needs a config file (the lock file is written beside it)")
     client = client or default_client()
     entries: list[LockEntry] = []
     for name in (*ALL_MODELS, *(m.name for m in cfg.user_rewards())):  # user-named reward models lock too
@@ -106,10 +94,11 @@ def download(cfg: "StackConfig", *, client: HubClient | None = None, include_off
         for repo in hub_ids(mc):
             requested = mc.revision if repo in ([mc.path] if mc.path else []) + list(mc.paths) else None
             try:
-                resolved = client.resolve(repo, requested)
+                commit = client.resolve(repo, requested)
             except Exception as e:  # noqa: BLE001 - network and hub errors of many types
                 raise ModelLoadError(f"cannot resolve {repo!r} at {requested or 'the default branch'}: {e}") from e
-            commit = _check_commit(repo, resolved)
+            if not isinstance(commit, str) or not COMMIT.fullmatch(commit):  # never a commit made up here
+                raise ModelLoadError(f"the hub gave {commit!r} as the commit of {repo!r}; expected 40 hex digits")
             log.info("%s: %s %s -> commit %s", name, repo, requested or "(default branch)", commit)
             if fetch:
                 try:
@@ -118,8 +107,9 @@ def download(cfg: "StackConfig", *, client: HubClient | None = None, include_off
                     raise ModelLoadError(f"cannot fetch {repo!r} at {commit}: {e}") from e
                 log.info("%s: fetched %s@%s into %s", name, repo, commit[:12], folder)
             entries.append(LockEntry(name, repo, requested, commit, bool(mc.trust_remote_code)))
-    write_lock(Path(lock_file), entries, config_name=Path(cfg.source).name if cfg.source else None)
-    return Path(lock_file), entries
+    lock_file = lock_path(cfg.source)
+    write_lock(lock_file, entries, config_name=cfg.source.name)
+    return lock_file, entries
 
 
 def load_source(cfg: "ModelConfig", path: str, *, client: HubClient | None = None) -> tuple[str, dict[str, Any]]:

@@ -332,19 +332,15 @@ def hub_ids(cfg: ModelConfig) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def apply_lock(cfg: StackConfig, path: str | Path | None = None) -> Path | None:
-    """Pin the config's hub ids to the commits of its lock file (if there is one); returns that file.
+def apply_lock(cfg: StackConfig) -> None:
+    """Pin the config's hub ids to the commits of the lock file beside it (if there is one).
 
     An entry whose requested revision is not what the config asks for now is stale: an error that
     says to run `download` again (loading another revision than the one locked would defeat it).
     """
-    if path is None:
-        if cfg.source is None:
-            return None
-        path = lock_path(cfg.source)
-    p = Path(path)
-    if not p.exists():
-        return None
+    p = lock_path(cfg.source) if cfg.source is not None else None
+    if p is None or not p.exists():
+        return
     for e in read_lock(p):
         mc = cfg.models.get(e.model)
         if mc is None or e.hub_id not in hub_ids(mc):
@@ -358,7 +354,6 @@ def apply_lock(cfg: StackConfig, path: str | Path | None = None) -> Path | None:
                 f"{e.requested_revision or 'the default branch'}; run `rewardstack download --config {cfg.source}`",
             )
         mc.locked[e.hub_id] = e.commit
-    return p
 
 
 def load_config(path: str | Path) -> StackConfig:
