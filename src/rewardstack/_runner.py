@@ -76,11 +76,6 @@ class ScoreReport:
     errors: list[str] = field(default_factory=list)
     """One message per bad input line (line number and field)."""
 
-    @property
-    def exit_code(self) -> int:
-        """0 when every input line was a valid step, 2 otherwise (the good ones are scored)."""
-        return 0 if not self.errors else 2
-
 
 def iter_steps(lines: Iterable[str | bytes], limits: Any = None) -> Iterator[tuple[int, Step | InputError]]:
     """(line number, Step or the InputError saying what is wrong) for each non-blank line.
@@ -137,14 +132,13 @@ def _hash_of(line: str, where: str) -> str:
     return h
 
 
-def reconcile_output(path: Path, journal: dict[str, Any] | None, report: ScoreReport | None = None) -> list[str]:
+def reconcile_output(path: Path, journal: dict[str, Any] | None, report: ScoreReport) -> list[str]:
     """Make `path` hold exactly the committed events and return their step hashes, in order.
 
     Drops a torn last line; when the state's journal names this file and the file lacks the
     journal's last commit (the state is one commit ahead), writes that commit's lines. Raises
     OutputMismatchError when file and journal cannot both be right.
     """
-    report = report if report is not None else ScoreReport()
     lines, end, torn = _read_lines(path)
     if torn:
         log.warning("%s: dropping a torn last line (a run was killed while writing it)", path)
@@ -180,7 +174,7 @@ def reconcile_output(path: Path, journal: dict[str, Any] | None, report: ScoreRe
     return [_hash_of(line, f"{path}: line {i + 1}") for i, line in enumerate(lines)]
 
 
-def settle_journal(journal: dict[str, Any] | None, out_path: Path | None, report: ScoreReport | None = None) -> None:
+def settle_journal(journal: dict[str, Any] | None, out_path: Path | None, report: ScoreReport) -> None:
     """Before any other input is scored: deliver the last commit's lines to the output it names.
 
     The state's journal names the output of its last commit. When that is another file than
@@ -218,12 +212,6 @@ def settle_journal(journal: dict[str, Any] | None, out_path: Path | None, report
 
 # -- the loop -------------------------------------------------------------------------------------
 
-def _journal_of(stack: RewardStack) -> dict[str, Any] | None:
-    """The journal of the state as stored on disk (the stack keeps no journal in memory)."""
-    sections = stack.store.load()
-    return sections.get(JOURNAL)
-
-
 def commit(stack: RewardStack, out_path: Path, committed: int, lines: list[str]) -> int:
     """Save the state with `lines` as its journal, then append them to the output. Returns the new count."""
     sections = stack.state.state_dict()
@@ -256,7 +244,7 @@ def score_file(
     to_stdout = str(output) == "-"
     out_path = Path(output)
     done: list[str] = []
-    journal = _journal_of(stack)
+    journal = stack.store.load().get(JOURNAL)  # as stored on disk: the stack keeps no journal in memory
     settle_journal(journal, None if to_stdout else out_path, report)
     if not to_stdout:
         done = reconcile_output(out_path, journal, report)
@@ -314,38 +302,38 @@ def score_file(
     return report
 
 
-def run_score(config_path: str, input_path: str, output: str, *, save_every: int = 1,
-              setup: Callable[[RewardStack], Any] | None = None, device_memory: int | None = None,
-              recalibrate: bool = False, max_chars: int | None = None, max_completions: int | None = None) -> int:
-    """`rewardstack score`: lock the state directory, build the stack, score, report. Returns the exit code.
+def run_score(args: Any) -> int:
+    """`rewardstack score` (its parsed flags): lock the state directory, build the stack with its
+    telemetry, score, report. Returns the exit code.
 
-    `device_memory` overrides `[memory] device_memory`; `recalibrate` profiles every model again;
-    `max_chars` and `max_completions` override the `[input]` limits.
+    `--device-memory` overrides `[memory] device_memory`; `--recalibrate` profiles every model again;
+    `--max-chars` and `--max-completions` override the `[input]` limits.
     """
     from rewardstack.config import load_config
     from rewardstack._memory.manager import check_device
     from rewardstack._state import StateLock
+    from rewardstack._telemetry import open_telemetry
 
-    cfg = load_config(config_path)
-    if device_memory is not None:
-        cfg.memory.device_memory = device_memory
-    if max_chars is not None:
-        cfg.input.max_chars = max_chars
-    if max_completions is not None:
-        cfg.input.max_completions = max_completions
+    cfg = load_config(args.config)
+    if args.device_memory is not None:
+        cfg.memory.device_memory = args.device_memory
+    if args.max_chars is not None:
+        cfg.input.max_chars = args.max_chars
+    if args.max_completions is not None:
+        cfg.input.max_completions = args.max_completions
     check_device(cfg.device)  # before the state folder and its lock are made for a stack that cannot run
     with StateLock(cfg.state_dir):
-        stack = RewardStack(cfg, recalibrate=recalibrate)
-        closer = setup(stack) if setup is not None else None
+        stack = RewardStack(cfg, recalibrate=args.recalibrate)
+        closer = open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
         try:
-            report = score_file(stack, input_path, output, save_every=save_every)
+            report = score_file(stack, args.input, args.output, save_every=args.save_every)
         finally:
             if closer is not None:
                 closer.close()
     parts = [f"scored {report.scored} steps", f"{len(report.errors)} bad lines"]
     if report.resumed:
-        parts.append(f"{report.resumed} already in {output} (resumed after them: not scored again)")
+        parts.append(f"{report.resumed} already in {args.output} (resumed after them: not scored again)")
     if report.redone:
         parts.append(f"{report.redone} written from the state's journal")
     print(", ".join(parts), file=sys.stderr)
-    return report.exit_code
+    return 2 if report.errors else 0  # 2: some input lines were bad (the good ones are scored)

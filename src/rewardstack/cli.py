@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rewardstack._argtypes import positive_int
-from rewardstack.errors import InputError
-from rewardstack._fileio import read_steps
 from rewardstack._models import DTYPES
 from rewardstack import _paths as paths
 
@@ -34,14 +32,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     check_input_file(args.input)  # ordinary mistakes found before any model loads
     check_output_file(args.output)
     check_folder(args.run_dir, "--run-dir")
-    def telemetry(stack):  # noqa: ANN001, ANN202
-        from rewardstack._telemetry import open_telemetry
-
-        return open_telemetry(stack, run_dir=args.run_dir, metrics_port=args.metrics_port)  # None: off
-
-    return run_score(args.config, args.input, args.output, save_every=args.save_every, setup=telemetry,
-                     device_memory=args.device_memory, recalibrate=args.recalibrate,
-                     max_chars=args.max_chars, max_completions=args.max_completions)
+    return run_score(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -74,7 +65,7 @@ def _fmt(x: float) -> str:
     return "  nan" if not math.isfinite(x) else f"{x:5.3f}"
 
 
-def summarize(step: dict[str, Any], event: dict[str, Any]) -> str:
+def summarize(event: dict[str, Any]) -> str:
     """A readable per-step summary: one row per completion, the best one marked."""
     from rewardstack.config import MASKS, REWARD_MODELS
 
@@ -100,7 +91,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     Each run starts from a fresh state and saves none, so a second run prints the same rewards and
     the same best (a saved state would carry the normalizers and diversity history over)."""
     from rewardstack.config import load_config
-    from rewardstack.stack import RewardStack, Step
+    from rewardstack.errors import InputError
+    from rewardstack.stack import RewardStack
+    from rewardstack._runner import iter_steps
     from rewardstack._standins import make_standins
 
     home = Path(args.dir) if args.dir else paths.standins()
@@ -111,11 +104,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = load_config(config_path)
     stack = RewardStack(cfg, load_state=False)
     sample = resources.files("rewardstack").joinpath("data/sample_steps.jsonl").read_text(encoding="utf-8")
-    for number, obj in read_steps(sample.splitlines()):  # type: ignore[arg-type]
-        if isinstance(obj, InputError):
-            raise obj
-        result = stack.score_step(Step.from_dict(obj, line=number), save=False)
-        print(summarize(obj, result.event))
+    for _, step in iter_steps(sample.splitlines()):
+        if isinstance(step, InputError):
+            raise step
+        print(summarize(stack.score_step(step, save=False).event))
         print()
     return 0
 
@@ -165,8 +157,17 @@ and one folder per config file, <config stem>-<hash>/ with state/ (unless the co
 state_dir) and runs/ (soak, bare --run-dir)."""
 
 
-def _add_score_parser(sub: Any) -> None:
-    """`rewardstack score`'s flags."""
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `rewardstack` command."""
+    p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0], epilog=HOME_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
+    p.add_argument("-q", "--quiet", action="count", default=0,
+                   help="log less: -q rewardstack's warnings and errors only, other libraries' errors only "
+                        "(the default logs rewardstack's INFO lines)")
+    sub = p.add_subparsers(dest="command", required=True)
+
     s = sub.add_parser("score", help="score validator steps (JSONL) into events (JSONL)")
     s.add_argument("--config", required=True, help="stack config (TOML)")
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
@@ -184,20 +185,6 @@ def _add_score_parser(sub: Any) -> None:
     s.add_argument("--max-completions", type=positive_int, help="refuse a step with more completions, as a bad "
                    "line (overrides [input] max_completions, default 256)")
     s.set_defaults(func=cmd_score)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `rewardstack` command."""
-    p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0], epilog=HOME_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
-    p.add_argument("-q", "--quiet", action="count", default=0,
-                   help="log less: -q rewardstack's warnings and errors only, other libraries' errors only "
-                        "(the default logs rewardstack's INFO lines)")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    _add_score_parser(sub)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")
     d.add_argument("--dir", help="folder for the stand-ins (default $REWARDSTACK_HOME/standins)")
