@@ -46,12 +46,6 @@ class Arch:
         module, cls = self.fields["auto_map"][auto].rsplit(".", 1)
         return getattr(importlib.import_module(f"{self.remote_code}.{module.split('--')[-1]}"), cls)
 
-    @property
-    def legacy_cache(self) -> bool:
-        """Remote code of the transformers 4.x era takes tuple caches, not cache objects: the
-        decoder scorers' load probe sends it to full sequences (no shared-prefix pass)."""
-        return bool(self.remote_code)
-
     def key(self) -> str:
         """A stable key for caches: the name and the fields."""
         return self.name + ":" + json.dumps(self.fields, sort_keys=True)
@@ -113,11 +107,6 @@ def load_arch(path: str) -> Arch:
 
 
 # -- meta models ---------------------------------------------------------------------------------
-
-def depth(arch: Arch) -> int:
-    """The number of transformer layers of an architecture."""
-    return int(arch.config().num_hidden_layers)
-
 
 @lru_cache(maxsize=64)
 def _meta_model(arch_key: str, auto: str, dtype_name: str, layers: int | None = None) -> tuple[torch.nn.Module, ...]:

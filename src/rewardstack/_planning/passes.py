@@ -34,15 +34,11 @@ def encoder_pass(model: str, mods: tuple, rows: list[list[int]], pair: bool) -> 
     types = [[0] * len(r) for r in rows] if pair else None
 
     def run() -> Any:
-        batch = _to_meta(enc.pad_batch(m, rows, 0, types))  # as `encoding.rows_pass` builds a pass
+        # As `encoding.rows_pass` builds a pass; pad_batch moves the ids to the model's device (meta here).
+        batch = {k: v.to("meta") for k, v in enc.pad_batch(m, rows, 0, types).items()}
         return head(m(**batch), batch["attention_mask"]).float()
 
     return run
-
-
-def _to_meta(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # pad_batch builds ids on the host and moves them to the model's device (meta here).
-    return {k: v.to("meta") for k, v in batch.items()}
 
 
 def _prefix_runner(body: torch.nn.Module, prefix: int, fill: int = 5) -> Any:

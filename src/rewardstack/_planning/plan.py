@@ -35,7 +35,7 @@ from rewardstack._planning import simulate as S
 from rewardstack._memory.budget import split_card, usable_bytes, weights_bytes
 from rewardstack._memory.costmodel import CostModel, largest
 from rewardstack._memory.placement import Placement
-from rewardstack._models import MODELS, owner_of
+from rewardstack._models import MODELS, owner_of, spec
 from rewardstack._scorers.encoding import default_pass_tokens
 
 VERDICTS = ("fits", "fits with swapping", "cannot fit")
@@ -81,10 +81,6 @@ class StackPlan:
     swap_bytes_per_step: int
     models: list[ModelPlan]
     seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        """JSON-able form (what `--json` writes)."""
-        return asdict(self)
 
 
 def _shapes(bound: int) -> list[tuple[int, int]]:
@@ -137,7 +133,7 @@ def _count_weights(cfg: StackConfig, names: list[str], dtype: str | None
         path = S.model_path(name, cfg)
         arch = archs[name] = S.load_arch(path)
         dt = dtype or S.model_dtype(name, cfg)
-        owner = first.setdefault((arch.key(), dt, S.SCORERS[name][1]), name)
+        owner = first.setdefault((arch.key(), dt, spec(name).simulated.auto_class), name)
         mods = modules[name] = modules[owner] if owner != name else S.meta_modules(name, dt, arch)
         plans[name] = ModelPlan(name, path, arch.name, dt, weights_bytes(mods) if owner == name else 0,
                                 stand_in=arch.stand_in, shares="" if owner == name else owner)
@@ -207,7 +203,7 @@ def scorer_max_batch(name: str, cfg: StackConfig, bound: int) -> int:
     mc = cfg.models[owner_of(name)]
     if mc.batch_size:
         return int(mc.batch_size)
-    if S.SCORERS[name][0] in ("classifier", "encoder"):
+    if spec(name).simulated.family in ("classifier", "encoder"):
         tokens = mc.options.max_batch_tokens or default_pass_tokens(bound, torch.device("cuda"))
         return max(1, tokens // bound)
     return mc.options.max_batch
@@ -325,7 +321,7 @@ def cmd_plan(args: Any) -> int:
     plan = plan_stack(cfg, size, dtype=args.dtype)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(plan.to_dict(), f, indent=2)
+            json.dump(asdict(plan), f, indent=2)
             f.write("\n")
     print(format_plan(plan))
     print(f"planned in {plan.seconds:.1f} s")

@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -55,30 +54,18 @@ import torch
 
 from rewardstack._fileio import atomic_write_text
 from rewardstack._memory.budget import weights_bytes
-from rewardstack._models import HF_REWARD, MODELS, checkpoint_index, is_user_model, owner_of, spec
+from rewardstack._models import MODELS, checkpoint_index, is_user_model, owner_of, spec
 from rewardstack._planning import passes
-from rewardstack._planning.archs import DTYPES, Arch, SimulationError, depth, load_arch, meta_modules
+from rewardstack._planning.archs import DTYPES, Arch, SimulationError, load_arch, meta_modules
 from rewardstack._planning.metadevice import measure_meta
 
 # -- which model each scorer runs, and how -------------------------------------------------------
 
-# scorer run name -> (kind, transformers auto class), from the model registry's `simulated` entries.
-# The kinds are the scorer families below.
-class _Scorers(dict):
-    """The fixed models' runs, and any user-named reward model (`rewards.<name>`): `HF_REWARD`'s pass."""
-
-    def __missing__(self, run: str) -> tuple[str, str]:
-        if is_user_model(run) and HF_REWARD.simulated is not None:
-            return (HF_REWARD.simulated.family, HF_REWARD.simulated.auto_class)
-        raise KeyError(run)
-
-    def __contains__(self, run: object) -> bool:
-        return super().__contains__(run) or (isinstance(run, str) and is_user_model(run))
-
-
-SCORERS: dict[str, tuple[str, str]] = _Scorers({
+SCORERS: dict[str, tuple[str, str]] = {
     run: (m.simulated.family, m.simulated.auto_class) for m in MODELS if m.simulated is not None for run in m.runs()
-})
+}
+"""The fixed models' runs -> (scorer family, transformers auto class), from the registry's `simulated` entries;
+a user-named reward model (`rewards.<name>`) runs `HF_REWARD`'s (`spec(run).simulated` answers for every run)."""
 
 
 def _model_cfg(model: str, config: Any | None) -> Any:
@@ -118,7 +105,7 @@ def scorer_bound(model: str, config: Any | None = None, arch: Arch | None = None
     mc = _model_cfg(model, config)
     arch = arch or load_arch(model_path(model, config))
     conf = arch.config()
-    kind = SCORERS[model][0]
+    kind = spec(model).simulated.family
     if kind in ("classifier", "encoder"):
         default = spec(model).tokenizer_length  # the published tokenizer's bound, in its stead
         bound = enc.resolve_max_length(None, conf, mc.max_length, default)
@@ -146,17 +133,8 @@ class SimResult:
     largest_alloc_shape: tuple[int, ...] = ()
     largest_alloc_module: str = ""
     weights_bytes: int = 0
-    arch: str = ""
     modelled: tuple[str, ...] = ()
-    seconds: float = 0.0
     attention: str = ""  # which attention the pass ran (`scorers.attention.attention_of`)
-
-    def describe(self) -> str:
-        """One line for logs and reports."""
-        gib = 1024**3
-        return (f"{self.model} B={self.batch} L={self.length} {self.dtype}: peak {self.peak_bytes / gib:.3f} GiB, "
-                f"largest {self.largest_alloc_bytes / gib:.3f} GiB {self.largest_alloc_op} "
-                f"{list(self.largest_alloc_shape)} in {self.largest_alloc_module or '-'}")
 
 
 # -- the public API ------------------------------------------------------------------------------
@@ -236,7 +214,7 @@ def simulate_peak(
     `block`: query rows per block of a model running blocked attention (None: the scorer's
     default, `attention.ATTENTION_BLOCK`). Results are cached per arguments.
     """
-    if model not in SCORERS:
+    if model not in SCORERS and not is_user_model(model):
         raise SimulationError(f"unknown model {model!r}; expected one of: {', '.join(SCORERS)}")
     if batch < 1 or length < 1 or not 0 <= prefix < length:
         raise SimulationError(f"need batch >= 1, length >= 1 and 0 <= prefix < length (got {batch}, {length}, {prefix})")
@@ -244,7 +222,7 @@ def simulate_peak(
     dtype = dtype or model_dtype(model, config)
     if dtype not in DTYPES:
         raise SimulationError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    kind = SCORERS[model][0]
+    kind = spec(model).simulated.family
     # Scorers that run the same architecture the same way share results (relevance [1], diversity).
     same = "pooled" if kind == "encoder" else model
     key = (same, arch.key(), dtype, batch, length, prefix if kind in ("reciprocate", "dahoas", "dpo") else 0,
@@ -256,20 +234,19 @@ def simulate_peak(
     if key in _CACHE:
         hit = _CACHE[key]
         return hit if hit.model == model else dataclasses.replace(hit, model=model)
-    t0 = time.perf_counter()
 
     def at_depth(layers: int | None) -> SimResult:
         mods = meta_modules(model, dtype, arch, layers)
-        return _simulate(model, kind, mods, batch, length, dtype, prefix, prompt, padded, chunk, arch.legacy_cache,
-                         block)
+        # Remote code of the transformers 4.x era takes tuple caches, not cache objects: the decoder
+        # scorers' load probe sends it to full sequences (no shared-prefix pass).
+        return _simulate(model, kind, mods, batch, length, dtype, prefix, prompt, padded, chunk,
+                         bool(arch.remote_code), block)
 
-    n = depth(arch)
+    n = int(arch.config().num_hidden_layers)
     res = at_depth(None if exact or n <= 3 else 3)
     if not exact and n > 3:
         res.peak_bytes = res.peak_bytes + (n - 3) * (res.peak_bytes - at_depth(2).peak_bytes)
     res.weights_bytes = weights_bytes(meta_modules(model, dtype, arch))
-    res.arch = arch.name
-    res.seconds = time.perf_counter() - t0
     _CACHE[key] = res
     if _DISK is not None:
         data = _disk_read(arch, dtype)
