@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -160,17 +160,17 @@ class Card:
         allocated = self.snapshot().allocated if self.injected else allocated_bytes(self.device)[0]
         return max(0, allocated - resident - self.startup.allocated)  # type: ignore[operator]
 
-    def size(self, cfg: Any) -> int | None:
+    def size(self, cfg: StackConfig) -> int | None:
         """The size of the card the stack behaves as on: `[memory] device_memory` when set (never
         more than the real card), else the real card; on CPU `device_memory` sizes the simulated
         device, and without it there is none (None)."""
-        dm = getattr(getattr(cfg, "memory", None), "device_memory", None)
+        dm = cfg.memory.device_memory
         if self.startup is None:
             return int(dm) if dm else None
         total = int(self.startup.device_total)  # type: ignore[arg-type]
         return min(total, int(dm)) if dm else total
 
-    def resolve(self, cfg: Any, weights: int) -> tuple[Budget, int | None]:
+    def resolve(self, cfg: StackConfig, weights: int) -> tuple[Budget, int | None]:
         """(the budget, the weights' device budget for placement; None: all resident) for a config
         and `weights` bytes of stack weights.
 
@@ -194,8 +194,7 @@ class Card:
             # Another process's memory is not ours: never plan past what was free at start.
             free_at_start = self.startup.device_free + self.startup.reserved  # type: ignore[operator]
             outside = self.measure_non_torch()
-            dm = getattr(getattr(cfg, "memory", None), "device_memory", None)
-            if dm and self.device.type == "cuda" and not self.injected:  # pragma: no cover - CUDA-only path
+            if cfg.memory.device_memory and self.device.type == "cuda" and not self.injected:  # pragma: no cover - CUDA-only path
                 # A hard cap, so the allocator fails where that card would.
                 fraction = min(1.0, card / self.startup.device_total)  # type: ignore[operator]
                 torch.cuda.set_per_process_memory_fraction(fraction, self.device)

@@ -21,7 +21,7 @@
 - **Peak windows** (`PeakWindow`): the peak of one stretch of work above what was live when it
   opened, nestable (the step's window around each call's, replay's around a model's run). On CPU a
   window of the tracker; on CUDA the allocator has one peak counter per device, so every reset goes
-  through one `PeakLedger` per process, which first folds the counter into every open window: a
+  through the process's one ledger (`cuda_window`), which first folds the counter into every open window: a
   reset never loses an outer window's peak. The counters are read through `torch.cuda`'s functions
   at call time, so tests stand a fake allocator in for them without a GPU.
 - **Allocator settings**: `configure_allocator()` sets `expandable_segments:True` before CUDA
@@ -60,7 +60,7 @@ DEFAULT_CONF = "expandable_segments:True"
 @dataclass
 class Window:
     """Peak and live bytes seen inside one named window: a `TensorBytesTracker.window` (or `watch`),
-    or a CUDA window of the `PeakLedger` (named by its device)."""
+    or a CUDA window of the ledger (`cuda_window`, named by its device)."""
 
     name: str
     start_bytes: int = 0
@@ -404,38 +404,35 @@ def allocated_bytes(device: torch.device | str) -> tuple[int, int]:
     return int(counters.get("current", 0)), int(counters.get("peak", 0))
 
 
-class PeakLedger:
-    """Owns the allocator's peak counter: the windows open on each device and the only resets."""
+_ledger_lock = threading.Lock()
+_ledger: dict[str, list[Window]] = {}
+"""The allocator's peak counter, owned: the CUDA windows open on each device (`cuda_window` makes the only resets)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: dict[str, list[Window]] = {}
 
-    def _fold(self, device: torch.device) -> int:
-        """Fold the peak counter into the open windows; the bytes live now."""
-        now, peak = allocated_bytes(device)
-        for w in self._open.get(str(device), ()):
-            w.peak_bytes = max(w.peak_bytes, peak)
-        return now
+def _fold(device: torch.device) -> int:
+    """Fold the peak counter into the open windows of `device`; the bytes live now."""
+    now, peak = allocated_bytes(device)
+    for w in _ledger.get(str(device), ()):
+        w.peak_bytes = max(w.peak_bytes, peak)
+    return now
 
-    def open(self, device: torch.device) -> Window:
-        """Open a window on `device`: fold the counter into the open ones, then reset it."""
-        with self._lock:
-            start = self._fold(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            w = Window(str(device), start, start)
-            self._open.setdefault(str(device), []).append(w)
-            return w
 
-    def close(self, device: torch.device, w: Window) -> None:
-        """Close a window, its peak (absolute bytes) folded in. The outer windows keep theirs."""
-        with self._lock:
-            self._fold(device)
-            windows = self._open.get(str(device), [])
+@contextmanager
+def cuda_window(device: torch.device) -> Iterator[Window]:
+    """A window on `device`: opening folds the counter into the open ones, then resets it; closing
+    folds the peak (absolute bytes) in. The outer windows keep theirs."""
+    with _ledger_lock:
+        start = _fold(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        w = Window(str(device), start, start)
+        _ledger.setdefault(str(device), []).append(w)
+    try:
+        yield w
+    finally:
+        with _ledger_lock:
+            _fold(device)
+            windows = _ledger.get(str(device), [])
             windows[:] = [o for o in windows if o is not w]
-
-
-_ledger = PeakLedger()  # the process's one: every CUDA peak window and measurement goes through it
 
 
 class PeakWindow:
@@ -443,7 +440,7 @@ class PeakWindow:
 
     CPU: a window of the tracker, when the tracker counts the current thread (a model run in host
     memory has no device peak: None; with `watch=True`, a step's window, the peak of the calls inside
-    that count). CUDA: a window of the process's `PeakLedger`. Use as a context
+    that count). CUDA: a window of the process's ledger (`cuda_window`). Use as a context
     manager; read `start`, `peak` and `peak_increase` after.
     """
 
@@ -453,7 +450,7 @@ class PeakWindow:
         self.watch = watch  # a stretch of several calls (a step): watch the tracker without entering it
         self.start: int | None = None
         self.peak: int | None = None
-        self._cm: Any = None  # the tracker's window or watch
+        self._cm: Any = None  # the tracker's window or watch, or the ledger's
         self._window: Window | None = None
 
     @property
@@ -464,23 +461,21 @@ class PeakWindow:
         return self.peak - self.start
 
     def __enter__(self) -> "PeakWindow":
-        if self.tracker is not None and (self.tracker.is_active() or self.watch):
+        t = self.tracker
+        if t is not None and (t.is_active() or self.watch):
             # Never start counting a thread that runs in host memory; a step's window (`watch`) only
             # watches: the calls inside enter the tracker themselves.
-            self._cm = self.tracker.window("call") if self.tracker.is_active() else self.tracker.watch("step")
+            self._cm = t.window("call") if t.is_active() else t.watch("step")
+        elif t is None and self.device.type == "cuda":
+            self._cm = cuda_window(self.device)
+        if self._cm is not None:
             self._window = self._cm.__enter__()
-        elif self.tracker is None and self.device.type == "cuda":
-            self._window = _ledger.open(self.device)
-        if self._window is not None:
             self.start = self._window.start_bytes
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._cm is not None:
             self._cm.__exit__(*exc)
-        elif self._window is not None:
-            _ledger.close(self.device, self._window)
-        if self._window is not None:
             self.peak = self._window.peak_bytes
 
 

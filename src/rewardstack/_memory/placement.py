@@ -200,9 +200,8 @@ class Placement:
         return self.device if self._ids(name) <= self._on_device else self.host
 
     def ensure(self, name: str) -> Decision:
-        """Make `name` runnable: swap it onto the device (evicting LRU swapped-in models) if needed."""
-        if name not in self._models:
-            return Decision("resident", "not registered with placement")
+        """Make registered model `name` runnable: swap it onto the device (evicting LRU swapped-in models)
+        if needed (`MemoryManager` asks only for the models it registered)."""
         d = self.decisions.get(name) or self.plan()[name]
         if d.where != "swap":
             return d
