@@ -24,12 +24,8 @@ from typing import Any, Callable, TextIO
 
 from rewardstack.errors import InputError, MissingExtraError, RewardStackError
 
-EXIT_OK = 0
-"""Everything was done (every line scored)."""
 EXIT_FAILED = 1
 """The command failed; stderr says why in one line."""
-EXIT_SKIPPED = 2
-"""Some input lines were bad and skipped (each named on stderr); the good ones were scored."""
 EXIT_MISSING_EXTRA = 3
 """An optional dependency the command needs is not installed; stderr names the extra to install."""
 

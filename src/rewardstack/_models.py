@@ -236,10 +236,7 @@ def resolve(ref: str) -> Callable[..., Any]:
 def options_class(model: str) -> type:
     """The dataclass of model `model`'s options (`ModelSpec.options`); `NoOptions` for a name the
     registry does not know (a test's own scorer, configured in code)."""
-    owner = owner_of(model)
-    if is_user_model(owner):
-        return HfRewardOptions
-    return BY_NAME[owner].options if owner in BY_NAME else NoOptions
+    return spec(model).options if is_user_model(model) or owner_of(model) in BY_NAME else NoOptions
 
 def option_keys(model: str) -> set[str]:
     """The option keys model `model` accepts."""

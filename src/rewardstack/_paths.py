@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 
 HOME_ENV = "REWARDSTACK_HOME"
-IN_CODE = "default"
-"""The per-config folder of a config built in code (no file)."""
 
 
 def home() -> Path:
@@ -41,7 +39,7 @@ def home() -> Path:
 def config_home(config_source: str | os.PathLike[str] | None) -> Path:
     """`home()/<stem>-<8 hex of the absolute path>/` for a config file; `home()/default` for none."""
     if config_source is None:
-        return home() / IN_CODE
+        return home() / "default"
     p = Path(config_source).expanduser().resolve()
     digest = hashlib.sha256(str(p).encode("utf-8")).hexdigest()[:8]
     return home() / f"{p.stem}-{digest}"
@@ -58,14 +56,10 @@ def calibration_file() -> Path:
     return home() / "calibration" / "cache.json"
 
 
-def runs_dir(config_source: str | os.PathLike[str] | None) -> Path:
-    """The folder under which a command makes its run folders when not given --run-dir."""
-    return config_home(config_source) / "runs"
-
-
 def new_run_dir(config_source: str | os.PathLike[str] | None, kind: str) -> Path:
-    """A fresh `runs_dir(config)/<kind>-<YYYYmmdd-HHMMSS>` path (not created)."""
-    return runs_dir(config_source) / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """A fresh `config_home(config)/runs/<kind>-<YYYYmmdd-HHMMSS>` path (not created): where a command
+    makes its run folder when not given one."""
+    return config_home(config_source) / "runs" / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 BARE_RUN_DIR = ""
@@ -73,7 +67,7 @@ BARE_RUN_DIR = ""
 
 
 def run_dir_for(given: str | None, config_source: str | os.PathLike[str] | None, kind: str) -> str | None:
-    """A command's run folder: `given` if named, a new folder under `runs_dir(config)` for a bare
+    """A command's run folder: `given` if named, a new folder under `config_home(config)/runs` for a bare
     `--run-dir` (BARE_RUN_DIR), None (no run folder) if the flag was not given."""
     if given is None:
         return None
