@@ -212,23 +212,23 @@ class ScoringReplica:
     async def score(self, request: Any, scope: str | None) -> Response:
         arrived = time.monotonic()
         settings = self.settings
-        call = parse_score(await request.body(), scope, settings, self.config.input)  # the service's rules
-        actor = self._actor(call.namespace)
+        name, sequence, epoch, step = parse_score(await request.body(), scope, settings, self.config.input)
+        actor = self._actor(name)
         if self.in_flight >= settings.queue_size:
             raise ServiceError(429, "queue_full", f"the replica has {self.in_flight} steps in flight; the step "
                                "was not scored", headers={"Retry-After": "1"})
         self.in_flight += 1
         try:
-            pre = await _call_state(actor.precheck, call.sequence, call.epoch, call.step)
+            pre = await _call_state(actor.precheck, sequence, epoch, step)
             if pre is not None:
                 return score_response(pre)
             deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
-            fwd = await self._forward((call.step, deadline))
+            fwd = await self._forward((step, deadline))
             if fwd is None:
                 raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
                                    "the step was not scored (service.deadline_s)")
             # Started: it commits whatever happens to the client (shielded from its disconnect).
-            return score_response(await asyncio.shield(_call_state(actor.commit, call.sequence, call.epoch, fwd,
+            return score_response(await asyncio.shield(_call_state(actor.commit, sequence, epoch, fwd,
                                                                    self.reorder_wait_s)))
         finally:
             self.in_flight -= 1

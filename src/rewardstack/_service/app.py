@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack._service.edge import (CutAtShutdown, answer_of, authorize, install_error_handlers, loopback_guard,
-                                      require_json, status_for)
+                                      require_json, as_service_error)
 from rewardstack._service.errors import ServiceError
 from rewardstack._service import namespaces
 from rewardstack._service.namespaces import ALL_NAMESPACES, Access, stored_state
@@ -172,17 +172,17 @@ class Service:
         metrics = request.app.state.metrics
         code = 500
         try:
-            call = parse_score(await request.body(), scope, self.settings, self.config.input)  # 400/413/422 naming the field
+            name, sequence, epoch, step = parse_score(await request.body(), scope, self.settings, self.config.input)
             # A new namespace past service.max_namespaces is refused by the worker, which creates
             # namespaces one at a time (checking here would race with concurrent first requests).
             deadline = arrived + min(self.settings.deadline_s, client_deadline(request.headers))
-            job = Job(call.namespace, call.step, call.sequence, deadline=deadline, epoch=call.epoch)
+            job = Job(name, step, sequence, deadline=deadline, epoch=epoch)
             self.worker.submit(job)  # 429 when full, 503 when not ready or draining
             answer = await answer_of(request, job, deadline)
             code = 200
             return score_response(answer)
         except Exception as e:
-            code = status_for(e)  # the status the error handlers send (a step's InputError is a 422)
+            code = as_service_error(e).status  # the status the error handlers send (a step's InputError is a 422)
             raise
         finally:
             metrics.requests.labels(code=str(code)).inc()

@@ -29,7 +29,6 @@ import asyncio
 import difflib
 import math
 import time
-from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -127,13 +126,8 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = None
-        for key, value in scope.get("headers", []):
-            if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
+        length = dict(scope.get("headers", [])).get(b"content-length", b"").strip()
+        declared = int(length) if length.isdigit() else None
         received = 0
         limit = self.limit
         timeout = self.body_timeout_s
@@ -184,19 +178,10 @@ def namespace_for(requested: Any, scope: str | None) -> str:
 
 # -- a score request ---------------------------------------------------------------------------
 
-@dataclass
-class ScoreCall:
-    """A parsed, admitted `POST /v1/score`: the namespace, its optional sequence number, the step."""
-
-    namespace: str
-    sequence: int | None
-    step: Step
-    epoch: int | None = None
-
-
 def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
-                limits: InputSettings | None = None) -> ScoreCall:
-    """The request body as a ScoreCall, or the ServiceError that refuses it (never anything else)."""
+                limits: InputSettings | None = None) -> tuple[str, int | None, int | None, Step]:
+    """The request body as its namespace, sequence number, epoch and step, or the ServiceError that
+    refuses it (never anything else)."""
     try:
         obj = parse(body, strict=True)
     except JSONInputError as e:
@@ -215,7 +200,7 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
     except InputError as e:
         raise ServiceError(422, "invalid_step", str(e), field=e.field) from None
     check_limits(step, settings, limits)
-    return ScoreCall(namespace, sequence, step, epoch)
+    return namespace, sequence, epoch, step
 
 
 def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
