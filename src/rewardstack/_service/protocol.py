@@ -34,7 +34,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rewardstack.errors import InputError
-from rewardstack._fileio import MAX_DEPTH, JSONInputError, parse
+from rewardstack._fileio import JSONInputError, parse
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack._settings import InputSettings, ServiceSettings
@@ -182,14 +182,8 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
                 limits: InputSettings | None = None) -> tuple[str, int | None, int | None, Step]:
     """The request body as its namespace, sequence number, epoch and step, or the ServiceError that
     refuses it (never anything else)."""
-    try:
-        obj = parse(body, strict=True)
-    except JSONInputError as e:
-        what = f"nested deeper than {MAX_DEPTH} levels" if e.reason == "depth" else str(e)
-        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {what}; the step was not scored",
-                           field="body") from None
-    if not isinstance(obj, dict):
-        raise ServiceError(422, "invalid_step", "a step must be a JSON object", field="body")
+    obj = json_object(body, ServiceError(422, "invalid_step", "a step must be a JSON object", field="body"),
+                      "; the step was not scored")
     check_fields(obj, ScoreBody)
     namespace = namespace_for(obj.pop("namespace", None), scope)
     try:
@@ -201,6 +195,18 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
         raise ServiceError(422, "invalid_step", str(e), field=e.field) from None
     check_limits(step, settings, limits)
     return namespace, sequence, epoch, step
+
+
+def json_object(body: bytes, refusal: ServiceError, more: str = "") -> dict:
+    """The body as a JSON object: 400 `invalid_json` saying why it is not strict JSON of bounded
+    nesting (`_fileio.parse`; `more` ends the message), `refusal` when it is JSON but no object."""
+    try:
+        obj = parse(body, strict=True)
+    except JSONInputError as e:
+        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}{more}", field="body") from None
+    if not isinstance(obj, dict):
+        raise refusal
+    return obj
 
 
 def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
@@ -217,12 +223,8 @@ def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
 
 def parse_session(body: bytes) -> SessionBody:
     """`POST /v1/namespaces/{name}/sessions`' body (empty: an unnamed client), or the ServiceError."""
-    try:
-        obj = parse(body, strict=True) if body.strip() else {}
-    except JSONInputError as e:
-        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
-    if not isinstance(obj, dict):
-        raise ServiceError(422, "invalid_request", "the body must be a JSON object", field="body")
+    refusal = ServiceError(422, "invalid_request", "the body must be a JSON object", field="body")
+    obj = json_object(body, refusal) if body.strip() else {}
     check_fields(obj, SessionBody)
     try:
         return SessionBody.model_validate(obj)
