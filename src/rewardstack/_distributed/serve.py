@@ -133,14 +133,6 @@ class NamespaceState:
             return answer
 
 
-def namespace_actor(config: StackConfig, name: str, state_dir: str) -> Any:
-    """The state actor of `name`, created on first use (detached: it outlives the replica asking)."""
-    return ray.remote(NamespaceState).options(
-        name=actor_name(name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
-        num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000,
-    ).remote(config, name, state_dir)
-
-
 def stop_namespace_actors(state_dir: str | Path) -> int:
     """Kill the state actors of every namespace in `state_dir` (each has committed all it answered)."""
     root = Path(state_dir) / "namespaces"
@@ -191,8 +183,11 @@ class ScoringReplica:
         folder: replicas cannot overshoot `service.max_namespaces` (403)."""
         reserve(Path(self.state_dir) / "namespaces", name, self.settings.max_namespaces)
         actor = self.actors.get(name)
-        if actor is None:
-            actor = self.actors[name] = namespace_actor(self.config, name, self.state_dir)
+        if actor is None:  # created on first use (detached: it outlives the replica asking)
+            actor = self.actors[name] = ray.remote(NamespaceState).options(
+                name=actor_name(name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
+                num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000,
+            ).remote(self.config, name, self.state_dir)
         return actor
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)

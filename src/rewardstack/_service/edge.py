@@ -297,12 +297,10 @@ class RepeatFilter(logging.Filter):
     """Passes a message at most once per `window_s` for each (logger, message template: the text
     before its arguments); the next one that passes says how many were held back meanwhile."""
 
-    def __init__(self, window_s: float = 10.0, *, max_keys: int = 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window_s: float = 10.0, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.window_s = window_s
         self._clock = clock  # a parameter so a test can step time instead of racing it
-        self.max_keys = max_keys
         self._seen: dict[tuple[str, str], list[float]] = {}  # key -> [last passed at, held back]
         self._lock = threading.Lock()  # the worker thread logs too
 
@@ -315,7 +313,7 @@ class RepeatFilter(logging.Filter):
                 entry[1] += 1
                 return False
             held = int(entry[1]) if entry is not None else 0
-            if len(self._seen) >= self.max_keys:  # bounded: forget the keys whose window has passed
+            if len(self._seen) >= 1024:  # bounded: forget the keys whose window has passed
                 self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.window_s}
             self._seen[key] = [now, 0]
         if held and isinstance(record.msg, str):
