@@ -182,8 +182,7 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
                 limits: InputSettings | None = None) -> tuple[str, int | None, int | None, Step]:
     """The request body as its namespace, sequence number, epoch and step, or the ServiceError that
     refuses it (never anything else)."""
-    obj = json_object(body, ServiceError(422, "invalid_step", "a step must be a JSON object", field="body"),
-                      "; the step was not scored")
+    obj = json_object(body, "invalid_step", "a step must be a JSON object", "; the step was not scored")
     check_fields(obj, ScoreBody)
     namespace = namespace_for(obj.pop("namespace", None), scope)
     try:
@@ -197,15 +196,16 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
     return namespace, sequence, epoch, step
 
 
-def json_object(body: bytes, refusal: ServiceError, more: str = "") -> dict:
+def json_object(body: bytes, kind: str, not_object: str, more: str = "") -> dict:
     """The body as a JSON object: 400 `invalid_json` saying why it is not strict JSON of bounded
-    nesting (`_fileio.parse`; `more` ends the message), `refusal` when it is JSON but no object."""
+    nesting (`_fileio.parse`; `more` ends the message), 422 `kind` saying `not_object` when it is
+    JSON but no object."""
     try:
         obj = parse(body, strict=True)
     except JSONInputError as e:
         raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}{more}", field="body") from None
     if not isinstance(obj, dict):
-        raise refusal
+        raise ServiceError(422, kind, not_object, field="body")
     return obj
 
 
@@ -223,8 +223,7 @@ def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
 
 def parse_session(body: bytes) -> SessionBody:
     """`POST /v1/namespaces/{name}/sessions`' body (empty: an unnamed client), or the ServiceError."""
-    refusal = ServiceError(422, "invalid_request", "the body must be a JSON object", field="body")
-    obj = json_object(body, refusal) if body.strip() else {}
+    obj = json_object(body, "invalid_request", "the body must be a JSON object") if body.strip() else {}
     check_fields(obj, SessionBody)
     try:
         return SessionBody.model_validate(obj)

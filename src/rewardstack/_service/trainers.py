@@ -95,7 +95,7 @@ def _models_for(request: Request, model: Any) -> list[str]:
 
 
 async def _body_of(request: Request) -> dict:
-    return json_object(await request.body(), _refuse("body", "must be a JSON object"))
+    return json_object(await request.body(), "invalid_request", "field 'body': must be a JSON object")
 
 
 def _check_limits(settings: ServiceSettings, items: list[Any], field: str, models: list[str]) -> None:
