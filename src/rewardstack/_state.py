@@ -381,18 +381,13 @@ class StateStore:
             state_log.warning("state in %s migrated from format %d to %d; the original is kept as %s",
                         self.dir, old, FORMAT_VERSION, backup.name)
 
-    def _remove_stale_temps(self) -> None:
-        """Delete temp files a killed save left behind (one writer per state dir: `StateLock`)."""
-        if self.dir.is_dir():
-            for tmp in self.dir.glob(f".{STATE_FILE}.*.tmp"):
-                tmp.unlink(missing_ok=True)
-
     def load(self) -> dict[str, dict[str, Any]]:
         """The stored sections ({} when nothing was saved yet), migrated to the current format.
 
         Raises StateError if the file is unreadable or was written by a newer rewardstack.
         """
-        self._remove_stale_temps()
+        for tmp in self.dir.glob(f".{STATE_FILE}.*.tmp"):  # a killed save's (one writer per state dir: `StateLock`)
+            tmp.unlink(missing_ok=True)
         if not self.path.exists():
             return {}
         try:

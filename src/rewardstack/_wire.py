@@ -233,17 +233,12 @@ class Step:
         if not isinstance(d, Mapping):
             raise InputError("a step must be a JSON object", line=line)
         wire: StepWire = read(StepWire, d if isinstance(d, dict) else dict(d), line=line)
-        comps = wire.completions
-        if wire.failed is not None:
-            comps = [None if f else c for c, f in zip(comps, wire.failed)]
+        fields = dict(wire)  # the validated values as they are (no copy), less the wire-only `failed`
+        failed = fields.pop("failed") or [False] * len(wire.completions)
         # Completions arrive stripped in the validator; strip here so every scorer agrees.
-        return cls(
-            name=wire.name, prompt=wire.prompt, completions=[c.strip() if c is not None else None for c in comps],
-            base_prompt=wire.base_prompt, uids=wire.uids, completion_times=wire.completion_times,
-            block=wire.block, gating_loss=wire.gating_loss, set_weights=wire.set_weights,
-            new_forward_pass=wire.new_forward_pass,
-            logged_best=wire.logged_best.strip() if wire.logged_best is not None else None,
-        )
+        fields["completions"] = [None if f or c is None else c.strip() for c, f in zip(wire.completions, failed)]
+        fields["logged_best"] = wire.logged_best.strip() if wire.logged_best is not None else None
+        return cls(**fields)
 
 
 # -- what goes back out: the event and the error -------------------------------------------------

@@ -35,19 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 from rewardstack.config import StackConfig
 from rewardstack._distributed.cluster import RAY_NAMESPACE
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.edge import authorize, install_error_handlers, loopback_guard, require_json
 from rewardstack._service.namespaces import Namespace, reserve, stored_state
-from rewardstack._service.protocol import (SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline, error_responses,
-                                          namespace_for, parse_score, parse_session, score_responses)
+from rewardstack._service.protocol import client_deadline, parse_score
 from rewardstack._service import namespaces
-from rewardstack._service.app import score_response
+from rewardstack._service.app import http_app, score_response
 from rewardstack._service.worker import WARMUP_STEP, Answer
 from rewardstack._settings import ServiceSettings
 from rewardstack.stack import Step
@@ -57,12 +54,11 @@ from rewardstack._wire import RECENT_RESULTS
 log = logging.getLogger("rewardstack.distributed")
 
 APP_NAME = "rewardstack"
-ACTOR_PREFIX = "rewardstack-namespace-"
 
 
 def actor_name(namespace: str) -> str:
     """The Ray name of a namespace's state actor."""
-    return ACTOR_PREFIX + namespace
+    return "rewardstack-namespace-" + namespace
 
 
 # -- the namespace state actor --------------------------------------------------------------------
@@ -137,14 +133,6 @@ class NamespaceState:
             return answer
 
 
-def namespace_actor(config: StackConfig, name: str, state_dir: str) -> Any:
-    """The state actor of `name`, created on first use (detached: it outlives the replica asking)."""
-    return ray.remote(NamespaceState).options(
-        name=actor_name(name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
-        num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000,
-    ).remote(config, name, state_dir)
-
-
 def stop_namespace_actors(state_dir: str | Path) -> int:
     """Kill the state actors of every namespace in `state_dir` (each has committed all it answered)."""
     root = Path(state_dir) / "namespaces"
@@ -162,7 +150,8 @@ def stop_namespace_actors(state_dir: str | Path) -> int:
 # -- the replicas ---------------------------------------------------------------------------------
 @serve.ingress()
 class ScoringReplica:
-    """A Serve replica: the stack's stateless part, the service's HTTP surface, no validator state."""
+    """A Serve replica: the stack's stateless part, the service's HTTP surface (service/app.py's
+    shared routes, answered here over the namespaces' state actors), no validator state."""
 
     def __init__(self, config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str],
                  state_dir: str, reorder_wait_s: float) -> None:
@@ -184,13 +173,21 @@ class ScoringReplica:
         self.actors: dict[str, Any] = {}
         self.started = time.time()
 
-    def check_health(self) -> None:
-        """Serve's health check: the replica is healthy once its stack answered a forward pass."""
+    def __serve_build_asgi_app__(self) -> Any:
+        return http_app(self, self.settings, self.access, title="rewardstack on Ray Serve",
+                        description="The scoring service with stateless replicas and one state actor per namespace. "
+                                    "See docs/RAY.md.")
 
     def _actor(self, name: str) -> Any:
+        """The namespace's state actor, its folder first reserved under one file lock on the shared
+        folder: replicas cannot overshoot `service.max_namespaces` (403)."""
+        reserve(Path(self.state_dir) / "namespaces", name, self.settings.max_namespaces)
         actor = self.actors.get(name)
-        if actor is None:
-            actor = self.actors[name] = namespace_actor(self.config, name, self.state_dir)
+        if actor is None:  # created on first use (detached: it outlives the replica asking)
+            actor = self.actors[name] = ray.remote(NamespaceState).options(
+                name=actor_name(name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
+                num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000,
+            ).remote(self.config, name, self.state_dir)
         return actor
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
@@ -207,135 +204,71 @@ class ScoringReplica:
                 out[i] = r
         return out
 
-    def __serve_build_asgi_app__(self) -> Any:
-        return build_http_app(self)
+    async def score(self, request: Any, scope: str | None) -> Response:
+        arrived = time.monotonic()
+        settings = self.settings
+        name, sequence, epoch, step = parse_score(await request.body(), scope, settings, self.config.input)
+        actor = self._actor(name)
+        if self.in_flight >= settings.queue_size:
+            raise ServiceError(429, "queue_full", f"the replica has {self.in_flight} steps in flight; the step "
+                               "was not scored", headers={"Retry-After": "1"})
+        self.in_flight += 1
+        try:
+            pre = await _call_state(actor.precheck, sequence, epoch, step)
+            if pre is not None:
+                return score_response(pre)
+            deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
+            fwd = await self._forward((step, deadline))
+            if fwd is None:
+                raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
+                                   "the step was not scored (service.deadline_s)")
+            # Started: it commits whatever happens to the client (shielded from its disconnect).
+            return score_response(await asyncio.shield(_call_state(actor.commit, sequence, epoch, fwd,
+                                                                   self.reorder_wait_s)))
+        finally:
+            self.in_flight -= 1
 
+    async def standing(self, name: str) -> dict:
+        try:
+            return await _call_state(ray.get_actor(actor_name(name), namespace=RAY_NAMESPACE).standing)
+        except ValueError:  # no actor: read the committed file
+            folder = Path(self.state_dir) / "namespaces" / name
+            return namespaces.describe(await asyncio.to_thread(stored_state, self.config, folder))
 
-def build_http_app(replica: ScoringReplica) -> Any:
-    """The replica's FastAPI app: the service's `/v1/score` contract over the split stack."""
-    settings = replica.settings
-    # The service's guards (service/edge.py, protocol.BodyLimit): loopback without a token answers
-    # only this machine's Host and Origin, a step must be sent as JSON, a slow body is cut off.
-    local = loopback_guard(settings.host, replica.access)
-    app = FastAPI(title="rewardstack on Ray Serve", version="0.1.0",
-                  dependencies=[Depends(local)] if local is not None else [],
-                  description="The scoring service with stateless replicas and one state actor per namespace. "
-                              "See docs/RAY.md.")
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
-    install_error_handlers(app)  # the service's error chokepoint and access checks (service/edge.py)
-    app.state.access, app.state.replica = replica.access, replica
-    app.include_router(router)
-    return app
+    async def open_session(self, request: Any, name: str, client: dict) -> dict:
+        return await _call_state(self._actor(name).open_session, client)
 
+    def health(self) -> JSONResponse:
+        return JSONResponse({"status": "ok", "in_flight": self.in_flight, "up_s": round(time.time() - self.started, 1),
+                             "replica": {"pid": os.getpid(), "host": os.uname().nodename}})
 
-router = APIRouter()
-"""A replica's routes: plain functions that find their replica on `request.app.state.replica`."""
+    def readiness(self) -> JSONResponse:
+        return JSONResponse({"status": "ready"})  # Serve routes to a replica only after its constructor returned
 
-
-def _reserve(replica: ScoringReplica, name: str) -> None:
-    """Count and create the namespace's folder under one file lock on the shared folder: replicas
-    cannot overshoot `service.max_namespaces` (403)."""
-    reserve(Path(replica.state_dir) / "namespaces", name, replica.settings.max_namespaces)
-
-
-def _answer(reply: Answer | ServiceError) -> Response:
-    if isinstance(reply, ServiceError):
-        raise reply
-    return score_response(reply)
+    def describe(self, scope: str | None) -> dict:
+        return {
+            "device": str(self.stack.device),
+            "models": [m.name for m in self.config.active_models()],
+            "limits": {k: getattr(self.settings, k) for k in ("max_body_bytes", "max_completions", "max_chars",
+                                                              "deadline_s", "queue_size")},
+            "state_dir": self.state_dir,
+        }
 
 
 async def _call_state(method: Any, *args: Any) -> Any:
+    """A state actor's answer; the refusal it returned raised."""
     from ray.exceptions import RayActorError
 
     try:
-        return await method.remote(*args)
+        reply = await method.remote(*args)
     except RayActorError:
         # The state actor died (Ray restarts it from its last commit): the client retries with
         # the same sequence number and gets the stored result or a fresh, single application.
         raise ServiceError(503, "state_restarting", "the namespace's state actor restarted; retry with the same "
                            "sequence number", headers={"Retry-After": "1"}) from None
-
-
-@router.post("/v1/score", summary="Score one step", responses=score_responses(),
-             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}})
-async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
-    arrived = time.monotonic()
-    replica: ScoringReplica = request.app.state.replica
-    settings = replica.settings
-    call = parse_score(await request.body(), scope, settings, replica.config.input)  # the service's rules
-    _reserve(replica, call.namespace)
-    if replica.in_flight >= settings.queue_size:
-        raise ServiceError(429, "queue_full", f"the replica has {replica.in_flight} steps in flight; the step "
-                           "was not scored", headers={"Retry-After": "1"})
-    replica.in_flight += 1
-    try:
-        actor = replica._actor(call.namespace)
-        pre = await _call_state(actor.precheck, call.sequence, call.epoch, call.step)
-        if pre is not None:
-            return _answer(pre)
-        deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
-        fwd = await replica._forward((call.step, deadline))
-        if fwd is None:
-            raise ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring started; "
-                               "the step was not scored (service.deadline_s)")
-        # Started: it commits whatever happens to the client (shielded from its disconnect).
-        return _answer(await asyncio.shield(_call_state(actor.commit, call.sequence, call.epoch, fwd,
-                                                        replica.reorder_wait_s)))
-    finally:
-        replica.in_flight -= 1
-
-
-@router.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
-            responses=error_responses(401, 403, 422))
-async def namespace_info(name: str, request: Request, scope: str | None = Depends(authorize)) -> dict:
-    replica: ScoringReplica = request.app.state.replica
-    name = namespace_for(name, scope)
-    try:
-        actor = ray.get_actor(actor_name(name), namespace=RAY_NAMESPACE)
-        standing = await _call_state(actor.standing)
-    except ValueError:  # no actor: read the committed file
-        folder = Path(replica.state_dir) / "namespaces" / name
-        standing = namespaces.describe(await asyncio.to_thread(stored_state, replica.config, folder))
-    return {"namespace": name, **standing}
-
-
-@router.post("/v1/namespaces/{name}/sessions", summary="Open a session on a namespace, fencing the one before",
-             openapi_extra={"requestBody": {"content": {"application/json": {"schema": SESSION_SCHEMA}}}},
-             responses=error_responses(400, 401, 403, 415, 422, 503))
-async def open_session(name: str, request: Request, scope: str | None = Depends(authorize),
-                       _json: None = Depends(require_json)) -> dict:
-    replica: ScoringReplica = request.app.state.replica
-    name = namespace_for(name, scope)
-    who = parse_session(await request.body())
-    _reserve(replica, name)
-    reply = await _call_state(replica._actor(name).open_session, who.model_dump())
     if isinstance(reply, ServiceError):
         raise reply
-    return {"namespace": name, **reply}
-
-
-@router.get("/healthz", summary="Liveness of this replica")
-async def healthz(request: Request) -> dict:
-    replica: ScoringReplica = request.app.state.replica
-    return {"status": "ok", "in_flight": replica.in_flight, "up_s": round(time.time() - replica.started, 1),
-            "replica": {"pid": os.getpid(), "host": os.uname().nodename}}
-
-
-@router.get("/readyz", summary="Readiness: this replica loaded its models and ran a forward pass")
-async def readyz() -> dict:
-    return {"status": "ready"}  # Serve routes to a replica only after its constructor returned
-
-
-@router.get("/v1/stack", summary="Models, device and limits of this replica", responses=error_responses(401))
-async def stack_info(request: Request, scope: str | None = Depends(authorize)) -> dict:
-    replica: ScoringReplica = request.app.state.replica
-    return {
-        "device": str(replica.stack.device),
-        "models": [m.name for m in replica.config.active_models()],
-        "limits": {k: getattr(replica.settings, k) for k in ("max_body_bytes", "max_completions", "max_chars",
-                                                              "deadline_s", "queue_size")},
-        "state_dir": replica.state_dir,
-    }
+    return reply
 
 
 def build_app(config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str], *, state_dir: str,

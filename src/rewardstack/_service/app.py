@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
 from rewardstack._service.edge import (CutAtShutdown, answer_of, authorize, install_error_handlers, loopback_guard,
-                                      require_json, status_for)
+                                      require_json, as_service_error)
 from rewardstack._service.errors import ServiceError
 from rewardstack._service import namespaces
 from rewardstack._service.namespaces import ALL_NAMESPACES, Access, stored_state
@@ -79,53 +79,76 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
         worker.begin_drain()
         await asyncio.to_thread(worker.join)
 
-    local = loopback_guard(settings.host, access)  # loopback without a token: Host and Origin must be this machine
-    app = FastAPI(title="rewardstack", version="0.1.0", lifespan=lifespan,
-                  dependencies=[Depends(local)] if local is not None else [],
-                  description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
-    app.state.worker, app.state.config, app.state.settings, app.state.access = worker, config, settings, access
+    app = http_app(Service(worker, config, settings), settings, access, title="rewardstack", lifespan=lifespan,
+                   description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
+    app.state.worker, app.state.config, app.state.settings = worker, config, settings
     app.state.metrics = service_metrics()
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
-    install_error_handlers(app)  # the one error chokepoint (service/edge.py)
-    app.include_router(router)
+    app.add_api_route("/metrics", metrics_route, summary="Prometheus metrics", responses=error_responses(401))
     app.include_router(trainers.router)  # /get_reward, /classify: docs/TRAINERS.md
     return app
 
 
-router = APIRouter()
-"""The service's routes: plain functions that find the worker, config and settings on `request.app.state`."""
+def http_app(server: Any, settings: ServiceSettings, access: Access, **fastapi: Any) -> FastAPI:
+    """A FastAPI app of the shared `routes`, answered by `server` (`Service`, or a Ray Serve replica),
+    behind the edge both servers share: the loopback guard, the body limit and the error handlers."""
+    local = loopback_guard(settings.host, access)  # loopback without a token: Host and Origin must be this machine
+    app = FastAPI(version="0.1.0", dependencies=[Depends(local)] if local is not None else [], **fastapi)
+    app.state.server, app.state.access = server, access
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+    install_error_handlers(app)  # the one error chokepoint (service/edge.py)
+    app.include_router(routes)
+    return app
 
 
-@router.post("/v1/score", summary="Score one step", responses=score_responses(),
+routes = APIRouter()
+"""The routes `rewardstack serve` and the Ray Serve replicas share (one contract): each asks the
+app's server (`request.app.state.server`) for its answer."""
+
+
+@routes.post("/v1/score", summary="Score one step", responses=score_responses(),
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SCORE_SCHEMA}}}})
 async def score(request: Request, scope: str | None = Depends(authorize), _json: None = Depends(require_json)) -> Response:
-    arrived = time.monotonic()
-    state = request.app.state
-    code = 500
-    try:
-        response = await _score(request, scope, arrived)
-        code = response.status_code
-        return response
-    except Exception as e:
-        code = status_for(e)  # the status the error handlers send (a step's InputError is a 422)
-        raise
-    finally:
-        state.metrics.requests.labels(code=str(code)).inc()
-        state.metrics.latency.observe(time.monotonic() - arrived)
-        state.metrics.queue.set(state.worker.queue_length())
+    return await request.app.state.server.score(request, scope)
 
 
-async def _score(request: Request, scope: str | None, arrived: float) -> Response:
-    state = request.app.state
-    settings: ServiceSettings = state.settings
-    call = parse_score(await request.body(), scope, settings, state.config.input)  # 400/413/422 naming the field
-    # A new namespace past service.max_namespaces is refused by the worker, which creates
-    # namespaces one at a time (checking here would race with concurrent first requests).
-    deadline = arrived + min(settings.deadline_s, client_deadline(request.headers))
-    job = Job(call.namespace, call.step, call.sequence, deadline=deadline, epoch=call.epoch)
-    state.worker.submit(job)  # 429 when full, 503 when not ready or draining
-    return score_response(await answer_of(request, job, deadline))
+@routes.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
+            responses=error_responses(401, 403, 422))
+async def namespace_info(name: str, request: Request, scope: str | None = Depends(authorize)) -> dict:
+    name = namespace_for(name, scope)
+    return {"namespace": name, **await request.app.state.server.standing(name)}
+
+
+@routes.post("/v1/namespaces/{name}/sessions", summary="Open a session on a namespace, fencing the one before",
+             openapi_extra={"requestBody": {"content": {"application/json": {"schema": SESSION_SCHEMA}}}},
+             responses=error_responses(400, 401, 403, 415, 422, 429, 503, 504))
+async def open_session(name: str, request: Request, scope: str | None = Depends(authorize),
+                       _json: None = Depends(require_json)) -> dict:
+    name = namespace_for(name, scope)
+    who = parse_session(await request.body())
+    return {"namespace": name, **await request.app.state.server.open_session(request, name, who.model_dump())}
+
+
+@routes.get("/healthz", summary="Liveness: the worker's (or replica's) heartbeat, answered at once")
+async def healthz(request: Request) -> JSONResponse:
+    return request.app.state.server.health()
+
+
+@routes.get("/readyz", summary="Readiness: models loaded and a startup forward pass done; 503 while starting or draining")
+async def readyz(request: Request) -> JSONResponse:
+    return request.app.state.server.readiness()
+
+
+@routes.get("/v1/stack", summary="Models, placement, budget, cost models, queue", responses=error_responses(401, 503))
+async def stack_info(request: Request, scope: str | None = Depends(authorize)) -> dict:
+    return request.app.state.server.describe(scope)
+
+
+async def metrics_route(request: Request, scope: str | None = Depends(authorize)) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    request.app.state.metrics.queue.set(request.app.state.worker.queue_length())
+    return Response(generate_latest(registry()), media_type=CONTENT_TYPE_LATEST)
 
 
 def score_response(answer: Answer) -> Response:
@@ -137,75 +160,75 @@ def score_response(answer: Answer) -> Response:
     return Response(answer.body, media_type="application/json", headers=headers)
 
 
-@router.get("/v1/namespaces/{name}", summary="A namespace's committed sequence number, epoch and session holder",
-            responses=error_responses(401, 403, 422))
-async def namespace_info(name: str, request: Request, scope: str | None = Depends(authorize)) -> dict:
-    name = namespace_for(name, scope)
-    return {"namespace": name, **await asyncio.to_thread(standing_of, request.app.state.worker, name)}
+class Service:
+    """The answers of `rewardstack serve` to the shared routes: one worker owns the device and every
+    namespace; steps and sessions go through its queue."""
 
+    def __init__(self, worker: Worker, config: StackConfig, settings: ServiceSettings) -> None:
+        self.worker, self.config, self.settings = worker, config, settings
 
-@router.post("/v1/namespaces/{name}/sessions", summary="Open a session on a namespace, fencing the one before",
-             openapi_extra={"requestBody": {"content": {"application/json": {"schema": SESSION_SCHEMA}}}},
-             responses=error_responses(400, 401, 403, 415, 422, 429, 503, 504))
-async def open_session(name: str, request: Request, scope: str | None = Depends(authorize),
-                       _json: None = Depends(require_json)) -> Response:
-    name = namespace_for(name, scope)
-    who = parse_session(await request.body())
-    deadline = time.monotonic() + min(request.app.state.settings.deadline_s, client_deadline(request.headers))
-    # Through the worker's queue, behind the namespace's steps already queued: its `next` counts
-    # every step admitted before it.
-    job = Job(name, None, None, deadline=deadline, kind=SESSION, client=who.model_dump())
-    request.app.state.worker.submit(job)
-    outcome = await answer_of(request, job, deadline)
-    return Response(outcome.body, media_type="application/json")
+    async def score(self, request: Request, scope: str | None) -> Response:
+        arrived = time.monotonic()
+        metrics = request.app.state.metrics
+        code = 500
+        try:
+            name, sequence, epoch, step = parse_score(await request.body(), scope, self.settings, self.config.input)
+            # A new namespace past service.max_namespaces is refused by the worker, which creates
+            # namespaces one at a time (checking here would race with concurrent first requests).
+            deadline = arrived + min(self.settings.deadline_s, client_deadline(request.headers))
+            job = Job(name, step, sequence, deadline=deadline, epoch=epoch)
+            self.worker.submit(job)  # 429 when full, 503 when not ready or draining
+            answer = await answer_of(request, job, deadline)
+            code = 200
+            return score_response(answer)
+        except Exception as e:
+            code = as_service_error(e).status  # the status the error handlers send (a step's InputError is a 422)
+            raise
+        finally:
+            metrics.requests.labels(code=str(code)).inc()
+            metrics.latency.observe(time.monotonic() - arrived)
+            metrics.queue.set(self.worker.queue_length())
 
+    async def standing(self, name: str) -> dict[str, Any]:
+        """Where a namespace stands (`namespaces.describe`): from memory when loaded, else from its state file."""
+        for ns in self.worker.namespaces.loaded():
+            if ns.name == name:
+                return namespaces.describe(ns.state)
+        folder = self.worker.namespaces.root / name
+        return namespaces.describe(await asyncio.to_thread(stored_state, self.config, folder))
 
-@router.get("/healthz", summary="Liveness: the worker's heartbeat, answered at once")
-async def healthz(request: Request) -> JSONResponse:
-    worker: Worker = request.app.state.worker
-    beat = dict(worker.heartbeat)
-    alive = worker.alive or worker.closed
-    body = {
-        "status": "ok" if alive and worker.error is None else "failed",
-        "running": beat.get("running"),
-        "running_for_s": round(time.time() - beat["since"], 3) if beat.get("running") else None,
-        "last_forward_at": beat.get("last_forward_at"),
-        "queue_length": worker.queue_length(),
-        "ready": worker.ready,
-        "error": worker.error,
-    }
-    return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+    async def open_session(self, request: Request, name: str, client: dict[str, Any]) -> dict[str, Any]:
+        # Through the worker's queue, behind the namespace's steps already queued: its `next` counts
+        # every step admitted before it.
+        deadline = time.monotonic() + min(self.settings.deadline_s, client_deadline(request.headers))
+        job = Job(name, None, None, deadline=deadline, kind=SESSION, client=client)
+        self.worker.submit(job)
+        return await answer_of(request, job, deadline)
 
+    def health(self) -> JSONResponse:
+        worker = self.worker
+        beat = dict(worker.heartbeat)
+        alive = worker.alive or worker.closed
+        body = {
+            "status": "ok" if alive and worker.error is None else "failed",
+            "running": beat.get("running"),
+            "running_for_s": round(time.time() - beat["since"], 3) if beat.get("running") else None,
+            "last_forward_at": beat.get("last_forward_at"),
+            "queue_length": worker.queue_length(),
+            "ready": worker.ready,
+            "error": worker.error,
+        }
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
-@router.get("/readyz", summary="Readiness: models loaded and a startup forward pass done; 503 while starting or draining")
-async def readyz(request: Request) -> JSONResponse:
-    worker: Worker = request.app.state.worker
-    if worker.ready:
-        return JSONResponse({"status": "ready"})
-    reason = ("failed: " + worker.error) if worker.error else ("draining" if worker.draining or worker.closed else "starting")
-    return JSONResponse({"status": reason}, status_code=503, headers={"Retry-After": "5"})
+    def readiness(self) -> JSONResponse:
+        worker = self.worker
+        if worker.ready:
+            return JSONResponse({"status": "ready"})
+        reason = ("failed: " + worker.error) if worker.error else ("draining" if worker.draining or worker.closed else "starting")
+        return JSONResponse({"status": reason}, status_code=503, headers={"Retry-After": "5"})
 
-
-@router.get("/v1/stack", summary="Models, placement, budget, cost models, queue", responses=error_responses(401, 503))
-async def stack_info(request: Request, scope: str | None = Depends(authorize)) -> dict:
-    state = request.app.state
-    return describe(state.worker, state.config, state.settings, scope)
-
-
-@router.get("/metrics", summary="Prometheus metrics", responses=error_responses(401))
-async def metrics_route(request: Request, scope: str | None = Depends(authorize)) -> Response:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    request.app.state.metrics.queue.set(request.app.state.worker.queue_length())
-    return Response(generate_latest(registry()), media_type=CONTENT_TYPE_LATEST)
-
-
-def standing_of(worker: Worker, name: str) -> dict[str, Any]:
-    """Where a namespace stands (`namespaces.describe`): from memory when loaded, else from its state file."""
-    for ns in worker.namespaces.loaded():
-        if ns.name == name:
-            return namespaces.describe(ns.state)
-    return namespaces.describe(stored_state(worker.config, worker.namespaces.root / name))
+    def describe(self, scope: str | None) -> dict:
+        return describe(self.worker, self.config, self.settings, scope)
 
 
 def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, scope: str | None = None) -> dict:

@@ -21,8 +21,8 @@ logs each failure. So, around uvicorn's own HTTP protocol (whichever it picked, 
   drain on SIGTERM: `drain_timeout_s`).
 - `CutAtShutdown`: a request still open when the drain time is up is answered 503 in one log
   line, not a traceback.
-- `connection_cap`: the cap, kept under the process's open-file limit (the models, the state
-  files and one lock per namespace need descriptors too).
+- the cap on connections is kept under the process's open-file limit (the models, the state files
+  and one lock per namespace need descriptors too).
 - `answer_of`: a queued request's answer, withdrawn if its deadline passes or its client goes away
   before the worker starts it (the score, session and trainer routes alike).
 - `RepeatFilter` / `log_rate_limited`: a message repeated (same logger, same text before its
@@ -55,46 +55,20 @@ from rewardstack._settings import ServiceSettings
 log = logging.getLogger("rewardstack.service")
 
 
-def status_for(exc: BaseException) -> int:
-    """The HTTP status the handlers below answer `exc` with: what a request counter must count."""
+def as_service_error(exc: BaseException, where: str = "") -> ServiceError:
+    """The refusal the app answers `exc` with (its status is what a request counter must count);
+    `where` is the request's method and path, which a routing error names."""
     if isinstance(exc, ServiceError):
-        return exc.status
-    if isinstance(exc, (InputError, RequestValidationError)):
-        return 422
-    if isinstance(exc, StarletteHTTPException):
-        return exc.status_code
-    if isinstance(exc, ClientDisconnect):
-        return CLIENT_GONE
-    return 500
-
-
-CLIENT_GONE = 499
-"""The status counted for a client that went away before its answer (nginx's code; never sent)."""
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Turn every error a route raises into `{"error": {"message", "type", "field"}}` with its status."""
-
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(InputError)
-    async def input_error(request: Request, exc: InputError) -> JSONResponse:
-        return await service_error(request, ServiceError(422, "invalid_step", str(exc), field=exc.field))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return exc
+    if isinstance(exc, InputError):
+        return ServiceError(422, "invalid_step", str(exc), field=exc.field)
+    if isinstance(exc, RequestValidationError):
         errs = exc.errors()
-        where = ".".join(str(x) for x in errs[0].get("loc", ())[1:]) if errs else None
-        return await service_error(request, ServiceError(422, "invalid_request", errs[0]["msg"] if errs else "invalid",
-                                                         field=where or None))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        loc = ".".join(str(x) for x in errs[0].get("loc", ())[1:]) if errs else None
+        return ServiceError(422, "invalid_request", errs[0]["msg"] if errs else "invalid", field=loc or None)
+    if isinstance(exc, StarletteHTTPException):
         # The router's own refusals (no such route, a method the route does not take) answer the
         # same shape as every other error, not FastAPI's `{"detail": ...}`.
-        where = f"{request.method} {request.url.path}"
         if exc.status_code == 404:
             error = ServiceError(404, "not_found", f"no route {where}")
         elif exc.status_code == 405:
@@ -102,25 +76,36 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             error = ServiceError(exc.status_code, "http_error", str(exc.detail))
         error.headers = dict(exc.headers or {})  # 405 keeps its Allow header
-        return await service_error(request, error)
+        return error
+    if isinstance(exc, ClientDisconnect):
+        return ServiceError(CLIENT_GONE, "client_gone", "the client went away before its request body was complete")
+    if isinstance(exc, RewardStackError):
+        return ServiceError(500, "internal", str(exc))
+    return ServiceError(500, "internal", f"internal error ({type(exc).__name__})")
 
-    @app.exception_handler(ClientDisconnect)
-    async def client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
-        # The client closed its connection while sending the body: its mistake or its network's,
-        # not the server's, so one line and no traceback (and the answer goes nowhere).
-        log.info("%s %s: the client went away before its request body was complete; nothing was scored",
-                 request.method, request.url.path)
-        return await service_error(request, ServiceError(CLIENT_GONE, "client_gone", "the client went away "
-                                                         "before its request body was complete"))
 
-    @app.exception_handler(RewardStackError)
-    async def library_error(request: Request, exc: RewardStackError) -> JSONResponse:
-        return await service_error(request, ServiceError(500, "internal", str(exc)))
+CLIENT_GONE = 499
+"""The status counted for a client that went away before its answer (nginx's code; never sent)."""
+EXPECTED = (ServiceError, RewardStackError, RequestValidationError, StarletteHTTPException, ClientDisconnect)
+"""The errors `as_service_error` knows (InputError is a RewardStackError); any other is logged with its traceback."""
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return await service_error(request, ServiceError(500, "internal", f"internal error ({type(exc).__name__})"))
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Turn every error a route raises into `{"error": {"message", "type", "field"}}` with its status."""
+
+    async def answer(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, ClientDisconnect):
+            # The client closed its connection while sending the body: its mistake or its network's,
+            # not the server's, so one line and no traceback (and the answer goes nowhere).
+            log.info("%s %s: the client went away before its request body was complete; nothing was scored",
+                     request.method, request.url.path)
+        elif not isinstance(exc, EXPECTED):
+            log.exception("unexpected error")
+        error = as_service_error(exc, f"{request.method} {request.url.path}")
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    for kind in (*EXPECTED, Exception):
+        app.add_exception_handler(kind, answer)
 
 
 # The request dependencies below are coroutines, though they never wait: FastAPI runs a plain
@@ -181,22 +166,14 @@ def loopback_guard(host: str, access: Access) -> Callable[[Request], Awaitable[N
     return guard
 
 
-def bearer(request: Request) -> str | None:
-    """The token of an `Authorization: Bearer ...` header, if there is one."""
-    value = request.headers.get("authorization")
-    if not value:
-        return None
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
 async def authorize(request: Request) -> str | None:
     """A FastAPI dependency: the namespace the caller's token is bound to (ALL_NAMESPACES: any;
     None: no tokens are configured), or 401. The app's `Access` is `request.app.state.access`."""
     access: Access = request.app.state.access
     if not access.required:
         return None
-    scope = access.namespace_of(bearer(request))
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")  # Authorization: Bearer <token>
+    scope = access.namespace_of(token.strip() if scheme.lower() == "bearer" and token.strip() else None)
     if scope is None:
         raise ServiceError(401, "unauthorized", "a valid bearer token is required (Authorization: Bearer ...)",
                            field="authorization", headers={"WWW-Authenticate": "Bearer"})
@@ -209,14 +186,6 @@ FD_RESERVE = 64
 """Descriptors kept for everything but client connections (model files, state, logs, pipes)."""
 
 
-def connection_cap(max_connections: int, *, reserve: int = FD_RESERVE) -> int:
-    """`max_connections`, lowered to leave `reserve` descriptors under the open-file limit (at least 8)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return max_connections
-    return max(8, min(max_connections, soft - reserve))
-
-
 def server_config(app: Any, settings: ServiceSettings, *, log_level: str = "warning") -> Any:
     """The `uvicorn.Config` `rewardstack serve` runs `app` with: uvicorn's own HTTP protocol with
     the header timeout and the connection cap, and a shutdown that waits `drain_timeout_s` at
@@ -224,7 +193,10 @@ def server_config(app: Any, settings: ServiceSettings, *, log_level: str = "warn
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    cap = connection_cap(settings.max_connections, reserve=FD_RESERVE + settings.max_namespaces)  # a lock each
+    # The cap, kept under the open-file limit (at least 8): the models, state and a lock per namespace need some too.
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = settings.max_connections if soft == resource.RLIM_INFINITY else max(
+        8, min(settings.max_connections, soft - FD_RESERVE - settings.max_namespaces))
     if cap < settings.max_connections:
         log.warning("at most %d open connections (service.max_connections %d, lowered to stay under the "
                     "open-file limit)", cap, settings.max_connections)
@@ -325,12 +297,10 @@ class RepeatFilter(logging.Filter):
     """Passes a message at most once per `window_s` for each (logger, message template: the text
     before its arguments); the next one that passes says how many were held back meanwhile."""
 
-    def __init__(self, window_s: float = 10.0, *, max_keys: int = 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window_s: float = 10.0, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.window_s = window_s
         self._clock = clock  # a parameter so a test can step time instead of racing it
-        self.max_keys = max_keys
         self._seen: dict[tuple[str, str], list[float]] = {}  # key -> [last passed at, held back]
         self._lock = threading.Lock()  # the worker thread logs too
 
@@ -343,7 +313,7 @@ class RepeatFilter(logging.Filter):
                 entry[1] += 1
                 return False
             held = int(entry[1]) if entry is not None else 0
-            if len(self._seen) >= self.max_keys:  # bounded: forget the keys whose window has passed
+            if len(self._seen) >= 1024:  # bounded: forget the keys whose window has passed
                 self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.window_s}
             self._seen[key] = [now, 0]
         if held and isinstance(record.msg, str):

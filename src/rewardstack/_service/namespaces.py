@@ -81,9 +81,6 @@ def namespace_limit(limit: int) -> ServiceError:
                         "no new one can be made; the step was not scored", field="namespace")
 
 
-CREATE_LOCK = ".create.lock"
-
-
 def reserve(root: Path, name: str, limit: int) -> None:
     """Create the folder of namespace `name` under `root` unless `limit` namespaces exist already.
 
@@ -98,7 +95,7 @@ def reserve(root: Path, name: str, limit: int) -> None:
     if folder.is_dir():
         return
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / CREATE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(root / ".create.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if folder.is_dir():
@@ -150,9 +147,7 @@ class Namespace:
 
     def reload(self) -> None:
         """Back to what is on disk (after a failed commit or apply)."""
-        fresh = RewardState(self.state.config)
-        fresh.load_state_dict(self.store.load())
-        self.state = fresh
+        self.state = stored_state(self.state.config, self.store.dir)
 
     def apply(self, fwd: ForwardResult) -> tuple[StepResult, str]:
         """Apply one forward result as the next sequence number and keep its answer for retries (with
@@ -349,20 +344,6 @@ def _who(session: Mapping[str, Any]) -> str:
             f"at {when} (epoch {session.get('epoch')})")
 
 
-def fenced(namespace: str, epoch: int, session: Mapping[str, Any]) -> ServiceError:
-    """409: a step of an older epoch; another client took the namespace over."""
-    return ServiceError(409, "fenced", f"namespace '{namespace}' was taken over by {_who(session)}; this client's "
-                        f"session (epoch {epoch}) is fenced and its step was not scored. Two validators are using one "
-                        "namespace: stop one, or give each its own namespace", field="epoch")
-
-
-def session_unknown(namespace: str, epoch: int, current: int) -> ServiceError:
-    """409: an epoch the service never issued (its state of the namespace was reset or moved)."""
-    return ServiceError(409, "session_unknown", f"namespace '{namespace}' has no session of epoch {epoch} (its "
-                        f"current epoch is {current}): the service's state of it was reset; open a new session",
-                        field="epoch")
-
-
 # -- admission ---------------------------------------------------------------------------------
 
 def admit(state: RewardState, namespace: str, step: Step, *, sequence: int | None, epoch: int | None,
@@ -375,10 +356,14 @@ def admit(state: RewardState, namespace: str, step: Step, *, sequence: int | Non
     """
     if epoch is not None:
         current = epoch_of(state)
-        if epoch < current:
-            raise fenced(namespace, epoch, state.session)
-        if epoch > current:
-            raise session_unknown(namespace, epoch, current)
+        if epoch < current:  # another client took the namespace over
+            raise ServiceError(409, "fenced", f"namespace '{namespace}' was taken over by {_who(state.session)}; this "
+                               f"client's session (epoch {epoch}) is fenced and its step was not scored. Two validators "
+                               "are using one namespace: stop one, or give each its own namespace", field="epoch")
+        if epoch > current:  # an epoch the service never issued (its state of the namespace was reset or moved)
+            raise ServiceError(409, "session_unknown", f"namespace '{namespace}' has no session of epoch {epoch} (its "
+                               f"current epoch is {current}): the service's state of it was reset; open a new session",
+                               field="epoch")
     if sequence is None or sequence == expected:
         return GO
     if sequence > expected:

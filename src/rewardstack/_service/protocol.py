@@ -29,13 +29,12 @@ import asyncio
 import difflib
 import math
 import time
-from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rewardstack.errors import InputError
-from rewardstack._fileio import MAX_DEPTH, JSONInputError, parse
+from rewardstack._fileio import JSONInputError, parse
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack._settings import InputSettings, ServiceSettings
@@ -127,13 +126,8 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = None
-        for key, value in scope.get("headers", []):
-            if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
+        length = dict(scope.get("headers", [])).get(b"content-length", b"").strip()
+        declared = int(length) if length.isdigit() else None
         received = 0
         limit = self.limit
         timeout = self.body_timeout_s
@@ -184,27 +178,11 @@ def namespace_for(requested: Any, scope: str | None) -> str:
 
 # -- a score request ---------------------------------------------------------------------------
 
-@dataclass
-class ScoreCall:
-    """A parsed, admitted `POST /v1/score`: the namespace, its optional sequence number, the step."""
-
-    namespace: str
-    sequence: int | None
-    step: Step
-    epoch: int | None = None
-
-
 def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
-                limits: InputSettings | None = None) -> ScoreCall:
-    """The request body as a ScoreCall, or the ServiceError that refuses it (never anything else)."""
-    try:
-        obj = parse(body, strict=True)
-    except JSONInputError as e:
-        what = f"nested deeper than {MAX_DEPTH} levels" if e.reason == "depth" else str(e)
-        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {what}; the step was not scored",
-                           field="body") from None
-    if not isinstance(obj, dict):
-        raise ServiceError(422, "invalid_step", "a step must be a JSON object", field="body")
+                limits: InputSettings | None = None) -> tuple[str, int | None, int | None, Step]:
+    """The request body as its namespace, sequence number, epoch and step, or the ServiceError that
+    refuses it (never anything else)."""
+    obj = json_object(body, "invalid_step", "a step must be a JSON object", "; the step was not scored")
     check_fields(obj, ScoreBody)
     namespace = namespace_for(obj.pop("namespace", None), scope)
     try:
@@ -215,7 +193,20 @@ def parse_score(body: bytes, scope: str | None, settings: ServiceSettings,
     except InputError as e:
         raise ServiceError(422, "invalid_step", str(e), field=e.field) from None
     check_limits(step, settings, limits)
-    return ScoreCall(namespace, sequence, step, epoch)
+    return namespace, sequence, epoch, step
+
+
+def json_object(body: bytes, kind: str, not_object: str, more: str = "") -> dict:
+    """The body as a JSON object: 400 `invalid_json` saying why it is not strict JSON of bounded
+    nesting (`_fileio.parse`; `more` ends the message), 422 `kind` saying `not_object` when it is
+    JSON but no object."""
+    try:
+        obj = parse(body, strict=True)
+    except JSONInputError as e:
+        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}{more}", field="body") from None
+    if not isinstance(obj, dict):
+        raise ServiceError(422, kind, not_object, field="body")
+    return obj
 
 
 def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
@@ -232,12 +223,7 @@ def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
 
 def parse_session(body: bytes) -> SessionBody:
     """`POST /v1/namespaces/{name}/sessions`' body (empty: an unnamed client), or the ServiceError."""
-    try:
-        obj = parse(body, strict=True) if body.strip() else {}
-    except JSONInputError as e:
-        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
-    if not isinstance(obj, dict):
-        raise ServiceError(422, "invalid_request", "the body must be a JSON object", field="body")
+    obj = json_object(body, "invalid_request", "the body must be a JSON object") if body.strip() else {}
     check_fields(obj, SessionBody)
     try:
         return SessionBody.model_validate(obj)

@@ -25,12 +25,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from rewardstack._fileio import JSONInputError, parse
 from rewardstack._models import USER_PREFIX
 from rewardstack._service.batching import Scored, StatelessJob
 from rewardstack._service.edge import answer_of, authorize, require_json
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.protocol import client_deadline
+from rewardstack._service.protocol import client_deadline, json_object
 from rewardstack._settings import ServiceSettings
 
 
@@ -96,13 +95,7 @@ def _models_for(request: Request, model: Any) -> list[str]:
 
 
 async def _body_of(request: Request) -> dict:
-    try:
-        obj = parse(await request.body(), strict=True)
-    except JSONInputError as e:
-        raise ServiceError(400, "invalid_json", f"the body is not valid JSON: {e}", field="body") from None
-    if not isinstance(obj, dict):
-        raise _refuse("body", "must be a JSON object")
-    return obj
+    return json_object(await request.body(), "invalid_request", "field 'body': must be a JSON object")
 
 
 def _check_limits(settings: ServiceSettings, items: list[Any], field: str, models: list[str]) -> None:

@@ -21,7 +21,6 @@ worker and read without waiting by `/healthz`.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
 import queue
@@ -341,12 +340,9 @@ class Worker:
     def _open_session(self, job: Job) -> None:
         """Open a session on the job's namespace, after every step admitted before it committed."""
         try:
-            ns = self.namespaces.get(job.namespace)
-            answer = ns.open_session(job.client or {})
+            job.answer(self.namespaces.get(job.namespace).open_session(job.client or {}))
         except (ServiceError, StateError, OSError) as e:
             job.answer(_refusal(e))
-            return
-        job.answer(Answer(json.dumps({"namespace": job.namespace, **answer}), answer["sequence"], scored=False))
 
     def _score(self, jobs: list[Job]) -> None:
         assert self.stack is not None
