@@ -27,6 +27,7 @@ def scale(cost: CostModel, factor: float) -> CostModel:
         cost.alt = [v * factor for v in cost.alt]
     if cost.prefix_rate is not None:
         cost.prefix_rate *= factor
+        cost.prefix_cross *= factor
     if cost.lone is not None:
         scale(cost.lone, factor)
     return cost

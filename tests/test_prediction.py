@@ -128,6 +128,26 @@ def test_prefix_prediction_bounds() -> None:
     assert cost.predict(4, 100, 90) == pytest.approx(4 * 64 * 100 + 4 * 36 * 40)
 
 
+def test_prefix_cost_separates_the_suffix_attention() -> None:
+    """Passes profiled after long prefixes (long suffixes) fit the prefix's cost per row and token
+    and its suffix-by-prefix part apart: a short pass after a short prompt is predicted at its own
+    cost, not at the rate the long passes showed, and no measured pass is predicted low."""
+    cost = CostModel(b=100.0, c=1.0, samples=[(1, 64, 0), (1, 8192, 0)])
+    rate, cross = 40.0, 0.5  # the "device": bytes per row per prefix token, and per prefix x suffix token
+
+    def measured(b: int, l: int, p: int) -> int:
+        return int(cost._bytes(b, l - p) + b * p * (rate + cross * (l - p)))
+
+    shapes = [(1, 2048, 1024), (1, 4096, 2048), (1, 8192, 4096), (1, 8192, 7168)]
+    cost.fit_prefix([(b, l, p, measured(b, l, p)) for b, l, p in shapes])
+    for b, l, p in shapes:
+        assert cost.predict(b, l, p) >= measured(b, l, p) - 1
+    # A batch of 16 completions of 76 tokens after a 91-token prompt: within 1% of what it costs
+    # (a single rate, the largest the long passes showed, would charge it about twice over).
+    assert cost.predict(16, 167, 91) == pytest.approx(measured(16, 167, 91), rel=0.01)
+    assert CostModel.from_dict(cost.to_dict()).predict(16, 167, 91) == cost.predict(16, 167, 91)
+
+
 def test_lone_input_is_predicted_unpadded(tmp_path: Path) -> None:
     """An encoder's batch of one runs without a mask: its prediction is the unpadded pass's."""
     from rewardstack._scorers import classifier

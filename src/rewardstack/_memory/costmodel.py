@@ -25,14 +25,16 @@ after its predictions were proved wrong by an OOM, and grows back after a run of
 A pass that runs after a shared prefix (the causal scorers' `PrefixRunner`: the step's common
 prompt runs once, its keys and values live before the batches are planned) costs less than a
 pass over the whole length: only the suffix's tokens make hidden states, MLP temporaries and
-logit rows, while the prefix adds each row's copy of its keys and values. The profile runs with a
-one-token prefix (the largest case for a length), so `predict(B, L)` is that upper bound;
-`predict(B, L, prefix=P)` with a measured `prefix_rate` (bytes per row per prefix token, the
-largest seen in passes profiled with long prefixes, `fit_prefix`) is
-min(bytes(B, L), bytes(B, S) + prefix_rate*B*(L - S)), S = L - P but never below the shortest
-profiled length: never above the bound, never below what the prefixed profile passes measured,
-and never a fit extrapolated below the lengths it measured: charging the bound to every call
-over-predicts a long shared prompt's calls several times over.
+logit rows, while the prefix adds each row's copy of its keys and values (`prefix_rate` bytes per
+row per prefix token) and the suffix's queries scored against the prefix's keys (`prefix_cross`
+per row per prefix token per suffix token). The profile runs with a one-token prefix (the largest
+case for a length), so `predict(B, L)` is that upper bound; with the two rates measured
+(`fit_prefix`), `predict(B, L, prefix=P)` is
+min(bytes(B, L), bytes(B, S) + B*(L - S)*(prefix_rate + prefix_cross*S)), S = L - P but never
+below the shortest profiled length: never above the bound, never below what the prefixed profile
+passes measured, and never a fit extrapolated below the lengths it measured. A rate alone would
+not do: the prefixed profile passes are long, and a rate taken from them charges their long
+suffix's attention against the prefix to every short pass after a short prompt.
 
 A lone input is never padded, so an encoder runs it without an attention mask (sdpa drops an
 all-ones mask), while the profile's batches carry one padded position so that the mask is built as
@@ -105,6 +107,7 @@ class CostModel:
     chunk_rows: bool = False  # the chunk spans the batch's rows: g*min(B*L, chunk)
     clean: int = 0  # batches run without an OOM since trust was last lowered
     prefix_rate: float | None = None  # bytes per row per shared-prefix token; None: not measured
+    prefix_cross: float = 0.0  # bytes per row per prefix token per suffix token
     prefix_samples: list[tuple[int, int, int, int]] = field(default_factory=list)  # (B, L, prefix, bytes)
     lone: "CostModel | None" = None  # batches of one, measured unpadded; None: the padded fit's
     alt: list[float] | None = None  # a second piece (coefficients in the order of TERMS): bytes = max(both)
@@ -144,7 +147,8 @@ class CostModel:
         suffix = max(length - int(prefix), floor, 1)
         if suffix >= length:
             return full
-        return min(full, self._bytes(batch, suffix) + self.prefix_rate * batch * (length - suffix))
+        per_token = self.prefix_rate + self.prefix_cross * suffix
+        return min(full, self._bytes(batch, suffix) + per_token * batch * (length - suffix))
 
     def _bytes(self, batch: float, length: float) -> float:
         x = _features(batch, length, self.chunk, self.chunk_rows)
@@ -154,14 +158,25 @@ class CostModel:
         return max(first, float(sum(k * v for k, v in zip(self.alt, x))))
 
     def fit_prefix(self, samples: Sequence[tuple[int, int, int, int]]) -> "CostModel":
-        """Set `prefix_rate` from passes measured after a long shared prefix: (B, L, prefix, bytes).
+        """Set `prefix_rate` and `prefix_cross` from passes measured after a long shared prefix:
+        (B, L, prefix, bytes).
 
-        The rate is the largest per-row, per-prefix-token excess of a measured pass over the fit
-        at its suffix length, so the prefixed prediction covers every such pass measured.
+        Each pass's excess over the fit at its suffix length S is fitted as B*P*(rate + cross*S) by
+        non-negative least squares on bytes (the large passes are the ones that must be right),
+        then both scaled up until every measured pass is covered: a prediction is never below one.
         """
-        rates = [max(0.0, (m - self._bytes(b, l - p)) / (b * p)) for b, l, p, m in samples if b > 0 and 0 < p < l]
-        self.prefix_rate = max(rates) if rates else None
         self.prefix_samples = [tuple(int(v) for v in s) for s in samples]  # type: ignore[misc]
+        rows = [(b * p, b * p * (l - p), max(0.0, m - self._bytes(b, l - p)))
+                for b, l, p, m in samples if b > 0 and 0 < p < l]
+        if not rows:
+            self.prefix_rate, self.prefix_cross = None, 0.0
+            return self
+        x = np.array([r[:2] for r in rows], dtype=np.float64)
+        y = np.array([r[2] for r in rows], dtype=np.float64)
+        coef = _nnls(x, y, relative=False)
+        pred = x @ coef
+        cover = max([1.0] + [float(e / q) for e, q in zip(y, pred) if q > 0])
+        self.prefix_rate, self.prefix_cross = (float(v * cover) for v in coef)
         return self
 
     def fit(self, samples: Sequence[tuple[int, int, int]]) -> "CostModel":
@@ -219,7 +234,8 @@ class CostModel:
             return " + ".join(f"{v:.3g}*{t}" for v, t in zip(coef, _TERM_NAMES) if v) or "0"
 
         alt = f" or, where larger, {terms(self.alt)}" if self.alt is not None else ""
-        prefixed = f"; {self.prefix_rate:.3g} bytes per row per shared-prefix token" if self.prefix_rate is not None else ""
+        prefixed = (f"; {self.prefix_rate:.3g} + {self.prefix_cross:.3g}*suffix bytes per row per shared-prefix token"
+                    if self.prefix_rate is not None else "")
         lone = f"; alone (unpadded): {terms(self.lone.coefficients())}" if self.lone is not None else ""
         return (f"bytes = {terms(self.coefficients())}{alt} (chunk {self.chunk}, trust {self.trust:.2f}, "
                 f"{len(self.samples)} shapes, max fit error {self.max_error():.1%}{prefixed}{lone})")
@@ -274,7 +290,7 @@ def _fit_terms(samples: Sequence[tuple[int, int, int]], chunk: int | None, chunk
     x, y = _design(samples, chunk, chunk_rows)
     coef = np.zeros(len(TERMS))
     usable = _identifiable_terms(samples, chunk, chunk_rows)
-    coef[usable] = _nnls_relative(x[:, usable], y)
+    coef[usable] = _nnls(x[:, usable], y)
     return coef
 
 
@@ -323,14 +339,14 @@ def _fit_two_pieces(samples: Sequence[tuple[int, int, int]], chunk: int | None,
     return best
 
 
-def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares on relative error, by trying every subset of terms.
+def _nnls(x: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.ndarray:
+    """Exact non-negative least squares (on relative error, or on bytes), by trying every subset of terms.
 
     Seven terms make 127 subsets of tiny solves: cheaper than pulling in scipy, and exact (the
     optimum is the unconstrained solution on some subset that comes out non-negative).
     """
     # Each sample's error counts relative to its size, so small shapes fit as well as big ones.
-    w = 1.0 / np.maximum(y, 1.0)
+    w = 1.0 / np.maximum(y, 1.0) if relative else np.ones_like(y)
     xw, yw = x * w[:, None], y * w
     n = x.shape[1]
     best, best_err = np.zeros(n), float("inf")
@@ -432,8 +448,8 @@ def profile(
 
     `prefix_run(B, L, P)`: runs a shared prefix of P tokens and returns the pass over the rest of
     the B x L batch; that pass is measured at `prefix_profile_shapes(shapes)` to fit the model's
-    `prefix_rate` (only the suffix pass is measured, as scoring runs the prefix before its batches
-    are planned). `lone_run(L)`: one unpadded input of L tokens, measured at every length profiled
+    `prefix_rate` and `prefix_cross` (only the suffix pass is measured, as scoring runs the
+    prefix before its batches are planned). `lone_run(L)`: one unpadded input of L tokens, measured at every length profiled
     alone, fitted as the model's `lone`.
     """
     samples = _measure_all(shapes, lambda b, l: lambda: run(b, l), measure, "shapes")
