@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -504,7 +505,7 @@ class Monitor(MemoryObserver, StepObserver):
                          "action": incident["action"], "file": incident["file"],
                          "inputs": [i.get("completion") for i in incident["inputs"]]})
         for t in trends:
-            rd.timeline({"type": "alarm", "step": record["step"], "time": record["time"], "message": t.describe(), **t.to_dict()})
+            rd.timeline({"type": "alarm", "step": record["step"], "time": record["time"], "message": t.describe(), **asdict(t)})
         rd.timeline(record)
         rd.event(result.event)
         rd.flush()
