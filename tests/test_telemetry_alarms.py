@@ -6,7 +6,9 @@ import logging
 import random
 
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Alarms, MemorySnapshot, Monitor
+from rewardstack._memory.device import MemorySnapshot
+from rewardstack._telemetry.alarms import Alarms
+from rewardstack._telemetry.monitor import Monitor
 from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 MIB = 1024**2

@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstack._replay.faults import FaultInjector
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Telemetry, read_timeline, render
-from rewardstack._telemetry.metrics import metrics_for, serve
+from rewardstack._telemetry.session import Telemetry
+from rewardstack._telemetry.rundir import read_timeline
+from rewardstack._telemetry.metrics import metrics_for, render, serve
 from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 
