@@ -40,7 +40,7 @@ def _steps(n_steps: int, n: int) -> list[dict]:
 
 def _timed_monitor() -> type:
     """A `Monitor` that times its own end-of-step work (`step_done`)."""
-    from rewardstack._telemetry import Monitor
+    from rewardstack._telemetry.monitor import Monitor
 
     class Timed(Monitor):
         def __init__(self, **kwargs: Any) -> None:
@@ -60,7 +60,7 @@ def _timed_monitor() -> type:
 def _wrap_cost(calls: int = 20000) -> float:
     """Seconds the monitor adds to one model call (wrapper, peak window, record), on an empty forward."""
     from rewardstack._memory import CostModel, TensorBytesTracker
-    from rewardstack._telemetry import Monitor
+    from rewardstack._telemetry.monitor import Monitor
 
     tracker = TensorBytesTracker(None)
     mon = Monitor(tracker=tracker)
@@ -102,7 +102,7 @@ def main() -> None:
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
     from rewardstack._standins import make_standins
-    from rewardstack._telemetry import RunDir
+    from rewardstack._telemetry.rundir import RunDir
     from rewardstack._telemetry.metrics import metrics_for
 
     hf_logging.disable_progress_bar()

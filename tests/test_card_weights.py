@@ -19,7 +19,8 @@ import pytest
 from conftest import standin_config
 from rewardstack._planning.plan import StackPlan, format_plan, plan_weights
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Monitor, RunDir, read_timeline
+from rewardstack._telemetry.monitor import Monitor
+from rewardstack._telemetry.rundir import RunDir, read_timeline
 from rewardstack._telemetry.report import weight_bands
 
 GIB = 1024**3

@@ -17,7 +17,7 @@ from rewardstack._memory import MemoryManager, TensorBytesTracker
 from rewardstack._replay.faults import FaultInjector
 from rewardstack._memory.manager import MemoryObserver
 from rewardstack._memory.placement import PlacementMove
-from rewardstack._telemetry import PeakWindow
+from rewardstack._memory.device import PeakWindow
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on a GPU
 BATCHES = (50, 30, 10)  # batches run largest first: the last inner peak is the smallest

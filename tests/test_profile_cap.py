@@ -98,7 +98,8 @@ def _pixels(png: Path, color: str) -> int:
 
 def test_the_telemetry_and_the_report_see_no_profile_inside_steps(hog_config, tmp_path: Path) -> None:  # noqa: ANN001
     from rewardstack.stack import RewardStack
-    from rewardstack._telemetry import Monitor, RunDir, read_timeline
+    from rewardstack._telemetry.monitor import Monitor
+    from rewardstack._telemetry.rundir import RunDir, read_timeline
     from rewardstack._telemetry.report import write_report
 
     HogScorer.profile_in_step = 2  # the second step's hog call asks for a profile: refused

@@ -6,16 +6,12 @@ import logging
 import random
 
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Alarms, MemorySnapshot, Monitor
-from rewardstack._telemetry.alarms import slope
+from rewardstack._memory.device import MemorySnapshot
+from rewardstack._telemetry.alarms import Alarms
+from rewardstack._telemetry.monitor import Monitor
 from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 MIB = 1024**2
-
-
-def test_least_squares_slope() -> None:
-    assert slope([0, 1, 2, 3], [1, 3, 5, 7]) == 2.0
-    assert slope([0, 1, 2], [5, 5, 5]) == 0.0
 
 
 def test_leaking_scorer_trips_the_leak_alarm_within_the_window(hog_config, caplog) -> None:  # noqa: ANN001

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewardstack._telemetry import PeakWindow, RunDir, take_snapshot
+from rewardstack._memory.device import PeakWindow, take_snapshot
 from rewardstack._telemetry.monitor import History
+from rewardstack._telemetry.rundir import RunDir
 
 pytestmark = [
     pytest.mark.gpu,

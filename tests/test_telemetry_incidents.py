@@ -7,7 +7,8 @@ import json
 
 from rewardstack._replay.faults import FaultInjector
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Monitor, RunDir, read_incidents, read_timeline
+from rewardstack._telemetry.monitor import Monitor
+from rewardstack._telemetry.rundir import RunDir, read_incidents, read_timeline
 from telemetry_fixtures import BYTES_PER_TOKEN, HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 

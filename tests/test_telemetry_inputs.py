@@ -17,7 +17,8 @@ from pathlib import Path
 from conftest import standin_config
 from rewardstack._replay.faults import FaultInjector
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Monitor, RunDir, read_incidents, read_timeline
+from rewardstack._telemetry.monitor import Monitor
+from rewardstack._telemetry.rundir import RunDir, read_incidents, read_timeline
 from rewardstack._telemetry.report import summarize, RunData
 
 DPO = "dpo_reward_model"

@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstack._replay.faults import FaultInjector
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Telemetry, read_timeline, render
-from rewardstack._telemetry.metrics import metrics_for, serve
+from rewardstack._telemetry.session import Telemetry
+from rewardstack._telemetry.rundir import read_timeline
+from rewardstack._telemetry.metrics import metrics_for, render, serve
 from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 
@@ -35,7 +36,7 @@ def test_metrics_scraped_over_http(hog_config, tmp_path) -> None:  # noqa: ANN00
     tel = Telemetry(stack, run_dir=tmp_path / "run", metrics_port=0, registry=reg)
     try:
         results = [stack.score_step(step(k, n=4), save=False) for k in range(3)]
-        fams = _scrape(tel.server.port)
+        fams = _scrape(tel.server.server_port)
     finally:
         tel.close()
     for name, fam in fams.items():  # Prometheus naming: prefix, units, counters
@@ -87,8 +88,9 @@ def test_a_taken_port_is_a_clear_error(hog_config) -> None:  # noqa: ANN001
     try:
         stack = RewardStack(hog_config(), load_state=False)
         with pytest.raises(ConfigError, match="metrics_port"):
-            Telemetry(stack, run_dir=None, metrics_port=first.port, registry=CollectorRegistry())
+            Telemetry(stack, run_dir=None, metrics_port=first.server_port, registry=CollectorRegistry())
         assert stack.memory.observers == [] and stack.on_step == []  # nothing left attached
         assert [type(o).__name__ for o in stack.step_observers] == ["OperatorLog"]
     finally:
-        first.close()
+        first.shutdown()
+        first.server_close()

@@ -11,7 +11,8 @@ import pytest
 
 from rewardstack.cli import main
 from rewardstack.stack import RewardStack
-from rewardstack._telemetry import Monitor, RunDir, read_timeline
+from rewardstack._telemetry.monitor import Monitor
+from rewardstack._telemetry.rundir import RunDir, read_timeline
 from rewardstack._telemetry.report import PLOTS, write_report
 from telemetry_fixtures import BYTES_PER_TOKEN, EXTRA_BYTES, HOG, HogScorer, hog_config, step, tokens  # noqa: F401 - fixture
 
@@ -161,7 +162,7 @@ def test_on_step_callbacks_receive_the_step_memory_record(hog_config) -> None:  
 
 def test_snapshot_of_the_simulated_device() -> None:
     from rewardstack._memory import TensorBytesTracker
-    from rewardstack._telemetry import take_snapshot
+    from rewardstack._memory.device import take_snapshot
 
     import torch
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rewardstack._telemetry import RunDir, read_timeline
-from rewardstack._telemetry.rundir import INCIDENTS, timeline_files
+from rewardstack._telemetry.rundir import INCIDENTS, RunDir, read_timeline, timeline_files
 
 
 def _dir_bytes(root) -> int:  # noqa: ANN001

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rewardstack._memory.costmodel import CostModel
-from rewardstack._telemetry import Monitor, RunDir, read_timeline
-from rewardstack._telemetry.monitor import LOOSE_CHUNK
+from rewardstack._telemetry.monitor import LOOSE_CHUNK, Monitor
+from rewardstack._telemetry.rundir import RunDir, read_timeline
 
 
 def _calls(mon: Monitor, model: str, n: int) -> None:

@@ -49,15 +49,14 @@ class RescoreWorker:
     nothing of one run leaks into the next.
     """
 
-    def __init__(self, config: StackConfig, threads: int | None = None) -> None:
+    def __init__(self, config: StackConfig, threads: int) -> None:
         import torch
         from transformers.utils import logging as hf_logging
 
         from rewardstack.stack import RewardStack
 
         hf_logging.disable_progress_bar()  # one bar per model in every worker's log is noise
-        if threads:
-            torch.set_num_threads(threads)  # one actor per core share: no oversubscription
+        torch.set_num_threads(threads)  # one actor per core share: no oversubscription
         self.identity = {"pid": os.getpid(), "host": os.uname().nodename}
         # load_state=False: a rescore never reads or writes the validator's state directory.
         self.stack = RewardStack(config, load_state=False)
@@ -177,9 +176,8 @@ def _complete_entry(run: Run, out_dir: Path, fingerprint: str) -> dict[str, Any]
     path = out.output_path(out_dir, run.id)
     meta = out.read_meta(path)
     try:
-        if meta is None or meta.get("config_fingerprint") != fingerprint:
-            return None
-        if meta.get("input_fingerprint") != run.fingerprint():
+        if (meta is None or meta.get("config_fingerprint") != fingerprint
+                or meta.get("input_fingerprint") != run.fingerprint()):
             return None
     except OSError:  # an input gone since
         return None

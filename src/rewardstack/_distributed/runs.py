@@ -40,11 +40,7 @@ class Run:
 
     def fingerprint(self) -> list[list[object]]:
         """(name, size, mtime_ns) of every file: a changed input is not 'already complete'."""
-        out: list[list[object]] = []
-        for f in self.files:
-            st = os.stat(f)
-            out.append([f, st.st_size, st.st_mtime_ns])
-        return out
+        return [[f, st.st_size, st.st_mtime_ns] for f, st in zip(self.files, map(os.stat, self.files))]
 
 
 def make_run(path: str | Path) -> Run:

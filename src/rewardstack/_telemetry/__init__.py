@@ -4,7 +4,7 @@
   and placement records, OOM incidents and the CUDA allocation history, alarms, metrics,
   summary); `session`: `open_telemetry` and `Telemetry` for commands (the monitor with its run
   directory and endpoint).
-- re-exported from the memory layer, where they are measured: `MemorySnapshot` (allocator or
+- measured in the memory layer (`rewardstack._memory.device`): `MemorySnapshot` (allocator or
   simulated-device figures, RSS; subtractable) and `PeakWindow` (the nestable peak of one stretch
   of work).
 - `rundir`: the run directory (timeline, events, incidents, summary) and its size cap.
@@ -13,27 +13,10 @@
 - `report`: `rewardstack report RUN_DIR`, plots (the card's account per step among them) and one
   self-contained HTML page.
 
-Record fields and units: docs/TELEMETRY.md.
+The package itself exports `open_telemetry`, what the commands open. Record fields and units:
+docs/TELEMETRY.md.
 """
 
-from rewardstack._memory.device import PeakWindow
-from rewardstack._memory.device import MemorySnapshot, take_snapshot
-from rewardstack._telemetry.alarms import Alarms
-from rewardstack._telemetry.metrics import render
-from rewardstack._telemetry.monitor import Monitor
-from rewardstack._telemetry.rundir import RunDir, read_incidents, read_timeline
-from rewardstack._telemetry.session import Telemetry, open_telemetry
+from rewardstack._telemetry.session import open_telemetry
 
-__all__ = [
-    "Alarms",
-    "MemorySnapshot",
-    "Monitor",
-    "PeakWindow",
-    "RunDir",
-    "Telemetry",
-    "open_telemetry",
-    "read_incidents",
-    "read_timeline",
-    "render",
-    "take_snapshot",
-]
+__all__ = ["open_telemetry"]

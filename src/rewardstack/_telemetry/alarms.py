@@ -12,6 +12,7 @@ buffers fill then.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -43,23 +44,12 @@ class Trend:
         return (f"memory alarm: {self.series} grows {rate} over the last {self.window} steps "
                 f"(steps {self.first_step}-{self.last_step}: {span}; threshold {limit})")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (the timeline's `alarm` record)."""
-        return asdict(self)
-
-
-def slope(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of ys against xs (at least two distinct xs: a full window of steps)."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-
 
 class SlopeAlarm:
     """One series' sliding window and threshold."""
 
     def __init__(self, series: str, threshold: float, window: int, *, unit: str = "bytes", warmup: int = 0) -> None:
-        if window < 2:
-            raise ValueError("the window needs at least 2 steps")
+        # A window of at least 2 steps (`[telemetry] leak_window` is checked so) always has distinct steps.
         self.series = series
         self.threshold = float(threshold)
         self.window = window
@@ -79,7 +69,7 @@ class SlopeAlarm:
         if len(self.points) < self.window:
             return None
         steps, ys = zip(*self.points)
-        k = self.last_slope = slope(list(steps), list(ys))
+        k = self.last_slope = statistics.linear_regression(steps, ys).slope
         if k > self.threshold and self.armed:
             self.armed = False
             return Trend(self.series, k, self.threshold, self.window, steps[0], steps[-1], ys[0], ys[-1], self.unit)
@@ -92,8 +82,8 @@ class Alarms:
     """The monitor's alarms over memory at rest.
 
     `leak_bytes_per_step` applies to the device's allocated bytes, `host_leak_bytes_per_step` to
-    the process's RSS, `fragmentation_bytes_per_step` to reserved minus allocated, and
-    `split_share_per_step` to the inactive-split share. A threshold of 0 or less turns a series off.
+    the process's RSS and `fragmentation_bytes_per_step` to reserved minus allocated (the inactive-split
+    share's threshold is fixed: 0.002 per step). A threshold of 0 or less turns a series off.
     """
 
     def __init__(
@@ -104,11 +94,10 @@ class Alarms:
         leak_bytes_per_step: float = 1024**2,
         host_leak_bytes_per_step: float = 4 * 1024**2,
         fragmentation_bytes_per_step: float = 4 * 1024**2,
-        split_share_per_step: float = 0.002,
     ) -> None:
         spec = [("device_allocated", leak_bytes_per_step, "bytes"), ("host_rss", host_leak_bytes_per_step, "bytes"),
                 ("fragmentation", fragmentation_bytes_per_step, "bytes"),
-                ("inactive_split_share", split_share_per_step, "share")]
+                ("inactive_split_share", 0.002, "share")]
         self.alarms = {name: SlopeAlarm(name, t, window, unit=u, warmup=warmup) for name, t, u in spec if t > 0}
         self.trends: list[Trend] = []
 
@@ -134,6 +123,6 @@ class Alarms:
         return {
             "leak": any(t.series in ("device_allocated", "host_rss") for t in self.trends),
             "fragmentation": any(t.series in ("fragmentation", "inactive_split_share") for t in self.trends),
-            "trends": [t.to_dict() for t in self.trends],
+            "trends": [asdict(t) for t in self.trends],
             "slopes": {n: a.last_slope for n, a in self.alarms.items()},
         }

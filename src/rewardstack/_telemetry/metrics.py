@@ -90,24 +90,15 @@ def metrics_for(reg: CollectorRegistry | None = None) -> Metrics:
         return m
 
 
-class MetricsServer:
-    """A running exposition endpoint; `port` is the bound port, `close()` stops it."""
+def serve(port: int, *, host: str = "127.0.0.1", reg: CollectorRegistry | None = None) -> Any:
+    """Serve a registry over HTTP on a loopback address (`port` 0 picks a free port).
 
-    def __init__(self, server: Any) -> None:
-        self._server = server
-        self.host, self.port = server.server_address[:2]
-
-    def close(self) -> None:
-        """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def serve(port: int, *, host: str = "127.0.0.1", reg: CollectorRegistry | None = None) -> MetricsServer:
-    """Serve a registry over HTTP on a loopback address (`port` 0 picks a free port)."""
+    Returns prometheus_client's WSGI server, serving on a thread of its own: its `server_port` is the
+    bound port; `shutdown()` and then `server_close()` stop it.
+    """
     if not ipaddress.ip_address(host).is_loopback:
         raise ValueError(f"metrics are served on loopback only, not {host}")
     from prometheus_client import start_http_server
 
     server, _ = start_http_server(port, addr=host, registry=reg if reg is not None else registry())
-    return MetricsServer(server)
+    return server

@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -58,8 +59,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("rewardstack.telemetry")
 
-# The guard's action after an OOM -> the outcome of the call that ran out of memory.
-OUTCOMES = {"split": "split", "cpu_fallback": "cpu_fallback", "gave_up": "oom"}
 HEAD_CHARS = 80  # characters of an input in call records and the summary
 INCIDENT_HEAD_CHARS = 200  # characters of an input in an incident record
 TOP_CALLS = 10
@@ -103,15 +102,6 @@ def _call_record(model: str, t0: float, lengths: list[int], inputs: list[int], c
             "error_ratio": None, "on_host": False, "fallback": False, "injected": False, **fields}
 
 
-def cuda_allocator_stats(device: torch.device) -> dict[str, int]:  # pragma: no cover - CUDA-only path
-    """The allocator counters an OOM is read against (`torch.cuda.memory_stats`)."""
-    s = torch.cuda.memory_stats(device)
-    keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
-            "reserved_bytes.all.peak", "active_bytes.all.current", "inactive_split_bytes.all.current",
-            "requested_bytes.all.current", "segment.all.current", "num_alloc_retries", "num_ooms")
-    return {k: int(s[k]) for k in keys if k in s}
-
-
 class History:
     """CUDA allocation history, recorded with at most `max_entries` entries (never unbounded).
 
@@ -146,7 +136,7 @@ class History:
             self.on = False
 
 
-def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[str, Any]:
+def card_account(memory: Any, snap: MemorySnapshot, activation_peak: int | None) -> dict[str, Any]:
     """The card's whole account now, as the step record's `card` entry (bytes; None: not measured).
 
     The weights of every model by where they are (resident on the card, swapped in for this step,
@@ -158,7 +148,7 @@ def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[st
     device (the tensor-bytes tracker): no cache, so reserved equals allocated, and its size is the
     budget the weights were placed into. The report draws these records.
     """
-    placement = memory.placement.summary() if getattr(memory, "placement", None) is not None else {}
+    placement = memory.placement.summary() if memory.placement is not None else {}
     swapped_in = set(placement.get("swapped_in", []))
     weights: dict[str, dict[str, Any]] = {}
     for name, d in (placement.get("models") or {}).items():
@@ -169,18 +159,18 @@ def card_account(memory: Any, snap: Any, activation_peak: int | None) -> dict[st
         # (placement counts a module shared by several models once, for one of them).
         weights[name] = {"state": state, "bytes": int(d["bytes"]), "counted_bytes": int(d.get("counted_bytes", d["bytes"])),
                          "shared_with": list(d.get("shared_with", []))}
-    budget = getattr(memory, "budget", None)
+    budget = memory.budget
     return {
-        "source": getattr(snap, "source", None),
+        "source": snap.source,
         "weights": weights,
         "weights_on_card": sum(w["counted_bytes"] for w in weights.values() if w["state"] in ON_CARD),
         "weights_host": sum(w["counted_bytes"] for w in weights.values() if w["state"] not in ON_CARD),
         "activation_peak": activation_peak,
-        "allocated": getattr(snap, "allocated", None),
-        "reserved": getattr(snap, "reserved", None),
-        "fragmentation": snap.fragmentation if snap is not None else None,
+        "allocated": snap.allocated,
+        "reserved": snap.reserved,
+        "fragmentation": snap.fragmentation,
         "headroom": getattr(budget, "headroom_bytes", None),
-        "activation_budget": getattr(memory, "budget_bytes", None),
+        "activation_budget": memory.budget_bytes,
         # The card's size: None on CPU without device_memory, where memory_budget is both the weight
         # budget placement packs into and, separately, the activation budget (weights are not charged).
         "capacity": getattr(budget, "total_bytes", None),
@@ -244,34 +234,23 @@ class Monitor(MemoryObserver, StepObserver):
     # -- wiring -----------------------------------------------------------------------------
     @classmethod
     def attach(cls, stack: "RewardStack", **kwargs: Any) -> "Monitor":
-        """A monitor observing `stack` (its memory manager and its steps); kwargs as `Monitor`."""
+        """A monitor observing `stack` (its memory manager and its steps), measuring on its memory's
+        device and tracker against its budget; kwargs as `Monitor` (the rest)."""
         mem = stack.memory
-        kwargs.setdefault("device", mem.device)
-        kwargs.setdefault("tracker", mem.tracker)
-        kwargs.setdefault("budget_bytes", mem.budget_bytes)
-        m = cls(**kwargs)
+        m = cls(device=mem.device, tracker=mem.tracker, budget_bytes=mem.budget_bytes, **kwargs)
         m._stack, m._memory = stack, mem
         mem.subscribe(m)
         stack.step_observers.append(m)
         if m.run_dir is not None:
             snap = take_snapshot(m.device, m.tracker)
-            budget = getattr(mem, "budget", None)
             m.run_dir.timeline({
                 "type": "start", "time": m.started, "device": str(m.device), "source": snap.source,
-                "budget_bytes": m.budget_bytes, "budget": budget.__dict__ if budget is not None else None,
+                "budget_bytes": m.budget_bytes, "budget": mem.budget.__dict__ if mem.budget is not None else None,
                 "budget_line_bytes": m.budget_line(snap), "rest": snap.to_dict(),
                 "cost_models": {n: c.to_dict() for n, c in mem.cost_models.items()},
-                "models": sorted(getattr(stack, "scorers", {}))})
+                "models": sorted(stack.scorers)})
             m.run_dir.flush()
         return m
-
-    def detach(self) -> None:
-        """Stop observing the stack (records already made stay)."""
-        if self._memory is not None:
-            self._memory.unsubscribe(self)
-        if self._stack is not None and self in self._stack.step_observers:
-            self._stack.step_observers.remove(self)
-        self.history.stop()
 
     def budget_line(self, snap: MemorySnapshot) -> int | None:
         """Where the budget sits on the memory axis: the activation budget above what is live at rest."""
@@ -360,7 +339,7 @@ class Monitor(MemoryObserver, StepObserver):
 
     def oom(self, rec: "OomRecord") -> None:
         """An OOM the guard handled: settle the call's outcome and prepare the incident record."""
-        outcome = OUTCOMES.get(rec.action, rec.action)
+        outcome = "oom" if rec.action == "gave_up" else rec.action  # split and cpu_fallback keep their name
         labels = self._labels.get(rec.model)
         named = [labels[i] for i in rec.indices] if labels is not None and max(rec.indices, default=-1) < len(labels) else None
         call = None
@@ -399,14 +378,19 @@ class Monitor(MemoryObserver, StepObserver):
             incident["largest_tensors"] = report.get("largest", [])
             incident["tracker"] = {k: v for k, v in report.items() if k != "largest"}
         elif self.device.type == "cuda":  # pragma: no cover - CUDA-only path
-            incident["allocator"] = cuda_allocator_stats(self.device)
+            # The allocator counters the OOM is read against.
+            stats = torch.cuda.memory_stats(self.device)
+            keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+                    "reserved_bytes.all.peak", "active_bytes.all.current", "inactive_split_bytes.all.current",
+                    "requested_bytes.all.current", "segment.all.current", "num_alloc_retries", "num_ooms")
+            incident["allocator"] = {k: int(stats[k]) for k in keys if k in stats}
         with self._lock:
             self._pending.append((incident, self.history.capture(), named))
 
     # -- steps ------------------------------------------------------------------------------
     def step_done(self, report: StepReport) -> None:
         """Close the step: attribute its records to it, fill in its record, then write, count, alarm."""
-        stack, result, record = report.stack, report.result, report.record
+        result, record = report.result, report.record
         event = result.event
         # The step's index in the state that applied it (`step_record`): in the service, its
         # namespace's; the stack's own count never moves there.
@@ -428,9 +412,7 @@ class Monitor(MemoryObserver, StepObserver):
         profiles = [r["seconds"] for r in recs if r["type"] == "profiling"]
         self.profiling["count"] += len(profiles)
         self.profiling["seconds"] += sum(profiles)
-        mem = getattr(stack, "memory", None)
-        same = mem is not None and self.device == mem.device and self.tracker is mem.tracker
-        snap = report.snapshot if same else take_snapshot(self.device, self.tracker)
+        snap = report.snapshot  # the stack's memory's device and tracker: `attach` gave the monitor the same
         peaks = [c["start_bytes"] + c["peak_bytes"] for c in calls if c["peak_bytes"] is not None and c["start_bytes"] is not None]
         record.update({
             "step": index, "completions": len(completions), "models": models, "calls": len(calls),
@@ -504,7 +486,7 @@ class Monitor(MemoryObserver, StepObserver):
                          "action": incident["action"], "file": incident["file"],
                          "inputs": [i.get("completion") for i in incident["inputs"]]})
         for t in trends:
-            rd.timeline({"type": "alarm", "step": record["step"], "time": record["time"], "message": t.describe(), **t.to_dict()})
+            rd.timeline({"type": "alarm", "step": record["step"], "time": record["time"], "message": t.describe(), **asdict(t)})
         rd.timeline(record)
         rd.event(result.event)
         rd.flush()
@@ -550,7 +532,11 @@ class Monitor(MemoryObserver, StepObserver):
         if self.closed:
             return
         self.closed = True
-        self.detach()
+        if self._memory is not None:  # attached: stop observing (records already made stay)
+            self._memory.unsubscribe(self)
+        if self._stack is not None and self in self._stack.step_observers:
+            self._stack.step_observers.remove(self)
+        self.history.stop()
         if self.run_dir is not None:
             with self._lock:
                 records, self._records, self._loose = self._loose + self._records, [], []

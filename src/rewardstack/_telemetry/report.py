@@ -61,17 +61,8 @@ class RunData:
         self.incidents = read_incidents(self.root)
         times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
         self.t0 = self.start["time"] if self.start else (min(times) if times else time.time())
-
-    def models(self) -> list[str]:
+        self.models = list(dict.fromkeys(c["model"] for c in self.calls))
         """Model names seen in call records, in first-seen order."""
-        return list(dict.fromkeys(c["model"] for c in self.calls))
-
-    def budget_line(self) -> float | None:
-        """The budget on the memory axis (bytes), when one was set."""
-        for r in [*reversed(self.steps), self.start or {}]:
-            if r.get("budget_line_bytes") is not None:
-                return float(r["budget_line_bytes"])
-        return None
 
 
 # -- plots ------------------------------------------------------------------------------------
@@ -93,13 +84,6 @@ def model_colors(models: list[str]) -> dict[str, Any]:
     return {m: cmap(i % cmap.N) for i, m in enumerate(models)}
 
 
-def save_figure(plt: Any, fig: Any, path: Path) -> None:
-    """Lay out, write and close one figure (every plot of the report ends so)."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
 def input_name(call: dict[str, Any]) -> str:
     """The input that set a call's padded length, by the step's completion index (`longest`): the
     numbering of `events.jsonl` and every other record; the prompt (relevance embeds it); or, from
@@ -112,20 +96,21 @@ def input_name(call: dict[str, Any]) -> str:
     return f"the scorer's input {lg.get('input')}"
 
 
-def plot_memory(d: RunData, path: Path) -> None:
+def plot_memory(d: RunData, plt: Any) -> Any:
     """Memory at rest per step, each call's peak by model, every OOM, the budget line; host RSS below."""
-    plt = pyplot()
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
-    colors = model_colors(d.models())
+    colors = model_colors(d.models)
     rest = [(s["time"] - d.t0, s["rest"].get("allocated")) for s in d.steps if s.get("rest", {}).get("allocated") is not None]
     if rest:
         ax.step([t for t, _ in rest], [v / MIB for _, v in rest], where="post", color="black", lw=1.5, label="allocated at rest (after each step)")
-    for m in d.models():
+    for m in d.models:
         pts = [(c["time"] - d.t0, (c["start_bytes"] + c["peak_bytes"]) / MIB) for c in d.calls
                if c["model"] == m and c.get("peak_bytes") is not None and c.get("start_bytes") is not None]
         if pts:
             ax.scatter([t for t, _ in pts], [v for _, v in pts], s=14, color=colors[m], alpha=0.75, label=f"{m} call peak")
-    budget = d.budget_line()
+    # The budget on the memory axis, when one was set: the latest step's, else the start record's.
+    budget = next((float(r["budget_line_bytes"]) for r in [*reversed(d.steps), d.start or {}]
+                   if r.get("budget_line_bytes") is not None), None)
     if budget is not None:
         ax.axhline(budget / MIB, color="red", ls="--", lw=1.5, label=f"budget ({budget / MIB:,.0f} MiB)")
     oom_calls = [c for c in d.calls if c.get("outcome") in ("split", "cpu_fallback", "oom")]
@@ -150,13 +135,12 @@ def plot_memory(d: RunData, path: Path) -> None:
     ax2.set_ylim(bottom=0)  # from 0: a few MiB of wiggle must not look like a leak
     ax2.set_ylabel("host RSS (MiB)")
     ax2.set_xlabel("time since the run started (s)")
-    save_figure(plt, fig, path)
+    return fig
 
 
-def plot_peak_by_model(d: RunData, path: Path) -> None:
+def plot_peak_by_model(d: RunData, plt: Any) -> Any:
     """Highest and median call peak per model."""
-    plt = pyplot()
-    models = d.models()
+    models = d.models
     peaks = {m: [c["peak_bytes"] / MIB for c in d.calls if c["model"] == m and c.get("peak_bytes") is not None] for m in models}
     models = [m for m in models if peaks[m]]
     fig, ax = plt.subplots(figsize=(12, max(3.0, 0.55 * len(models) + 1.5)))
@@ -176,13 +160,12 @@ def plot_peak_by_model(d: RunData, path: Path) -> None:
         ax.text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("peak above memory at the call's start (MiB)")
     ax.set_title("Peak memory by model (per planned batch)")
-    save_figure(plt, fig, path)
+    return fig
 
 
-def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
+def plot_peak_vs_tokens(d: RunData, plt: Any) -> Any:
     """Per model: measured peak against padded tokens (batch x length), prediction drawn over it."""
-    plt = pyplot()
-    models = [m for m in d.models() if any(c.get("peak_bytes") is not None for c in d.calls if c["model"] == m)]
+    models = [m for m in d.models if any(c.get("peak_bytes") is not None for c in d.calls if c["model"] == m)]
     n = max(1, len(models))
     cols = min(3, n)
     rows = (n + cols - 1) // cols
@@ -205,12 +188,11 @@ def plot_peak_vs_tokens(d: RunData, path: Path) -> None:
     if not models:
         axes.flat[0].text(0.5, 0.5, "no measured call peaks", ha="center", va="center", transform=axes.flat[0].transAxes)
     fig.suptitle("Measured peak against padded tokens per model, the cost model's prediction for each call in red")
-    save_figure(plt, fig, path)
+    return fig
 
 
-def plot_step_time(d: RunData, path: Path) -> None:
+def plot_step_time(d: RunData, plt: Any) -> Any:
     """Seconds per step inside each model's calls, and the rest of the step."""
-    plt = pyplot()
     models = sorted({m for s in d.steps for m in s.get("models", {})})
     colors = model_colors(models)
     fig, ax = plt.subplots(figsize=(13, 4.5))
@@ -237,12 +219,11 @@ def plot_step_time(d: RunData, path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("time (s)")
     ax.set_title("Step time split by model (time inside each model's forward passes), profiling and the rest")
-    save_figure(plt, fig, path)
+    return fig
 
 
-def plot_statuses(d: RunData, path: Path) -> None:
+def plot_statuses(d: RunData, plt: Any) -> Any:
     """Completions per status, step after step (from the events, which are never dropped)."""
-    plt = pyplot()
     counts = [Counter(e.get("statuses", [])) for e in d.events]
     statuses = [s for s in STATUS_COLORS if any(c[s] for c in counts)] + sorted({s for c in counts for s in c} - set(STATUS_COLORS))
     fig, ax = plt.subplots(figsize=(13, 4.2))
@@ -257,7 +238,7 @@ def plot_statuses(d: RunData, path: Path) -> None:
     ax.set_xlabel("step (line of events.jsonl)")
     ax.set_ylabel("completions (count)")
     ax.set_title("Completions by status over time")
-    save_figure(plt, fig, path)
+    return fig
 
 
 # -- the card -------------------------------------------------------------------------------------
@@ -275,20 +256,13 @@ def weight_bands(cards: list[dict[str, Any]]) -> dict[str, list[int]]:
     return {m: [counted(c["weights"].get(m, {})) for c in cards] for m in dict.fromkeys(m for c in cards for m in c["weights"])}
 
 
-def _sharing(cards: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Model -> the models it shares a checkpoint with (from the last record that says)."""
-    return {m: list(w["shared_with"]) for c in cards for m, w in c["weights"].items() if w.get("shared_with")}
-
-
-def plot_card(d: Any, path: Path) -> None:
+def plot_card(d: Any, plt: Any) -> Any:
     """The card over steps: weights per model, activations, fragmentation, against its size."""
-    plt = pyplot()
     steps = _steps_with_card(d)
     fig, ax = plt.subplots(figsize=(13, 6))
     if not steps:
         ax.text(0.5, 0.5, "no per-step card account in this run's timeline", ha="center", va="center", transform=ax.transAxes)
-        save_figure(plt, fig, path)
-        return
+        return fig
     xs = [s["step"] for s in steps]
     edges = [x - 0.5 for x in xs] + [xs[-1] + 0.5]
     last = steps[-1]["card"]
@@ -308,13 +282,14 @@ def plot_card(d: Any, path: Path) -> None:
     ax.set_title(f"The card per step ({src}): weights, activations, fragmentation"
                  + (f"; {host / MIB:,.1f} MiB of weights on the host" if host else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    save_figure(plt, fig, path)
+    return fig
 
 
 def _draw_memory(ax: Any, steps: list[dict[str, Any]], edges: list[float], last: dict[str, Any]) -> None:
     """The stacked bands (each model's weights, activations, fragmentation) and the lines they must stay under."""
     bands = weight_bands([s["card"] for s in steps])
-    shares = _sharing([s["card"] for s in steps])
+    # Model -> the models it shares a checkpoint with (from the last record that says).
+    shares = {m: list(w["shared_with"]) for s in steps for m, w in s["card"]["weights"].items() if w.get("shared_with")}
     models = list(bands)
     colors = model_colors(models)
 
@@ -365,7 +340,7 @@ def _draw_calls(ax: Any, d: Any, steps: list[dict[str, Any]]) -> float:
         if c.get("peak_bytes") is not None and c.get("step") is not None:
             by_step[c["step"]].append(c)
     woc = {s["step"]: s["card"]["weights_on_card"] for s in steps}
-    call_colors = model_colors(d.models())
+    call_colors = model_colors(d.models)
     for k, cs in by_step.items():
         if k not in woc:
             continue
@@ -446,14 +421,6 @@ def _mib(x: Any) -> str:
     return "n/a" if x is None else f"{x / MIB:,.1f} MiB"
 
 
-def top_calls(d: RunData, n: int = 5) -> list[dict[str, Any]]:
-    """The calls with the highest peaks (from the timeline; the summary's when the timeline rotated)."""
-    calls = [c for c in d.calls if c.get("peak_bytes") is not None]
-    if calls:
-        return sorted(calls, key=lambda c: -c["peak_bytes"])[:n]
-    return list(d.summary.get("top_calls", []))[:n]
-
-
 def summarize(d: RunData) -> dict[str, list[str]]:
     """The summary's sections, as lines of text."""
     s = d.summary
@@ -466,8 +433,10 @@ def summarize(d: RunData) -> dict[str, list[str]]:
         run.append("no step was scored in this run folder: a run folder records the steps its `score` scores, "
                    "and a `score` that resumes after steps already in its --output scores none of them again; "
                    "give --run-dir to the run that scores them (a new --output and state_dir)")
+    # The calls with the highest peaks: the timeline's, or the summary's when the timeline rotated.
+    top = sorted((c for c in d.calls if c.get("peak_bytes") is not None), key=lambda c: -c["peak_bytes"])
     peaks = []
-    for c in top_calls(d):
+    for c in top[:5] or d.summary.get("top_calls", [])[:5]:
         lg = c.get("longest") or {}
         head = (lg.get("head") or "")[:60].replace("\n", " ")
         peaks.append(f"step {c.get('step')} {c.get('model')}: peak {_mib(c.get('peak_bytes'))} "
@@ -507,7 +476,7 @@ def summarize(d: RunData) -> dict[str, list[str]]:
             "Leak verdict": leak, "Cost model error (measured vs predicted peak)": cost or ["no predictions to compare"]}
 
 
-def _html(d: RunData, sections: dict[str, list[str]], images: list[tuple[str, str, Path]], tables: str) -> str:
+def _html(d: RunData, sections: dict[str, list[str]], out_dir: Path, tables: str) -> str:
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>rewardstack run report</title>",
              "<style>body{font-family:sans-serif;max-width:1300px;margin:20px auto;color:#222}"
              "h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}"
@@ -517,8 +486,8 @@ def _html(d: RunData, sections: dict[str, list[str]], images: list[tuple[str, st
              f"<h1>rewardstack run report: <code>{html.escape(str(d.root))}</code></h1>"]
     for title, lines in sections.items():
         parts.append(f"<h2>{html.escape(title)}</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>")
-    for name, title, path in images:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
+    for name, title in PLOTS:
+        data = base64.b64encode((out_dir / name).read_bytes()).decode("ascii")
         parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
     parts += [tables, "</body></html>"]
     return "\n".join(parts)
@@ -530,14 +499,15 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     out_dir = Path(out) if out is not None else d.root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     drawers = [plot_card, plot_memory, plot_peak_by_model, plot_peak_vs_tokens, plot_step_time, plot_statuses]
-    images = []
-    for (name, title), draw in zip(PLOTS, drawers):
-        path = out_dir / name
-        draw(d, path)
-        images.append((name, title, path))
+    plt = pyplot()
+    for (name, _), draw in zip(PLOTS, drawers):  # each drawer returns its figure, laid out, written and closed here
+        fig = draw(d, plt)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=100, bbox_inches="tight")
+        plt.close(fig)
     sections = summarize(d)
     page = out_dir / "report.html"
-    page.write_text(_html(d, sections, images, card_tables(d)), encoding="utf-8")
+    page.write_text(_html(d, sections, out_dir, card_tables(d)), encoding="utf-8")
     text = "\n".join(f"{title}:\n" + "\n".join(f"  - {x}" for x in lines) for title, lines in sections.items())
     return page, text
 

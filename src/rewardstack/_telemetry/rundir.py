@@ -96,7 +96,8 @@ class RunDir:
     def incident(self, record: dict[str, Any], *, snapshot: Any = None) -> Path:
         """Write one incident record (and, given the allocator's `snapshot`, its pickle beside it)."""
         self._incident_seq += 1
-        stem = f"{self._incident_seq:06d}-step{record.get('step', 'na')}-{_safe(str(record.get('model', 'model')))}"
+        model = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(record.get("model", "model")))[:60]  # safe in a file name
+        stem = f"{self._incident_seq:06d}-step{record.get('step', 'na')}-{model}"
         if snapshot is not None:  # pragma: no cover - CUDA-only path (the allocator snapshot)
             snap = self.incident_dir / (stem + SNAPSHOT_SUFFIX)
             try:
@@ -115,11 +116,9 @@ class RunDir:
         atomic_write_json(self.path / SUMMARY, summary)
 
     def close(self) -> None:
-        """Flush and close the files."""
-        for f in (self._timeline, self._events):
-            if not f.closed:
-                f.flush()
-                f.close()
+        """Flush and close the files (closing a closed file does nothing)."""
+        self._timeline.close()
+        self._events.close()
 
     # -- the cap ----------------------------------------------------------------------------
     def _rotate(self) -> None:
@@ -164,10 +163,6 @@ def _size(p: Path) -> int:
         return p.stat().st_size
     except OSError:
         return 0
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60]
 
 
 # -- reading ----------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class Telemetry:
                 if rd is not None:
                     rd.close()
                 raise ConfigError("telemetry.metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {e}") from e
-            log.info("metrics on http://%s:%d/metrics", self.server.host, self.server.port)
+            log.info("metrics on http://%s:%d/metrics", *self.server.server_address[:2])
         self.monitor = Monitor.attach(stack, run_dir=rd, metrics=metrics_for(registry), alarms=alarms,
                                       history_entries=s.history_entries)
 
@@ -63,5 +63,6 @@ class Telemetry:
         """Finish the run directory and stop the endpoint."""
         self.monitor.close()
         if self.server is not None:
-            self.server.close()
+            self.server.shutdown()
+            self.server.server_close()
             self.server = None
