@@ -157,17 +157,8 @@ and one folder per config file, <config stem>-<hash>/ with state/ (unless the co
 state_dir) and runs/ (soak, bare --run-dir)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `rewardstack` command."""
-    p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0], epilog=HOME_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
-    p.add_argument("-q", "--quiet", action="count", default=0,
-                   help="log less: -q rewardstack's warnings and errors only, other libraries' errors only "
-                        "(the default logs rewardstack's INFO lines)")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_score_parser(sub: Any) -> None:
+    """`rewardstack score`'s flags."""
     s = sub.add_parser("score", help="score validator steps (JSONL) into events (JSONL)")
     s.add_argument("--config", required=True, help="stack config (TOML)")
     s.add_argument("--input", required=True, help="one step per line: name, prompt, completions[, base_prompt, uids]")
@@ -185,6 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-completions", type=positive_int, help="refuse a step with more completions, as a bad "
                    "line (overrides [input] max_completions, default 256)")
     s.set_defaults(func=cmd_score)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `rewardstack` command."""
+    p = argparse.ArgumentParser(prog="rewardstack", description=__doc__.splitlines()[0], epilog=HOME_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log more: -v rewardstack's debug lines, -vv every library's info and debug")
+    p.add_argument("-q", "--quiet", action="count", default=0,
+                   help="log less: -q rewardstack's warnings and errors only, other libraries' errors only "
+                        "(the default logs rewardstack's INFO lines)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    add_score_parser(sub)
 
     d = sub.add_parser("demo", help="score a packaged sample run on offline stand-in models")
     d.add_argument("--dir", help="folder for the stand-ins (default $REWARDSTACK_HOME/standins)")
