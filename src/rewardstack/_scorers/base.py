@@ -65,10 +65,6 @@ class ScoreResult:
     scores: list[float]
     statuses: list[str]
 
-    def __post_init__(self) -> None:
-        if len(self.scores) != len(self.statuses):
-            raise ValueError("scores and statuses differ in length")
-
     @classmethod
     def failed_only(cls, request: ScoreRequest, status: str = Status.OK) -> "ScoreResult":
         """A result with every completion NaN; failed ones FAILED, others `status` (OK: to be filled)."""

@@ -125,15 +125,6 @@ class DahoasScorer(CausalScorer):
     def modules(self) -> list[torch.nn.Module]:
         return [self.body, self.head]
 
-    def _forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
-        """Values at the last token of each (already cut) input."""
-        h, _ = runner.run([x[runner.length :] for x in ids])
-        device = model_device(self.body)
-        last = torch.tensor([len(x) - 1 for x in ids], device=device)
-        return self.head(runner.rows(h, torch.arange(len(ids), device=device), last))[:, 0].float().tolist()
-
-    _profile_forward = _forward  # the profile runs the scoring forward itself
-
     def _score_live(self, request: ScoreRequest, live: list[int], res: ScoreResult) -> ScoreResult:
         comps = [request.completions[i] for i in live]
         n = len(live)

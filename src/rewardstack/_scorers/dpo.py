@@ -83,7 +83,7 @@ class DpoScorer(CausalScorer):
         # the calibration (on the device the model runs on now: placement may have moved it), or the
         # calibration cache gives the chunk it found before; a tight budget may lower both knobs per call.
         self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=opts.logits_chunk,
-                                  max_len=self.max_len, calib_len=self.calib_len, attention=self.attention)
+                                  calib_len=self.calib_len, attention=self.attention)
 
         def tune() -> dict[str, int]:
             device = model_device(self.model)

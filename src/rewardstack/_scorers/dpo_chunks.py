@@ -80,9 +80,9 @@ class ChunkPolicy:
     """
 
     def __init__(self, name: str, memory: Any, profile: Callable[[int, int], None], *, max_chunk: int,
-                 max_len: int, calib_len: int, attention: AttentionChoice) -> None:
+                 calib_len: int, attention: AttentionChoice) -> None:
         self.name, self.memory, self.profile = name, memory, profile
-        self.max_chunk, self.max_len, self.calib_len = max_chunk, max_len, calib_len
+        self.max_chunk, self.calib_len = max_chunk, calib_len
         self.attention = attention
         self.chunk = self.tuned_chunk = max_chunk
         self.tuned_rows = attention.rows

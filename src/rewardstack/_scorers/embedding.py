@@ -42,34 +42,21 @@ CACHE_ENTRIES = 1024  # ~3 MB of 768-d vectors: several steps of prompt + 50 com
 Embedding = tuple["torch.Tensor | None", str]  # (vector on CPU, status)
 
 
-class EmbeddingCache:
-    """A bounded LRU of text embeddings, keyed by (embedder key, length used, text digest)."""
+class EmbeddingCache(OrderedDict):
+    """A bounded LRU of text embeddings, keyed by (embedder key, length used, text digest): an
+    `OrderedDict`, least recently used first, whose `get` and `put` keep that order."""
 
-    def __init__(self) -> None:
-        self._data: OrderedDict[tuple, Embedding] = OrderedDict()
-
-    def get(self, key: tuple) -> Embedding | None:
-        hit = self._data.get(key)
+    def get(self, key: tuple) -> Embedding | None:  # type: ignore[override]
+        hit = super().get(key)
         if hit is not None:
-            self._data.move_to_end(key)
+            self.move_to_end(key)
         return hit
 
     def put(self, key: tuple, value: Embedding) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > CACHE_ENTRIES:
-            self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        self._data.clear()
-
-    def snapshot(self) -> "OrderedDict[tuple, Embedding]":
-        """A copy of the entries, in LRU order (benchmarks repeat a step from the same cache)."""
-        return OrderedDict(self._data)
-
-    def restore(self, entries: "OrderedDict[tuple, Embedding]") -> None:
-        """Put back the entries of a `snapshot`."""
-        self._data = OrderedDict(entries)
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > CACHE_ENTRIES:
+            self.popitem(last=False)
 
 
 def _digest(text: str) -> bytes:

@@ -351,14 +351,10 @@ def _safe_pre_tokenizer(p: dict) -> bool:
 def prefix_stable(tokenizer: Any) -> bool:
     """Whether a head cut at a safe boundary tokenizes to a prefix of the whole text's tokens."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    added = tuple(str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values())
-    return backend is not None and _stable_pipeline(backend.to_str(), added)
-
-
-def _stable_pipeline(spec: str, added: tuple[str, ...]) -> bool:
-    doc = json.loads(spec)
-    if any(re.search(r"\s", t) for t in added):
+    added = [str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+    if backend is None or any(re.search(r"\s", t) for t in added):
         return False
+    doc = json.loads(backend.to_str())
     pres = _parts(doc.get("pre_tokenizer"), "pretokenizers")
     if not pres or not all(_safe_pre_tokenizer(p) for p in pres):
         return False  # no pre-tokenizer: the model sees the whole text as one piece

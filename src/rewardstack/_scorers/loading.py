@@ -87,10 +87,6 @@ class ModelCache:
         return (self.tokenizer(path, revision=revision, **kwargs),
                 self.model(path, loader, dtype=dtype, revision=revision, **kwargs))
 
-    def loaded(self) -> list[torch.nn.Module]:
-        """Every distinct model loaded so far."""
-        return list(self._models.values())
-
 
 def load_checkpoint_file(path: str | Path) -> dict[str, torch.Tensor]:
     """A `.pt`/`.bin` state dict, memory-mapped and tensors only (never unpickles code).
