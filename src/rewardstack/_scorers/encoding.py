@@ -128,9 +128,11 @@ def pad_batch(
     rows: Sequence[Sequence[int]],
     pad_id: int,
     types: Sequence[Sequence[int]] | None = None,
+    width: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device."""
-    ids, mask = pad_rows(rows, pad_id)
+    """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device, to the longest
+    row or to `width`."""
+    ids, mask = pad_rows(rows, pad_id, width=width)
     device = model_device(model)
     batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
     if types is not None and accepts(model, "token_type_ids"):
