@@ -143,8 +143,9 @@ class Scorer(ABC):
         """Restore what `state_dict` returned."""
 
     def modules(self) -> list[torch.nn.Module]:
-        """The torch modules this scorer runs (for placement and weight accounting)."""
-        return []
+        """The torch modules this scorer runs (for placement and weight accounting): its `model`, if any."""
+        model = getattr(self, "model", None)
+        return [model] if model is not None else []
 
     def attention_info(self) -> str:
         """Which attention the model runs when the scorer chose one (the operator log prints it)."""

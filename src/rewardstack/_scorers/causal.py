@@ -64,9 +64,6 @@ class CausalScorer(Scorer):
             self.name, self._dummy, max_length=self.calib_len, max_batch=max_batch,
             prefix_run=self._dummy_after_prefix if prefixed and self.use_prefix else None, **extra))
 
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.model]
-
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens."""
         self._dummy_after_prefix(b, length, 1)()
