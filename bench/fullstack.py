@@ -198,7 +198,7 @@ def measure(root: Path, steps: list[Step], ref_idx: list[int], *, device: str = 
     fl: dict[str, float] = {}
     for step in steps:
         state0 = copy.deepcopy(stack.state)
-        cache0 = cache.snapshot() if cache is not None else None
+        cache0 = copy.copy(cache)  # the embedding cache is an OrderedDict: its entries in LRU order
         best, best_floor = float("inf"), float("inf")
         best_model: dict[str, float] = {}
         best_fl: dict[str, float] = {}
@@ -206,12 +206,13 @@ def measure(root: Path, steps: list[Step], ref_idx: list[int], *, device: str = 
         for _ in range(max(1, repeats)):
             stack.state = copy.deepcopy(state0)  # the same work each time
             if cache is not None:
-                cache.restore(cache0)
+                cache.clear()
+                cache.update(cache0)
             acc.clear()
             took = timed(lambda: stack.score_step(step, save=False))
             if took < best:
                 best = took
-            after = (stack.state, cache.snapshot() if cache is not None else None)
+            after = (stack.state, copy.copy(cache))
             for k, v in acc.items():
                 best_model[k] = min(best_model.get(k, float("inf")), v)
             f = floor_times(stack, [step])  # the floor clears the embedding cache: restored after
@@ -220,7 +221,8 @@ def measure(root: Path, steps: list[Step], ref_idx: list[int], *, device: str = 
                 best_fl[k] = min(best_fl.get(k, float("inf")), v)
         stack.state = after[0]
         if cache is not None:
-            cache.restore(after[1])
+            cache.clear()
+            cache.update(after[1])
         per_step.append(best)
         floor_step.append(best_floor)
         for k, v in best_model.items():

@@ -65,10 +65,6 @@ class ScoreResult:
     scores: list[float]
     statuses: list[str]
 
-    def __post_init__(self) -> None:
-        if len(self.scores) != len(self.statuses):
-            raise ValueError("scores and statuses differ in length")
-
     @classmethod
     def failed_only(cls, request: ScoreRequest, status: str = Status.OK) -> "ScoreResult":
         """A result with every completion NaN; failed ones FAILED, others `status` (OK: to be filled)."""
@@ -147,8 +143,9 @@ class Scorer(ABC):
         """Restore what `state_dict` returned."""
 
     def modules(self) -> list[torch.nn.Module]:
-        """The torch modules this scorer runs (for placement and weight accounting)."""
-        return []
+        """The torch modules this scorer runs (for placement and weight accounting): its `model`, if any."""
+        model = getattr(self, "model", None)
+        return [model] if model is not None else []
 
     def attention_info(self) -> str:
         """Which attention the model runs when the scorer chose one (the operator log prints it)."""

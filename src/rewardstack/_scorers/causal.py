@@ -22,7 +22,7 @@ from rewardstack.config import ModelConfig
 from rewardstack._hub import load_source
 from rewardstack._memory.calibration import Profile
 from rewardstack._scorers.base import Runtime, Scorer, fill
-from rewardstack._scorers.prefix import dummy_ids, profile_runner
+from rewardstack._scorers.prefix import PrefixRunner, dummy_ids, model_device, profile_runner
 
 
 class CausalScorer(Scorer):
@@ -39,6 +39,8 @@ class CausalScorer(Scorer):
     """The vocabulary's size (the profile's random ids are drawn from it)."""
     fill_id: int
     """The id padded positions get."""
+    head: torch.nn.Module
+    """What `_forward` applies to one position's hidden state (Reciprocate's `score`, Dahoas's value head)."""
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
         self.cfg, self.runtime = cfg, runtime
@@ -62,9 +64,6 @@ class CausalScorer(Scorer):
             self.name, self._dummy, max_length=self.calib_len, max_batch=max_batch,
             prefix_run=self._dummy_after_prefix if prefixed and self.use_prefix else None, **extra))
 
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.model]
-
     def _dummy(self, b: int, length: int) -> None:
         """A profile pass: B random sequences of `length` tokens."""
         self._dummy_after_prefix(b, length, 1)()
@@ -78,5 +77,20 @@ class CausalScorer(Scorer):
         with torch.inference_mode():
             runner.state()
         return lambda: self._profile_forward(runner, ids)
+
+    def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int] | None = None,
+                 types: list[list[int]] | None = None) -> list[float]:
+        """`head` at absolute position `pos` of each input (default: its last token), the inputs (full
+        ids, prefix included; `types`: their token types) run against the runner's prefix. DPO,
+        which reads every row's logits, has its own."""
+        h, _ = runner.run([x[runner.length :] for x in ids], [t[runner.length :] for t in types] if types else None)
+        device = model_device(self.body)
+        pos = [len(x) - 1 for x in ids] if pos is None else pos
+        rows = runner.rows(h, torch.arange(len(ids), device=device), torch.tensor(pos, device=device))
+        return self.head(rows)[:, 0].float().tolist()
+
+    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
+        """A profile pass's scoring forward: `head` at each input's last token (DPO has its own)."""
+        return self._forward(runner, ids)
 
     _fill = staticmethod(fill)  # the outcome unpacking every causal family ends with (`base.fill`)

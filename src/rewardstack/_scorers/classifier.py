@@ -58,9 +58,6 @@ class _Classifier(Scorer):
         self.max_batch = cfg.batch_size
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.model]
-
 
 class OpenAssistantScorer(_Classifier):
     """`rlhf_reward_model`: DeBERTa-v3 reward on the (prompt, completion) pair, bounded length."""

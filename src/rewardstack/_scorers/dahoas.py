@@ -32,7 +32,7 @@ from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.encoding import head_for_tokens
 from rewardstack._scorers.kvcache import choose_path
-from rewardstack._scorers.loading import DTYPE_BY_NAME, load_checkpoint_file, load_into_empty_model
+from rewardstack._scorers.loading import DTYPE_BY_NAME
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.costmodel import PADDING_SLACK
 from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
@@ -79,7 +79,6 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
 
     folder = _local_folder(str(cfg.path), cfg.locked.get(str(cfg.path), cfg.revision))  # locked commit first
     base = cfg.options.base_config
-    dtype = DTYPE_BY_NAME[cfg.dtype]
     has_tok = (folder / "tokenizer_config.json").exists()
     base_rev = cfg.locked.get(base)  # the lock file pins the base config's hub id too
     tokenizer = runtime.models.tokenizer(str(folder)) if has_tok else runtime.models.tokenizer(base, revision=base_rev)
@@ -92,13 +91,26 @@ def load_dahoas(cfg: ModelConfig, runtime: Runtime) -> tuple[Any, torch.nn.Modul
         ckpts = sorted(folder.glob("*.pt")) + sorted(folder.glob("*.bin"))
         if not ckpts:
             raise ModelLoadError(f"{folder}: neither config.json + safetensors nor a .pt/.bin state dict")
-        # Memory-mapped, tensors only; the body is built on the meta device and takes the file's
-        # tensors as its parameters: no second copy of 12 GB in host memory. Placement moves it.
-        state = load_checkpoint_file(ckpts[0])
+        from accelerate import init_empty_weights
+
+        # Memory-mapped and tensors only (never unpickles code): the tensors stay backed by the file
+        # until written. The body is built with its parameters on the meta device and takes them as
+        # its parameters (buffers are built normally): no second copy of 12 GB in host memory.
+        # Placement moves it; `.to` converts the weights only where the file holds another dtype.
+        try:
+            state = torch.load(str(ckpts[0]), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # pragma: no cover - legacy (non-zip) files cannot be mapped
+            state = torch.load(str(ckpts[0]), map_location="cpu", weights_only=True)
         head_w = state.pop("v_head.weight")
         body_state = {k.removeprefix("transformer."): v for k, v in state.items() if k.startswith("transformer.")}
-        conf = AutoConfig.from_pretrained(base, revision=base_rev)
-        body = load_into_empty_model(lambda: GPTJModel(conf), body_state, dtype=dtype, what=str(ckpts[0]))
+        with init_empty_weights():
+            body = GPTJModel(AutoConfig.from_pretrained(base, revision=base_rev))
+        missing, unexpected = body.load_state_dict(body_state, strict=False, assign=True)
+        still_meta = [n for n, p in body.named_parameters() if p.device.type == "meta"]
+        if unexpected or still_meta:
+            raise ModelLoadError(f"{ckpts[0]}: missing {sorted(set(missing) | set(still_meta))[:5]}, "
+                                 f"unexpected {unexpected[:5]}")
+        body = body.to(DTYPE_BY_NAME[cfg.dtype]).eval().requires_grad_(False)
     head = torch.nn.Linear(head_w.shape[1], 1, bias=False)
     head.weight.data.copy_(head_w.reshape(1, -1))
     head = head.to(device=model_device(body), dtype=next(body.parameters()).dtype).eval().requires_grad_(False)
@@ -125,15 +137,6 @@ class DahoasScorer(CausalScorer):
     def modules(self) -> list[torch.nn.Module]:
         return [self.body, self.head]
 
-    def _forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
-        """Values at the last token of each (already cut) input."""
-        h, _ = runner.run([x[runner.length :] for x in ids])
-        device = model_device(self.body)
-        last = torch.tensor([len(x) - 1 for x in ids], device=device)
-        return self.head(runner.rows(h, torch.arange(len(ids), device=device), last))[:, 0].float().tolist()
-
-    _profile_forward = _forward  # the profile runs the scoring forward itself
-
     def _score_live(self, request: ScoreRequest, live: list[int], res: ScoreResult) -> ScoreResult:
         comps = [request.completions[i] for i in live]
         n = len(live)
@@ -144,10 +147,8 @@ class DahoasScorer(CausalScorer):
             cap = min(self.max_len, allowance.cap)
 
             # Only the first `cap` ids count: read a head that provably gives them (encoding.py, head_for_tokens).
-            def head(t: str) -> str:
-                return head_for_tokens(t, self.tokenizer, cap)
-
-            texts = [wrap(head(request.prompt + c)) for c in comps] + [wrap(head(c)) for c in comps]  # type: ignore[operator]
+            texts = [request.prompt + c for c in comps] + comps  # type: ignore[operator]
+            texts = [wrap(head_for_tokens(t, self.tokenizer, cap)) for t in texts]
             ids: list[list[int]] = []
             for k, x in enumerate(self.tokenizer(texts).input_ids):
                 x = x[: read_position(x, self.eos_id) + 1]  # positions after it cannot change its value

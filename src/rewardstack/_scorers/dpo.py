@@ -40,7 +40,7 @@ from rewardstack._scorers.attention import install as install_attention
 from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.causal import CausalScorer
 from rewardstack._scorers.encoding import head_for_tokens, pad_rows, sane_max_length
-from rewardstack._scorers.dpo_chunks import ChunkPolicy, tune_chunk
+from rewardstack._scorers.dpo_chunks import ChunkPolicy
 from rewardstack._scorers.dpo_numerics import (  # noqa: F401 - re-exported: the scorer's numerics
     LOW, PENALTY, SAFE_EXP, LogitHead, PenaltyShapes, chunked_logprobs, logits_scale)
 from rewardstack._scorers.kvcache import choose_path
@@ -83,15 +83,10 @@ class DpoScorer(CausalScorer):
         # the calibration (on the device the model runs on now: placement may have moved it), or the
         # calibration cache gives the chunk it found before; a tight budget may lower both knobs per call.
         self.chunks = ChunkPolicy(self.name, runtime.memory, self._dummy, max_chunk=opts.logits_chunk,
-                                  max_len=self.max_len, calib_len=self.calib_len, attention=self.attention)
-
-        def tune() -> dict[str, int]:
-            device = model_device(self.model)
-            return {"chunk": tune_chunk(self.logit_head, device, opts.logits_chunk, self.chunks.timings)}
-
+                                  calib_len=self.calib_len, attention=self.attention)
         self._calibrate(max_batch=16, prefixed=True, chunk=self.chunks.chunk, chunk_rows=True,
-                        tune=tune if opts.tune_logits_chunk else None, apply=self.chunks.apply,
-                        then=self.chunks.measure_for_budget)
+                        tune=(lambda: self.chunks.tune(self.logit_head)) if opts.tune_logits_chunk else None,
+                        apply=self.chunks.apply, then=self.chunks.measure_for_budget)
 
     def attention_info(self) -> str:
         return self.attention.describe()

@@ -6,7 +6,7 @@ to float32 rounding): the logits chunk (rows of the reused `[rows, V]` float32 b
 (`scorers.attention`), the attention block (query rows scored against all keys at once; per layer
 `heads x rows x L` float32 instead of `heads x L x L`).
 
-At load the fastest logits chunk up to the `logits_chunk` cap is measured (`tune_chunk`) and
+At load the fastest logits chunk up to the `logits_chunk` cap is measured (`ChunkPolicy.tune`) and
 profiled; when the budget cannot hold the longest admitted input at it, the smaller settings it
 needs are profiled too, still at load (`ChunkPolicy.measure_for_budget`: the attention block
 halved first, down to `attention.MIN_BLOCK` rows, then the logits chunk, down to 16 rows; cached
@@ -35,40 +35,6 @@ log = logging.getLogger("rewardstack.scorers.dpo")
 MIN_CHUNK = 16
 
 
-def tune_chunk(head: LogitHead, device: torch.device, max_chunk: int, timings: dict[int, float]) -> int:
-    """The fastest logits chunk (rows) up to `max_chunk`, measured on this machine at load.
-
-    Each candidate (powers of two from 16, and `max_chunk`) runs `chunked_logprobs` itself
-    (head, penalty bookkeeping, log-sum-exp) on a synthetic batch: 4 sequences of random ids,
-    random hidden rows in place of the body's, 2 x `max_chunk` scored rows in all; the best of
-    two runs counts (written into `timings`). The choice changes speed only: every chunk size gives
-    the same numbers up to float32 rounding, and memory stays bounded by the cap.
-    """
-    cands = sorted({c for c in (16, 32, 64, 128, 256, 512, 1024, 2048) if c < max_chunk} | {max_chunk})
-    if len(cands) == 1:
-        return cands[0]
-    w = head.weight
-    g = torch.Generator().manual_seed(0)
-    b, n = 4, max(2 * cands[-1], 512) // 4 + 1
-    ids = torch.randint(0, head.vocab, (b, n), generator=g).to(device)
-    hidden = torch.randn(b, n, w.shape[1], generator=g).to(device=device, dtype=w.dtype)
-    plens = torch.ones(b, dtype=torch.long, device=device)
-    lengths = torch.full((b,), n, dtype=torch.long, device=device)
-    hidden_at = lambda s, p: hidden[s, p]  # noqa: E731
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None  # a GPU runs asynchronously
-    with torch.inference_mode():
-        for c in cands:
-            best = math.inf
-            for _ in range(2):
-                sync(device)
-                t = time.perf_counter()
-                chunked_logprobs(hidden_at, head, ids, plens, lengths, c)
-                sync(device)
-                best = min(best, time.perf_counter() - t)
-            timings[c] = best
-    return min(cands, key=lambda c: timings[c])
-
-
 class ChunkPolicy:
     """The logits chunk and attention block one DPO scorer runs with, and their cost models.
 
@@ -80,15 +46,50 @@ class ChunkPolicy:
     """
 
     def __init__(self, name: str, memory: Any, profile: Callable[[int, int], None], *, max_chunk: int,
-                 max_len: int, calib_len: int, attention: AttentionChoice) -> None:
+                 calib_len: int, attention: AttentionChoice) -> None:
         self.name, self.memory, self.profile = name, memory, profile
-        self.max_chunk, self.max_len, self.calib_len = max_chunk, max_len, calib_len
+        self.max_chunk, self.calib_len = max_chunk, calib_len
         self.attention = attention
         self.chunk = self.tuned_chunk = max_chunk
         self.tuned_rows = attention.rows
         self.timings: dict[int, float] = {}
         self.costs: dict[tuple[int, int | None], CostModel] = {}
         self.names: dict[str, tuple[int, int | None]] = {}
+
+    def tune(self, head: LogitHead) -> dict[str, int]:
+        """The fastest logits chunk (rows) up to `max_chunk`, measured at load where the head is now
+        (placement may have moved it), as the calibration's tuned setting `{"chunk": rows}`.
+
+        Each candidate (powers of two from 16, and `max_chunk`) runs `chunked_logprobs` itself
+        (head, penalty bookkeeping, log-sum-exp) on a synthetic batch: 4 sequences of random ids,
+        random hidden rows in place of the body's, 2 x `max_chunk` scored rows in all; the best of
+        two runs counts (kept in `timings`). The choice changes speed only: every chunk size gives
+        the same numbers up to float32 rounding, and memory stays bounded by the cap.
+        """
+        cands = sorted({c for c in (16, 32, 64, 128, 256, 512, 1024, 2048) if c < self.max_chunk} | {self.max_chunk})
+        if len(cands) == 1:
+            return {"chunk": cands[0]}
+        w = head.weight
+        device = w.device
+        g = torch.Generator().manual_seed(0)
+        b, n = 4, max(2 * cands[-1], 512) // 4 + 1
+        ids = torch.randint(0, head.vocab, (b, n), generator=g).to(device)
+        hidden = torch.randn(b, n, w.shape[1], generator=g).to(device=device, dtype=w.dtype)
+        plens = torch.ones(b, dtype=torch.long, device=device)
+        lengths = torch.full((b,), n, dtype=torch.long, device=device)
+        hidden_at = lambda s, p: hidden[s, p]  # noqa: E731
+        sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None  # a GPU runs asynchronously
+        with torch.inference_mode():
+            for c in cands:
+                best = math.inf
+                for _ in range(2):
+                    sync(device)
+                    t = time.perf_counter()
+                    chunked_logprobs(hidden_at, head, ids, plens, lengths, c)
+                    sync(device)
+                    best = min(best, time.perf_counter() - t)
+                self.timings[c] = best
+        return {"chunk": min(cands, key=self.timings.__getitem__)}
 
     def apply(self, settings: dict) -> None:
         """The tuned logits chunk, measured now or read from the calibration cache."""

@@ -42,34 +42,21 @@ CACHE_ENTRIES = 1024  # ~3 MB of 768-d vectors: several steps of prompt + 50 com
 Embedding = tuple["torch.Tensor | None", str]  # (vector on CPU, status)
 
 
-class EmbeddingCache:
-    """A bounded LRU of text embeddings, keyed by (embedder key, length used, text digest)."""
+class EmbeddingCache(OrderedDict):
+    """A bounded LRU of text embeddings, keyed by (embedder key, length used, text digest): an
+    `OrderedDict`, least recently used first, whose `get` and `put` keep that order."""
 
-    def __init__(self) -> None:
-        self._data: OrderedDict[tuple, Embedding] = OrderedDict()
-
-    def get(self, key: tuple) -> Embedding | None:
-        hit = self._data.get(key)
+    def get(self, key: tuple) -> Embedding | None:  # type: ignore[override]
+        hit = super().get(key)
         if hit is not None:
-            self._data.move_to_end(key)
+            self.move_to_end(key)
         return hit
 
     def put(self, key: tuple, value: Embedding) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > CACHE_ENTRIES:
-            self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        self._data.clear()
-
-    def snapshot(self) -> "OrderedDict[tuple, Embedding]":
-        """A copy of the entries, in LRU order (benchmarks repeat a step from the same cache)."""
-        return OrderedDict(self._data)
-
-    def restore(self, entries: "OrderedDict[tuple, Embedding]") -> None:
-        """Put back the entries of a `snapshot`."""
-        self._data = OrderedDict(entries)
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > CACHE_ENTRIES:
+            self.popitem(last=False)
 
 
 def _digest(text: str) -> bytes:
@@ -197,31 +184,28 @@ class RelevanceMask(Scorer):
         return [self.first.model, self.second.model]
 
     def _score_live(self, request: ScoreRequest, live: list[int], result: ScoreResult) -> ScoreResult:
-        texts: list[str] = [request.completions[i] for i in live]  # type: ignore[misc]
-        # The base prompt is embedded once per step, in the same passes as the completions.
-        (p1, ps1), *e1 = self.first.embed([request.prompt] + texts, [None, *live])
-        passing: list[int] = []
-        for j, (i, (v, st)) in enumerate(zip(live, e1)):
-            if p1 is None or v is None:
-                result.statuses[i] = ps1 if p1 is None else st
-                continue
-            s1 = -float(((v - p1) ** 2).mean().sqrt())
-            result.statuses[i] = Status.worst([ps1, st])
-            if s1 < self.bounds[0]:
-                result.scores[i] = 0.0  # stop: model 2 never sees it
-            else:
-                passing.append(j)
-        if not passing:
-            return result
-        (p2, ps2), *e2 = self.second.embed([request.prompt] + [texts[j] for j in passing], [None] + [live[j] for j in passing])
-        for j, (v, st) in zip(passing, e2):
-            i = live[j]
-            if p2 is None or v is None:
-                result.statuses[i] = ps2 if p2 is None else st
-                continue
-            s2 = relevance_similarity(p2, v)
-            result.scores[i] = 0.0 if s2 < self.bounds[1] else 1.0
-            result.statuses[i] = Status.worst([result.statuses[i], ps2, st])
+        # Model 1 (-RMS of the difference), then model 2 (|cos|) on what passed model 1's bound; the base
+        # prompt is embedded once per step, in the same passes as the completions.
+        stages = [(self.first, lambda p, v: -float(((v - p) ** 2).mean().sqrt())), (self.second, relevance_similarity)]
+        passing = list(live)
+        for (embedder, value), bound in zip(stages, self.bounds):
+            if not passing:
+                break
+            texts: list[str] = [request.completions[i] for i in passing]  # type: ignore[misc]
+            (p, ps), *e = embedder.embed([request.prompt] + texts, [None, *passing])
+            kept = []
+            for i, (v, st) in zip(passing, e):
+                if p is None or v is None:
+                    result.statuses[i] = ps if p is None else st
+                    continue
+                result.statuses[i] = Status.worst([result.statuses[i], ps, st])
+                if value(p, v) < bound:
+                    result.scores[i] = 0.0  # stop: a later model never sees it
+                else:
+                    kept.append(i)
+            passing = kept
+        for i in passing:
+            result.scores[i] = 1.0
         return result
 
 

@@ -128,9 +128,11 @@ def pad_batch(
     rows: Sequence[Sequence[int]],
     pad_id: int,
     types: Sequence[Sequence[int]] | None = None,
+    width: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device."""
-    ids, mask = pad_rows(rows, pad_id)
+    """Right-padded input_ids / attention_mask (/ token_type_ids) on the model's device, to the longest
+    row or to `width`."""
+    ids, mask = pad_rows(rows, pad_id, width=width)
     device = model_device(model)
     batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
     if types is not None and accepts(model, "token_type_ids"):
@@ -351,14 +353,10 @@ def _safe_pre_tokenizer(p: dict) -> bool:
 def prefix_stable(tokenizer: Any) -> bool:
     """Whether a head cut at a safe boundary tokenizes to a prefix of the whole text's tokens."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    added = tuple(str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values())
-    return backend is not None and _stable_pipeline(backend.to_str(), added)
-
-
-def _stable_pipeline(spec: str, added: tuple[str, ...]) -> bool:
-    doc = json.loads(spec)
-    if any(re.search(r"\s", t) for t in added):
+    added = [str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+    if backend is None or any(re.search(r"\s", t) for t in added):
         return False
+    doc = json.loads(backend.to_str())
     pres = _parts(doc.get("pre_tokenizer"), "pretokenizers")
     if not pres or not all(_safe_pre_tokenizer(p) for p in pres):
         return False  # no pre-tokenizer: the model sees the whole text as one piece

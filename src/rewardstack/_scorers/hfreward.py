@@ -24,7 +24,6 @@ from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult, fill
 from rewardstack._scorers.classifier import _Classifier, first_logit
-from rewardstack._scorers.encoding import pad_rows
 
 Chat = Sequence[dict]
 """A conversation: `{"role", "content"}` messages."""
@@ -136,14 +135,11 @@ class HfRewardScorer(_Classifier):
                 per_pass = max(1, self.max_tokens // width)
                 for k in range(0, len(members), per_pass):
                     group = members[k:k + per_pass]
-                    batch = [list(rows[i]) for i in group]
-                    if all(len(r) == width for r in batch):  # only at the cap: keep the masked path
-                        batch.append(batch[0][:1])
-                    ids, mask = pad_rows(batch, self.pad_id, width=width)
-                    device = enc.model_device(self.model)
-                    out = first_logit(self.model(input_ids=ids.to(device), attention_mask=mask.to(device)), mask)
-                    out = out.float().cpu()
-                    values.update(zip(group, out))
+                    padded = [list(rows[i]) for i in group]
+                    if all(len(r) == width for r in padded):  # only at the cap: keep the masked path
+                        padded.append(padded[0][:1])
+                    batch = enc.pad_batch(self.model, padded, self.pad_id, width=width)
+                    values.update(zip(group, first_logit(self.model(**batch), batch["attention_mask"]).float().cpu()))
             return [values[i] for i in idx]
 
         return forward

@@ -118,12 +118,8 @@ class JudgeScorer(CausalScorer):
             return res
         enc = [self.encode(request.prompt, request.completions[i] or "", template) for i in live]
         ids = [x for x, _ in enc]
-
-        def forward(batch: list[int]) -> list[str]:
-            return self.generate([ids[j] for j in batch])
-
-        outcomes = self.runtime.memory.run(self.name, [len(x) for x in ids], forward, max_batch=self.max_batch,
-                                           completions=live)
+        outcomes = self.runtime.memory.run(self.name, list(map(len, ids)), lambda b: self.generate([ids[k] for k in b]),
+                                           max_batch=self.max_batch, completions=live)
         return self._fill(res, live, outcomes, extract_score, cut=[was_cut for _, was_cut in enc])
 
 

@@ -8,18 +8,14 @@ Place, then load onto the card: models load on the host (transformers builds the
 device and reads safetensors through a memory map, so no second copy of the weights is made) and
 are not moved to the device here. Placement (`rewardstack._memory.placement`) decides from the
 weights' exact sizes which models stay resident and moves only those to the card, so a stack that
-does not fit the card cannot run out of memory while loading. A plain state-dict file (`.pt`) is
-read the same way: `load_checkpoint_file` memory-maps it (`torch.load(mmap=True,
-weights_only=True)`) and `load_into_empty_model` builds the model with its parameters on the meta
-device (accelerate's `init_empty_weights`) and makes the file's tensors its parameters
-(`load_state_dict(assign=True)`).
+does not fit the card cannot run out of memory while loading. Dahoas's plain state-dict file (`.pt`)
+is read the same way (`scorers.dahoas.load_dahoas`).
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
@@ -86,46 +82,3 @@ class ModelCache:
         """
         return (self.tokenizer(path, revision=revision, **kwargs),
                 self.model(path, loader, dtype=dtype, revision=revision, **kwargs))
-
-    def loaded(self) -> list[torch.nn.Module]:
-        """Every distinct model loaded so far."""
-        return list(self._models.values())
-
-
-def load_checkpoint_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A `.pt`/`.bin` state dict, memory-mapped and tensors only (never unpickles code).
-
-    The tensors stay backed by the file until something writes them: a model that takes them as
-    its parameters (`load_into_empty_model`) costs no second copy in host memory.
-    """
-    try:
-        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # pragma: no cover - legacy (non-zip) files cannot be mapped
-        log.info("%s cannot be memory-mapped (legacy format): reading it whole", path)
-        return torch.load(str(path), map_location="cpu", weights_only=True)
-
-
-def load_into_empty_model(
-    build: Callable[[], torch.nn.Module],
-    state: Mapping[str, torch.Tensor],
-    *,
-    dtype: torch.dtype | None = None,
-    what: str = "checkpoint",
-) -> torch.nn.Module:
-    """`build()` with its parameters on the meta device, then `state`'s tensors as its parameters.
-
-    Buffers are built normally (small; some are not in checkpoints). Every parameter must come
-    from `state`: a missing or unexpected key is a `ModelLoadError`. `dtype` converts the weights
-    only where the file holds another dtype.
-    """
-    from accelerate import init_empty_weights
-
-    with init_empty_weights():
-        model = build()
-    missing, unexpected = model.load_state_dict(dict(state), strict=False, assign=True)
-    still_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
-    if unexpected or still_meta:
-        raise ModelLoadError(f"{what}: missing {sorted(set(missing) | set(still_meta))[:5]}, unexpected {unexpected[:5]}")
-    if dtype is not None:
-        model.to(dtype)
-    return model.eval().requires_grad_(False)

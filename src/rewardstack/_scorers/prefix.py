@@ -113,7 +113,11 @@ class PrefixRunner:
         b = len(suffixes)
         s = max(len(x) for x in suffixes)
         if self.whole and runs_whole(st.length, suffixes) and (types is None or self.prefix_types is not None):
-            return self._run_whole(suffixes, types)
+            # Prefix and suffix as one causal pass of unpadded rows, no cache: no mask is built.
+            whole = PrefixRunner(self.body, [], pad_id=self.pad_id).run(
+                [self.prefix_ids + list(x) for x in suffixes],
+                [self.prefix_types + list(t) for t in types] if types is not None else None)  # type: ignore[operator]
+            return whole[0][:, st.length :], whole[1][:, st.length :]
         ids, mask = pad_rows(suffixes, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
         kwargs: dict = {}
@@ -134,22 +138,6 @@ class PrefixRunner:
             kwargs["token_type_ids"] = pad_rows(types, 0, width=s)[0].to(device)
         out = self.body(input_ids=ids, attention_mask=attn, **kwargs)
         return out.last_hidden_state, mask.bool()
-
-    def _run_whole(self, suffixes: Sequence[Sequence[int]],
-                   types: Sequence[Sequence[int]] | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`run` for unpadded suffixes (see `runs_whole`): prefix + suffix as one causal pass, no cache."""
-        device = model_device(self.body)
-        c = self.length
-        ids = torch.tensor([self.prefix_ids + list(x) for x in suffixes], dtype=torch.long, device=device)
-        kwargs: dict = {}
-        if accepts(self.body, "use_cache"):
-            kwargs["use_cache"] = False
-        if types is not None:  # `run` comes here with types only when the prefix has its own
-            kwargs["token_type_ids"] = torch.tensor([self.prefix_types + list(t) for t in types],
-                                                    dtype=torch.long, device=device)
-        out = self.body(input_ids=ids, **kwargs)  # no mask, no position ids: as the whole sequence runs
-        h = out.last_hidden_state[:, c:]
-        return h, torch.ones(h.shape[:2], dtype=torch.bool, device=device)
 
     def rows(self, suffix_hidden: torch.Tensor, index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states at absolute `positions` of inputs `index` (in the batch), prefix or suffix.

@@ -12,9 +12,6 @@ each input's chosen position.
 
 from __future__ import annotations
 
-
-import torch
-
 from rewardstack.config import ModelConfig
 from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult, Status
 from rewardstack._scorers.causal import CausalScorer
@@ -22,7 +19,7 @@ from rewardstack._scorers.kvcache import choose_path
 from rewardstack._scorers.encoding import head_for_tokens, sane_max_length
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._memory.costmodel import PADDING_SLACK
-from rewardstack._scorers.prefix import PrefixRunner, model_device, run_in_groups, split_prefix
+from rewardstack._scorers.prefix import PrefixRunner, run_in_groups, split_prefix
 from rewardstack._models import RECIPROCATE
 
 TEMPLATE = "<|prompter|>{prompt}</s><|assistant|>{completion}</s><|endoftext|>"
@@ -92,16 +89,6 @@ class ReciprocateScorer(CausalScorer):
         self.vocab = int(conf.vocab_size)
         self.use_prefix = choose_path(self.name, self.body, self.vocab, wanted=cfg.options.shared_prefix)
         self._calibrate(max_batch=16, prefixed=True, max_tokens=4 * self.calib_len)
-
-    def _profile_forward(self, runner: PrefixRunner, ids: list[list[int]]) -> list[float]:
-        return self._forward(runner, ids, [len(ids[0]) - 1] * len(ids))  # read at the last token
-
-    def _forward(self, runner: PrefixRunner, ids: list[list[int]], pos: list[int],
-                 types: list[list[int]] | None = None) -> list[float]:
-        h, _ = runner.run([x[runner.length :] for x in ids], [t[runner.length :] for t in types] if types else None)
-        device = model_device(self.model)
-        rows = runner.rows(h, torch.arange(len(ids), device=device), torch.tensor(pos, device=device))
-        return self.head(rows)[:, 0].float().tolist()
 
     def _score_live(self, request: ScoreRequest, live: list[int], res: ScoreResult) -> ScoreResult:
         texts = [TEMPLATE.format(prompt=request.prompt, completion=request.completions[i]) for i in live]

@@ -31,13 +31,12 @@ class BlacklistState:
     """
 
     def __init__(self) -> None:
-        self.question_blacklist: list[str] = []
-        self.answer_blacklist: list[str] = []
+        self.reset()
 
     def reset(self) -> None:
         """Forget the best questions and answers of the previous forward pass."""
-        self.question_blacklist = []
-        self.answer_blacklist = []
+        self.question_blacklist: list[str] = []
+        self.answer_blacklist: list[str] = []
 
     def record_best(self, task: str, best: str) -> None:
         """Remember a step's best completion: followup steps add questions, answer steps answers."""

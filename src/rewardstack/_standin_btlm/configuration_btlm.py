@@ -12,7 +12,6 @@ class BTLMConfig(PretrainedConfig):
     """GPT-2 shaped config with ALiBi positions, SwiGLU MLPs and muP scales (transformers 4.x style)."""
 
     model_type = "btlm"
-    keys_to_ignore_at_inference = ["past_key_values"]
     attribute_map = {
         "hidden_size": "n_embd",
         "max_position_embeddings": "n_positions",

@@ -6,7 +6,8 @@ attention scaled by 1/d when `mup_scale_qk_dot_by_d`, logits multiplied by
 `output_logits_scale = mup_output_alpha * mup_width_scale` outside the head), and the 4.x cache
 convention: `past_key_values` is a tuple of per-layer (key, value) tuples and `presents` is
 returned the same way. It knows nothing of transformers' cache objects, which is what makes the
-scorers' load-time probe send it to the full-sequence path.
+scorers' load-time probe send it to the full-sequence path. It holds only what loading and a forward
+pass run: no dropout (the stand-in never trains) and no device-map hints.
 
 This file is copied into a checkpoint folder next to `config.json` (whose `auto_map` names it) and
 loaded with `trust_remote_code=True`, exactly as the hub model is.
@@ -24,17 +25,10 @@ from .configuration_btlm import BTLMConfig
 
 
 def _alibi_slopes(n_heads: int) -> torch.Tensor:
-    """The ALiBi paper's geometric slopes (closest power of two, then interleaved extras)."""
-
-    def power_of_2(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start**i for i in range(n)]
-
-    if math.log2(n_heads).is_integer():
-        return torch.tensor(power_of_2(n_heads))
-    closest = 2 ** math.floor(math.log2(n_heads))
-    extra = power_of_2(2 * closest)[0::2][: n_heads - closest]
-    return torch.tensor(power_of_2(closest) + extra)
+    """The ALiBi paper's geometric slopes for a power-of-two head count (every stand-in's; the slopes
+    are saved with the weights, so what a checkpoint runs is what it holds)."""
+    start = 2 ** (-(2 ** -(math.log2(n_heads) - 3)))
+    return torch.tensor([start * start**i for i in range(n_heads)])
 
 
 class AlibiPositionEmbeddingLayer(nn.Module):
@@ -68,8 +62,6 @@ class BTLMAttention(nn.Module):
         self.attn_scale_power = 1.0 if config.mup_scale_qk_dot_by_d else 0.5
         self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)
         self.c_proj = Conv1D(self.embed_dim, self.embed_dim)
-        self.attn_dropout = nn.Dropout(config.attn_pdrop)
-        self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
     def _split_heads(self, x):
         b, s, _ = x.shape
@@ -98,11 +90,10 @@ class BTLMAttention(nn.Module):
         if position_bias is not None:
             attn_weights = attn_weights + position_bias.unsqueeze(0).to(attn_weights.dtype)
         attn_weights = nn.functional.softmax(attn_weights.float(), dim=-1).type(value.dtype)
-        attn_weights = self.attn_dropout(attn_weights)
         attn_output = torch.matmul(attn_weights, value)
         b = attn_output.size(0)
         attn_output = attn_output.permute(0, 2, 1, 3).reshape(b, q_len, self.embed_dim)
-        attn_output = self.resid_dropout(self.c_proj(attn_output))
+        attn_output = self.c_proj(attn_output)
         return attn_output, present
 
 
@@ -112,10 +103,9 @@ class BTLMMLP(nn.Module):
         self.c_fc = Conv1D(intermediate_size, config.n_embd)
         self.c_fc2 = Conv1D(intermediate_size, config.n_embd)
         self.c_proj = Conv1D(config.n_embd, intermediate_size)
-        self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, hidden_states):
-        return self.dropout(self.c_proj(self.c_fc(hidden_states) * nn.functional.silu(self.c_fc2(hidden_states))))
+        return self.c_proj(self.c_fc(hidden_states) * nn.functional.silu(self.c_fc2(hidden_states)))
 
 
 class BTLMBlock(nn.Module):
@@ -140,7 +130,6 @@ class BTLMBlock(nn.Module):
 class BTLMPreTrainedModel(PreTrainedModel):
     config_class = BTLMConfig
     base_model_prefix = "transformer"
-    _no_split_modules = ["BTLMBlock"]
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, Conv1D)):
@@ -155,19 +144,17 @@ class BTLMPreTrainedModel(PreTrainedModel):
 
 
 class BTLMModel(BTLMPreTrainedModel):
+    _input_embed_layer = "wte"  # transformers' own get_input_embeddings (and the head's) read it
+
     def __init__(self, config):
         super().__init__(config)
         self.embed_dim = config.n_embd
         self.wte = nn.Embedding(config.vocab_size, self.embed_dim)
-        self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([BTLMBlock(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(self.embed_dim, eps=config.layer_norm_epsilon)
         self.relative_pe = AlibiPositionEmbeddingLayer(config.n_head)
         self.embeddings_scale = config.mup_embeddings_scale
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.wte
 
     def forward(self, input_ids, past_key_values=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 use_cache=None):
@@ -186,7 +173,7 @@ class BTLMModel(BTLMPreTrainedModel):
         hidden_states = inputs_embeds
         if token_type_ids is not None:
             hidden_states = hidden_states + self.wte(token_type_ids)
-        hidden_states = self.drop(hidden_states * self.embeddings_scale)
+        hidden_states = hidden_states * self.embeddings_scale
         position_bias = self.relative_pe(seq_len, past_length + seq_len)
 
         presents = () if use_cache else None
@@ -212,9 +199,6 @@ class BTLMLMHeadModel(BTLMPreTrainedModel):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.output_logits_scale = config.mup_output_alpha * config.mup_width_scale
         self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head
 
     # Defined as the hub code defines it (generation is never run): transformers warns that a class
     # defining it without GenerationMixin cannot generate, the warning `rewardstack._quiet` silences.

@@ -52,13 +52,6 @@ _SHAPE = {
 }
 
 
-def _unlink_copy(path: Path) -> None:
-    """Make `path` a private file (breaks a hard link into an installed package)."""
-    data = path.read_bytes()
-    path.unlink()
-    path.write_bytes(data)
-
-
 def _corpus() -> list[str]:
     """Texts whose word pieces the tiny vocabulary keeps whole: the soak's workload and templates."""
     from rewardstack._replay.workload import soak_steps
@@ -158,8 +151,10 @@ def shrink_standins(root: Path, *, seed: int = 0) -> None:
     corpus = _corpus()
     for k, folder in enumerate(folders):
         for f in folder.rglob("*"):
-            if f.is_file() and os.stat(f).st_nlink > 1:
-                _unlink_copy(f)
+            if f.is_file() and os.stat(f).st_nlink > 1:  # a private copy: never write through a hard link
+                data = f.read_bytes()
+                f.unlink()
+                f.write_bytes(data)
         tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
         kept = tiny_vocabulary(tj, corpus)
         mapping = shrink_tokenizer(folder, kept)
