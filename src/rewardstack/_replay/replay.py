@@ -197,13 +197,13 @@ class ReplayReport:
     completions: dict[str, int] = field(default_factory=dict)
     peaks: dict[str, int] = field(default_factory=dict)
     top: dict[str, list[TopInput]] = field(default_factory=dict)
-    agreement: dict[str, Agreement] = field(default_factory=dict)
     budget_bytes: int | None = None
     ooms: list[dict[str, Any]] = field(default_factory=list)
     oom_completions: dict[str, int] = field(default_factory=dict)
-    read_errors: list[str] = field(default_factory=list)
     changed: list[dict[str, Any]] = field(default_factory=list)
     """Inputs the budget cut or whose status it changed (`changed_by_budget`)."""
+    agreement: dict[str, Agreement] = field(default_factory=dict)
+    read_errors: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -231,21 +231,9 @@ class ReplayReport:
         return f"does not fit {size}: {len(self.ooms)} OOM(s); completions reported 'oom': {lost}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The summary.json form (events excluded)."""
-        return {
-            "steps": self.steps,
-            "completions": self.completions,
-            "peak_bytes": self.peaks,
-            "top_inputs": {m: [asdict(t) for t in ts] for m, ts in self.top.items()},
-            "budget_bytes": self.budget_bytes,
-            "fits": self.fits,
-            "verdict": self.verdict(),
-            "ooms": self.ooms,
-            "oom_completions": self.oom_completions,
-            "changed_by_budget": self.changed,
-            "agreement": {m: asdict(a) for m, a in self.agreement.items()},
-            "read_errors": self.read_errors,
-        }
+        """The summary.json form: every field (three under their summary names), `fits` and the verdict."""
+        names = {"peaks": "peak_bytes", "top": "top_inputs", "changed": "changed_by_budget"}
+        return {**{names.get(k, k): v for k, v in asdict(self).items()}, "fits": self.fits, "verdict": self.verdict()}
 
 
 def _fmt_bytes(n: float | None) -> str:
