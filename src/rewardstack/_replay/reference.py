@@ -118,5 +118,3 @@ def reference_need_of(scorer: Any, model: str, step: Step, i: int) -> Figure:
               else _count(tok, model, prompt + completion))
     return (tokens, *reference_figure(model, tokens))
 
-
-__all__ = ["Figure", "reference_figure", "reference_need_of"]
