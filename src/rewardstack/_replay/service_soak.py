@@ -87,9 +87,7 @@ class Server:
         self.proc.wait()
 
     def stop(self) -> int:
-        """SIGTERM and wait for the drain (returns the exit code)."""
-        if self.proc.poll() is not None:
-            return self.proc.returncode
+        """SIGTERM and wait for the drain (returns the exit code; send_signal skips an exited process)."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=60)
