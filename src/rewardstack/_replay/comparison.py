@@ -47,13 +47,8 @@ LISTED = 20
 _HEAVY = ("completions", "prompt", "base_prompt", "best", "uids", "rewards")  # not compared: dropped on read
 
 
-def _light(line: str) -> dict[str, Any]:
-    e = json.loads(line)
-    for k in _HEAVY:
-        e.pop(k, None)
-    for k in [k for k in e if k.endswith("_normalized")]:
-        e.pop(k)
-    return e
+def _light(line: bytes) -> dict[str, Any]:
+    return {k: v for k, v in json.loads(line).items() if k not in _HEAVY and not k.endswith("_normalized")}
 
 
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
@@ -62,9 +57,8 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
         return
     with path.open("rb") as f:
         for raw in f:
-            line = raw.decode("utf-8")
-            if line.strip():
-                yield _light(line)
+            if raw.strip():
+                yield _light(raw)
 
 
 class EventIndex:
@@ -90,7 +84,7 @@ class EventIndex:
             return None
         with self.path.open("rb") as f:
             f.seek(self.offsets[h])
-            return _light(f.readline().decode("utf-8"))
+            return _light(f.readline())
 
 
 def _num(x: Any) -> float:
