@@ -75,8 +75,7 @@ def grow_prompts(steps: list[Step]) -> None:
 
 def surrogate_line(step: Step) -> str:
     """The step as a JSONL line whose first completion holds an unpaired surrogate (an input error)."""
-    d: dict[str, Any] = step.to_dict()
-    d["completions"] = list(d["completions"])
+    d: dict[str, Any] = step.to_dict()  # its own copy of the completions (`Step.to_dict` copies lists)
     d["completions"][0] = "broken \ud800 surrogate"
     return json.dumps(d, ensure_ascii=True)  # JSON's \ud800 escape: valid JSON, not valid Unicode
 
