@@ -14,6 +14,8 @@ from rewardstack._memory import MemoryManager, Profile
 from rewardstack._memory.guard import run_guarded
 from rewardstack._replay.faults import FaultInjector
 
+from fault_fixtures import CountingInjector
+
 
 def _score_fn(model: torch.nn.Module, lengths: list[int], seed: int = 0):  # noqa: ANN202
     """A scorer-like forward: pads the batch's inputs, runs the model, returns one float each."""
@@ -38,7 +40,7 @@ def _score_fn(model: torch.nn.Module, lengths: list[int], seed: int = 0):  # noq
 def test_injected_ooms_keep_every_value_or_give_a_status() -> None:
     values = {i: float(i) * 1.5 for i in range(40)}
     for seed in range(30):  # many runs, different injection patterns
-        inj = FaultInjector(0.1, seed=seed)
+        inj = CountingInjector(0.1, seed=seed)
         mm = MemoryManager(None, injector=inj)
         rng = random.Random(seed)
         lengths = [rng.randint(1, 300) for _ in range(40)]
@@ -56,15 +58,17 @@ def test_fault_injector_is_deterministic() -> None:
         hits = []
         for _ in range(50):
             try:
-                inj.maybe_raise("m", [0])
+                with inj.during("m", [0]):
+                    torch.ones(4)
                 hits.append(False)
             except torch.OutOfMemoryError:
                 hits.append(True)
         return hits
 
     assert pattern(1) == pattern(1) and pattern(1) != pattern(2)
-    inj = FaultInjector(1.0, models=["other"])
-    inj.maybe_raise("m", [0])  # not targeted: never raises
+    inj = CountingInjector(1.0, models=["other"])
+    with inj.during("m", [0]):  # not targeted: never raises
+        torch.ones(4)
     assert inj.calls == 0
 
 
@@ -170,7 +174,7 @@ def test_injected_ooms_with_a_real_model(bert: torch.nn.Module) -> None:
     forward = _score_fn(bert, lengths)
     clean = [o.value for o in mm.run("bert", lengths, forward, max_batch=6)]
     mm.set_budget(4_000_000)
-    mm.injector = FaultInjector(0.1, seed=3)
+    mm.injector = CountingInjector(0.1, seed=3)
     for _ in range(5):
         out = mm.run("bert", lengths, forward, max_batch=6)
         for o, c in zip(out, clean):

@@ -13,7 +13,6 @@ import torch
 
 from rewardstack.cli import main
 from rewardstack._memory import MemoryManager
-from rewardstack._replay.faults import FaultInjector
 from rewardstack._memory.guard import InjectedOOM
 from rewardstack._replay.comparison import compare, memory_slope
 from rewardstack._replay.workload import LONG_CHARS, soak_steps
@@ -22,10 +21,12 @@ from rewardstack._runner import step_hash
 from rewardstack.stack import Step
 from rewardstack._state import StateStore
 
+from fault_fixtures import CountingInjector
+
 
 def test_injected_oom_strikes_inside_the_pass_and_its_tensors_are_freed() -> None:
     mm = MemoryManager(None, device="cpu")
-    mm.injector = FaultInjector(1.0, seed=1, models=["m"])
+    mm.injector = CountingInjector(1.0, seed=1, models=["m"])
     progress: list[int] = []
     live_at_failure: list[int] = []
 
@@ -50,7 +51,7 @@ def test_injected_oom_strikes_inside_the_pass_and_its_tensors_are_freed() -> Non
 
 def test_injector_stays_out_of_passes_it_does_not_pick() -> None:
     mm = MemoryManager(None, device="cpu")
-    mm.injector = FaultInjector(0.0, seed=1)
+    mm.injector = CountingInjector(0.0, seed=1)
     out = mm.run("m", [4], lambda idx: [float(torch.ones(3).sum())])
     assert out[0].value == 3.0 and not mm.oom_log and mm.injector.calls == 1
 

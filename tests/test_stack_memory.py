@@ -22,7 +22,7 @@ from conftest import standin_config
 from rewardstack import RewardStack
 from rewardstack.config import ALL_MODELS
 from memory_fixtures import scale
-from rewardstack._replay.faults import FaultInjector
+from fault_fixtures import CountingInjector
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._scorers.base import Status
 from rewardstack._replay.synthetic import text
@@ -111,7 +111,7 @@ def test_underfitted_cost_models_make_planned_batches_oom(standins, tmp_path) ->
 def test_injected_ooms_never_change_a_score(standins, tmp_path) -> None:  # noqa: ANN001
     clean = RewardStack(standin_config(standins, tmp_path / "a"), load_state=False)
     faulty = RewardStack(standin_config(standins, tmp_path / "b"), load_state=False)
-    faulty.memory.injector = FaultInjector(rate=0.1, seed=3)
+    faulty.memory.injector = CountingInjector(rate=0.1, seed=3)
     steps = _steps(2, 8, 8)
     diverged = False  # an 'oom' raw value stays out of the normalizer, so later rewards may differ
     for step in steps:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from rewardstack._replay.faults import FaultInjector
+from fault_fixtures import CountingInjector
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry.monitor import Monitor
 from rewardstack._telemetry.rundir import RunDir, read_incidents, read_timeline
@@ -16,7 +16,7 @@ def test_injected_oom_writes_an_incident_naming_the_input(hog_config, tmp_path) 
     HogScorer.max_batch = 1
     stack = RewardStack(hog_config(), load_state=False)
     # Every device pass of the hog runs out of memory: each input falls back to the CPU.
-    stack.memory.injector = FaultInjector(rate=1.0, seed=0, models=[HOG])
+    stack.memory.injector = CountingInjector(rate=1.0, seed=0, models=[HOG])
     mon = Monitor.attach(stack, run_dir=RunDir(tmp_path / "run"))
     s = step(0, n=3)
     s["completions"][0] = None  # a failed response: the hog's input 0 is completion 1

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from conftest import standin_config
-from rewardstack._replay.faults import FaultInjector
+from fault_fixtures import CountingInjector
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry.monitor import Monitor
 from rewardstack._telemetry.rundir import RunDir, read_incidents, read_timeline
@@ -37,7 +37,7 @@ def _run(tiny_standins: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
     run = tmp_path / "run"
     mon = Monitor.attach(stack, run_dir=RunDir(run))
     stack.score_step(STEP1, save=False)
-    stack.memory.injector = FaultInjector(rate=1.0, seed=0, models=[DPO])  # every DPO pass runs out of memory
+    stack.memory.injector = CountingInjector(rate=1.0, seed=0, models=[DPO])  # every DPO pass runs out of memory
     stack.score_step(STEP2, save=False)
     mon.close()
     return run, [STEP1, STEP2]

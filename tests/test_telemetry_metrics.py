@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstack._replay.faults import FaultInjector
+from fault_fixtures import CountingInjector
 from rewardstack.stack import RewardStack
 from rewardstack._telemetry.session import Telemetry
 from rewardstack._telemetry.rundir import read_timeline
@@ -31,7 +31,7 @@ def _value(fam, **labels) -> float:  # noqa: ANN001
 def test_metrics_scraped_over_http(hog_config, tmp_path) -> None:  # noqa: ANN001
     HogScorer.max_batch = 2
     stack = RewardStack(hog_config(memory_budget=64 * 1024**2), load_state=False)
-    stack.memory.injector = FaultInjector(rate=1.0, seed=0, models=[HOG])  # every device pass: OOM, recovered
+    stack.memory.injector = CountingInjector(rate=1.0, seed=0, models=[HOG])  # every device pass: OOM, recovered
     reg = CollectorRegistry()
     tel = Telemetry(stack, run_dir=tmp_path / "run", metrics_port=0, registry=reg)
     try:

@@ -42,23 +42,13 @@ the standard stand-ins (the real MiniLM) moved 376 diversity values, 67 past 1e-
 SHARED_PASS = {m.embeds_with: m.name for m in MODELS if m.embeds_with}
 
 
-def rebatch_tol(model: str) -> float:
-    """The batching-noise bound of `model`'s values after a split (`REBATCH_TOL`, diversity's own)."""
-    return DIVERSITY_REBATCH_TOL if model == DIVERSITY.name else REBATCH_TOL
-
-
 LISTED = 20
 """Differences (and batching-noise values) listed by step, completion and model in the verdict."""
 _HEAVY = ("completions", "prompt", "base_prompt", "best", "uids", "rewards")  # not compared: dropped on read
 
 
-def _light(line: str) -> dict[str, Any]:
-    e = json.loads(line)
-    for k in _HEAVY:
-        e.pop(k, None)
-    for k in [k for k in e if k.endswith("_normalized")]:
-        e.pop(k)
-    return e
+def _light(line: bytes) -> dict[str, Any]:
+    return {k: v for k, v in json.loads(line).items() if k not in _HEAVY and not k.endswith("_normalized")}
 
 
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
@@ -67,9 +57,8 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
         return
     with path.open("rb") as f:
         for raw in f:
-            line = raw.decode("utf-8")
-            if line.strip():
-                yield _light(line)
+            if raw.strip():
+                yield _light(raw)
 
 
 class EventIndex:
@@ -95,7 +84,7 @@ class EventIndex:
             return None
         with self.path.open("rb") as f:
             f.seek(self.offsets[h])
-            return _light(f.readline().decode("utf-8"))
+            return _light(f.readline())
 
 
 def _num(x: Any) -> float:
@@ -108,30 +97,6 @@ def same(a: Any, b: Any, tol: float = TOL) -> bool:
     if math.isnan(x) or math.isnan(y):
         return math.isnan(x) and math.isnan(y)
     return abs(x - y) <= tol * max(1.0, abs(y))
-
-
-def _count_ooms(ooms: dict[str, int], recs: list[dict[str, Any]]) -> None:
-    """Add one step's committed OOM records to the tally: injected or real, and what the guard did."""
-    for r in recs:
-        ooms["injected" if r["injected"] else "real"] += 1
-        if r["action"] in ("split", "cpu_fallback", "gave_up"):
-            ooms[r["action"]] += 1
-            ooms["recovered"] += r["action"] != "gave_up"
-
-
-def _fold_included(folded: dict[str, Any], f: dict[str, Any], c: dict[str, Any], active_rewards: list[str]) -> int:
-    """Fold the clean run's raw values of the completions the faulted step included into `folded`.
-
-    Returns how many of the faulted step's values are NaN where the clean run's are not, with no
-    OOM to explain it (an exclusion nothing accounts for).
-    """
-    n = len(f["statuses"])
-    unexplained = 0
-    for m in active_rewards:
-        folded[m].update([_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))])
-        unexplained += sum(1 for i in range(n) if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i]))
-                           and f["statuses"][i] != "oom" and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom")
-    return unexplained
 
 
 def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
@@ -166,7 +131,10 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
             order_ok = False
         recs = f.get("soak_ooms", [])
         statuses.update(f["statuses"])
-        _count_ooms(ooms, recs)
+        for r in recs:  # the step's committed OOM records: injected or real, and what the guard did
+            ooms["injected" if r["injected"] else "real"] += 1
+            ooms[r["action"]] += 1  # `OomRecord.action`: "split", "cpu_fallback" or "gave_up"
+            ooms["recovered"] += r["action"] != "gave_up"
         oom_statuses += sum(s == "oom" for sts in f.get("model_statuses", {}).values() for s in sts)
         c = by_hash.get(h)
         if c is None:
@@ -188,7 +156,7 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
             for m, x, y in pairs:
                 if (x == y) if m == "status" else same(x, y):
                     continue
-                if m in split and same(x, y, rebatch_tol(m)):
+                if m in split and same(x, y, DIVERSITY_REBATCH_TOL if m == DIVERSITY.name else REBATCH_TOL):
                     rebatched_by_model[m] += 1
                     rebatched_max = max(rebatched_max, abs(_num(x) - _num(y)))
                     if len(rebatched) < LISTED:
@@ -197,7 +165,13 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
                     n_mismatched += 1
                     if len(mismatched) < LISTED:
                         mismatched.append({"step": pos, "index": i, "model": m, "faulted": x, "clean": y})
-        unexplained += _fold_included(folded, f, c, active_rewards)
+        # The clean run's raw values of the completions the faulted step included, folded; and the
+        # faulted values that are NaN where the clean run's are not with no OOM to explain it.
+        n = len(f["statuses"])
+        for m in active_rewards:
+            folded[m].update([_num(c[m][i]) for i in range(n) if not math.isnan(_num(f[m][i]))])
+            unexplained += sum(1 for i in range(n) if math.isnan(_num(f[m][i])) and not math.isnan(_num(c[m][i]))
+                               and f["statuses"][i] != "oom" and f["model_statuses"].get(m, [""] * (i + 1))[i] != "oom")
     norm_equal, norm_diff = _normalizers_match(folded, faulted_state.get("normalizers", {}), active_rewards)
     return {
         "events": pos + 1, "expected": len(expected_hashes),
@@ -220,13 +194,11 @@ def _normalizers_match(folded: dict[str, Any], stored: dict[str, Any], active: l
     norm_equal = True
     for m in active:
         want, have = folded[m], stored.get(m, {})
-        if have.get("count") != want.count:
-            norm_equal = False
+        norm_equal &= have.get("count") == want.count
         for key in ("mean", "var"):
             d = abs(float(have.get(key, math.nan)) - getattr(want, key))
             norm_diff = max(norm_diff, d) if not math.isnan(d) else math.inf
-            if not d <= TOL * max(1.0, abs(getattr(want, key))):
-                norm_equal = False
+            norm_equal &= d <= TOL * max(1.0, abs(getattr(want, key)))
     return norm_equal, norm_diff
 
 

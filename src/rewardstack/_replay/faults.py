@@ -21,31 +21,20 @@ from rewardstack._memory.guard import InjectedOOM
 class FaultInjector:
     """Fails a device forward pass with an injected OOM with probability `rate`.
 
-    `during` raises the OOM inside the pass after its first allocations; `maybe_raise` raises
-    before a pass (for callers without a pass to enter).
-
-    Deterministic: the same seed and the same sequence of calls inject at the same passes.
-    `models` limits injection to those model names (None: all). `calls` and `injected` count
-    passes seen and OOMs raised.
+    `during` raises the OOM inside the pass after its first allocations. Deterministic: the same
+    seed and the same sequence of calls inject at the same passes (`draw` decides each).
     """
 
     MAX_AFTER = 8
     """`during` fails a pass after 1..MAX_AFTER tensor-creating ops."""
 
-    def __init__(self, rate: float, seed: int = 0, *, models: Sequence[str] | None = None) -> None:
+    def __init__(self, rate: float, seed: int = 0) -> None:
         self.rate = rate
-        self.models = set(models) if models is not None else None
         self.rng = random.Random(seed)
-        self.calls = self.injected = 0
 
-    def _draw(self, model: str) -> bool:
-        """Count a pass and decide whether it gets an OOM."""
-        if self.models is not None and model not in self.models:
-            return False
-        self.calls += 1
-        hit = self.rate > 0 and self.rng.random() < self.rate
-        self.injected += hit
-        return hit
+    def draw(self, model: str) -> bool:
+        """Whether the next pass of `model` gets an OOM (every model alike here)."""
+        return self.rate > 0 and self.rng.random() < self.rate
 
     @contextmanager
     def during(self, model: str, batch: Sequence[int]) -> Iterator[None]:
@@ -55,18 +44,13 @@ class FaultInjector:
         seed), so the tensors it already allocated are live when it fails, as in a real OOM; a pass
         with fewer ops fails at its end. Other passes run untouched.
         """
-        if not self._draw(model):
+        if not self.draw(model):
             yield
             return
         message = f"injected OOM in {model} (batch of {len(batch)})"
         with _RaiseAfter(self.rng.randint(1, self.MAX_AFTER), message):
             yield
         raise InjectedOOM(message)
-
-    def maybe_raise(self, model: str, batch: Sequence[int]) -> None:
-        """Raise an `InjectedOOM` with probability `rate`."""
-        if self._draw(model):
-            raise InjectedOOM(f"injected OOM in {model} (batch of {len(batch)})")
 
 
 class _RaiseAfter(TorchDispatchMode):

@@ -42,14 +42,12 @@ KINDS = tuple(_MAKERS)
 
 
 def completion(kind: str, rng: random.Random, prompt: str) -> str:
-    """One pathological completion of `kind`."""
-    if kind not in _MAKERS:
-        raise ValueError(f"unknown pathological kind {kind!r}")
+    """One pathological completion of `kind` (one of `KINDS`)."""
     return _MAKERS[kind](rng, prompt)
 
 
-def mix_into(steps: list[Step], seed: int = 0, *, every: int = 3) -> list[Step]:
-    """Replace completions of every `every`-th step with pathological ones (all kinds, cycling)."""
+def mix_into(steps: list[Step], seed: int = 0, *, every: int = 3) -> None:
+    """Replace completions of every `every`-th step with pathological ones (all kinds, cycling), in place."""
     rng = random.Random(seed)
     k = 0
     for s, step in enumerate(steps):
@@ -61,11 +59,10 @@ def mix_into(steps: list[Step], seed: int = 0, *, every: int = 3) -> list[Step]:
             kind = KINDS[k % len(KINDS)]
             k += 1
             step.completions[i] = completion(kind, rng, step.prompt)
-    return steps
 
 
-def grow_prompts(steps: list[Step]) -> list[Step]:
-    """Within each forward pass, each step's prompt becomes the previous prompt plus one of its completions."""
+def grow_prompts(steps: list[Step]) -> None:
+    """Within each forward pass, each step's prompt becomes the previous one plus one of its completions (in place)."""
     prev: Step | None = None
     for step in steps:
         if step.name == "augment" or prev is None:
@@ -74,15 +71,11 @@ def grow_prompts(steps: list[Step]) -> list[Step]:
         grown = next((c for c in prev.completions if c), "")
         step.prompt = f"{prev.prompt}\n\n{grown[:2000]}\n\n{step.prompt}"
         prev = step
-    return steps
 
 
 def surrogate_line(step: Step) -> str:
     """The step as a JSONL line whose first completion holds an unpaired surrogate (an input error)."""
-    d: dict[str, Any] = step.to_dict()
-    d["completions"] = list(d["completions"])
+    d: dict[str, Any] = step.to_dict()  # its own copy of the completions (`Step.to_dict` copies lists)
     d["completions"][0] = "broken \ud800 surrogate"
     return json.dumps(d, ensure_ascii=True)  # JSON's \ud800 escape: valid JSON, not valid Unicode
 
-
-__all__ = ["HUGE_CHARS", "KINDS", "completion", "grow_prompts", "mix_into", "surrogate_line"]

@@ -85,8 +85,6 @@ class RunStep:
     """File and line (or row) the step came from."""
     logged: dict[str, list[float]] = field(default_factory=dict)
     """The validator's raw value per completion, per model that it ran (NaN where it logged none)."""
-    logged_normalized: dict[str, list[float]] = field(default_factory=dict)
-    """The validator's normalized values, per model, when logged."""
     logged_rewards: list[float] | None = None
     """The validator's combined rewards, when logged."""
     cut: dict[str, list[int]] = field(default_factory=dict)
@@ -146,7 +144,14 @@ def detect(path: str | Path) -> str:
     with path.open("rb") as f:
         head = f.read(4)
     if head == _PARQUET_MAGIC:
-        return _parquet_layout(path)
+        import pyarrow.parquet as pq
+
+        names = set(pq.read_schema(path).names)
+        if "name" in names and "completions" in names:
+            return PARQUET_V11
+        if "base_prompt" in names and "followup_completions" in names:
+            return PARQUET_V10
+        raise LogFormatError(f"{path}: a parquet file with neither run layout (columns: {sorted(names)[:12]})")
     try:
         first = _first_json(_raw_bytes(path))
     except (OSError, zipfile.BadZipFile, EOFError) as e:
@@ -162,17 +167,6 @@ def detect(path: str | Path) -> str:
         f"{path}: not a run log replay reads (a loguru completions.log, a run's parquet file, or "
         "rewardstack's step or event JSONL)"
     )
-
-
-def _parquet_layout(path: Path) -> str:
-    import pyarrow.parquet as pq
-
-    names = set(pq.read_schema(path).names)
-    if "name" in names and "completions" in names:
-        return PARQUET_V11
-    if "base_prompt" in names and "followup_completions" in names:
-        return PARQUET_V10
-    raise LogFormatError(f"{path}: a parquet file with neither run layout (columns: {sorted(names)[:12]})")
 
 
 def _loguru_start(path: Path) -> float:
@@ -289,9 +283,8 @@ def _floats(values: Any, n: int) -> list[float] | None:
     return [math.nan if v is None else float(v) for v in values]
 
 
-def _logged_models(ev: Mapping[str, Any], n: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def _logged_models(ev: Mapping[str, Any], n: int) -> dict[str, list[float]]:
     raw: dict[str, list[float]] = {}
-    norm: dict[str, list[float]] = {}
     for m in ALL_MODELS:
         r = _floats(ev.get(m), n)
         if r is None:
@@ -300,9 +293,7 @@ def _logged_models(ev: Mapping[str, Any], n: int) -> tuple[dict[str, list[float]
         if n and all(x == 0.0 for x in r) and (z is None or all(x == 0.0 for x in z)):
             continue  # the model was off in that run: the validator logs zeros for it
         raw[m] = r
-        if z is not None:
-            norm[m] = z
-    return raw, norm
+    return raw
 
 
 def _failed(i: int, text: str, statuses: Any, logged: Mapping[str, list[float]]) -> bool:
@@ -360,7 +351,7 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
     n = len(comps)
     if not all(isinstance(c, str) or c is None for c in comps):
         raise InputError("must be a list of strings", line=line, field="completions")
-    logged, logged_norm = _logged_models(ev, n)
+    logged = _logged_models(ev, n)
     statuses = ev.get("statuses")
     completions = [None if c is None or _failed(i, c, statuses, logged) else c for i, c in enumerate(comps)]
     name, prompt, best = ev.get("name"), ev.get("prompt"), ev.get("best")
@@ -378,7 +369,7 @@ def _event_step(ev: Mapping[str, Any], where: str, line: int | None, bases: _Bas
         if step.completions[i] is not None:
             # The recorded head exactly as the models read it: `from_dict` strips, and a head may end in a space.
             step.completions[i] = comps[i]
-    return RunStep(step, where, logged, logged_norm, _floats(ev.get("rewards"), n), cut)
+    return RunStep(step, where, logged, _floats(ev.get("rewards"), n), cut)
 
 
 def _recorded_cut(model_statuses: Any, n: int) -> dict[str, list[int]]:
@@ -471,6 +462,3 @@ def read_run(paths: Sequence[str | Path]) -> Run:
         log.warning("%s", e)
     return run
 
-
-__all__ = ["EVENTS", "LOGURU", "LogFormatError", "PARQUET_V10", "PARQUET_V11", "Run", "RunStep", "STEPS", "detect",
-           "expand", "read_run"]

@@ -53,22 +53,6 @@ def _failed(e: Exception) -> str:
     return f"unavailable: the simulation failed ({type(e).__name__}: {e})"
 
 
-def reference_figure(model: str, tokens: int | None) -> tuple[int | None, int | None, str]:
-    """(peak, largest allocation, note) of the reference's one-input call at `tokens` tokens, or None and why."""
-    if tokens is None:
-        return None, None, NO_TOKENIZER
-    n = tokens
-    try:
-        if not spec(model).reference_unbounded:
-            # The reference truncated the other models to their position limit.
-            n = min(n, int(sim.scorer_bound(model)))
-        res = sim.reference_need(model, n)
-    except Exception as e:  # noqa: BLE001
-        return None, None, _failed(e)
-    note = f"{n} tokens" + (" (the reference's truncation)" if n < tokens else "")
-    return int(res.peak_bytes), int(res.largest_alloc_bytes), note
-
-
 def _relevance(scorer: Any, text: str) -> Figure:
     first, second = getattr(scorer, "first", None), getattr(scorer, "second", None)
     n1 = _count(getattr(first, "tokenizer", None), RELEVANCE.name, text)
@@ -116,7 +100,13 @@ def reference_need_of(scorer: Any, model: str, step: Step, i: int) -> Figure:
     tok = getattr(scorer, "tokenizer", None)
     tokens = (_count(tok, model, prompt, completion) if spec(model).pair_input
               else _count(tok, model, prompt + completion))
-    return (tokens, *reference_figure(model, tokens))
+    if tokens is None:
+        return None, None, None, NO_TOKENIZER
+    try:  # the reference's one-input call; it truncated the other models to their position limit
+        n = tokens if spec(model).reference_unbounded else min(tokens, int(sim.scorer_bound(model)))
+        res = sim.reference_need(model, n)
+    except Exception as e:  # noqa: BLE001
+        return tokens, None, None, _failed(e)
+    note = f"{n} tokens" + (" (the reference's truncation)" if n < tokens else "")
+    return tokens, int(res.peak_bytes), int(res.largest_alloc_bytes), note
 
-
-__all__ = ["Figure", "reference_figure", "reference_need_of"]

@@ -48,7 +48,6 @@ run of which no step could be read, and a `--steps` that selects none.
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import sys
 import tempfile
@@ -70,10 +69,10 @@ from rewardstack._replay.readers import RunStep, read_run
 from rewardstack._replay.reference import reference_need_of
 from rewardstack._models import owner_of, spec
 from rewardstack._paths import run_dir_for
-from rewardstack._scorers.base import Status
+from rewardstack._scorers.base import ScoreRequest, ScoreResult, Status
+from rewardstack._state import ForwardResult, StateLock, StateStore
 from rewardstack._stepobservers import StepObserver
-
-log = logging.getLogger("rewardstack.replay")
+from rewardstack.stack import RewardStack
 
 AGREEMENT_TOL = 1e-4
 HEAD_CHARS = 60
@@ -148,11 +147,10 @@ class KeepCut(StepObserver):
     first among the stack's observers, so the operator's line, the telemetry and the event (which
     holds the same lists) all see the marked statuses."""
 
-    current: RunStep | None = None
+    current: RunStep
 
     def step_scored(self, stack: Any, result: Any) -> None:
-        if self.current is not None:
-            mark_cut(result.model_statuses, self.current.cut, result.statuses)
+        mark_cut(result.model_statuses, self.current.cut, result.statuses)
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -199,14 +197,13 @@ class ReplayReport:
     completions: dict[str, int] = field(default_factory=dict)
     peaks: dict[str, int] = field(default_factory=dict)
     top: dict[str, list[TopInput]] = field(default_factory=dict)
-    agreement: dict[str, Agreement] = field(default_factory=dict)
     budget_bytes: int | None = None
     ooms: list[dict[str, Any]] = field(default_factory=list)
     oom_completions: dict[str, int] = field(default_factory=dict)
-    read_errors: list[str] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
     changed: list[dict[str, Any]] = field(default_factory=list)
     """Inputs the budget cut or whose status it changed (`changed_by_budget`)."""
+    agreement: dict[str, Agreement] = field(default_factory=dict)
+    read_errors: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -234,21 +231,9 @@ class ReplayReport:
         return f"does not fit {size}: {len(self.ooms)} OOM(s); completions reported 'oom': {lost}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The summary.json form (events excluded)."""
-        return {
-            "steps": self.steps,
-            "completions": self.completions,
-            "peak_bytes": self.peaks,
-            "top_inputs": {m: [asdict(t) for t in ts] for m, ts in self.top.items()},
-            "budget_bytes": self.budget_bytes,
-            "fits": self.fits,
-            "verdict": self.verdict(),
-            "ooms": self.ooms,
-            "oom_completions": self.oom_completions,
-            "changed_by_budget": self.changed,
-            "agreement": {m: asdict(a) for m, a in self.agreement.items()},
-            "read_errors": self.read_errors,
-        }
+        """The summary.json form: every field (three under their summary names), `fits` and the verdict."""
+        names = {"peaks": "peak_bytes", "top": "top_inputs", "changed": "changed_by_budget"}
+        return {**{names.get(k, k): v for k, v in asdict(self).items()}, "fits": self.fits, "verdict": self.verdict()}
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -373,15 +358,14 @@ def replay(stack: Any, steps: list[RunStep], *, top: int = 3, reference: bool = 
             raws.append(result.raw)
             model_statuses.append(result.model_statuses)
             statuses.update(result.statuses)
-            for model, sts in result.model_statuses.items():
-                lost[model] += sum(s == "oom" for s in sts)
+            lost.update(m for m, sts in result.model_statuses.items() for s in sts if s == "oom")
             if on_event is not None:
                 on_event(result.event)
     finally:
         stack.memory.unsubscribe(probe)
         stack.step_observers.remove(keep_cut)
     report.completions = dict(statuses)
-    report.oom_completions = {m: n for m, n in lost.items() if n}
+    report.oom_completions = dict(lost)
     new_ooms = stack.memory.ooms_total - oom_start
     report.ooms = [r.to_dict() for r in list(stack.memory.oom_log)[-new_ooms:]] if new_ooms else []
     for by in probe.peaks.values():
@@ -453,9 +437,6 @@ def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
     (its history needs vectors); the blacklist records the logged bests. Returns how many steps
     used logged values per model and how many were scored.
     """
-    from rewardstack._scorers.base import ScoreRequest, ScoreResult
-    from rewardstack._state import ForwardResult
-
     counts: dict[str, int] = {"logged": 0, "scored": 0}
     for rs in steps:
         step = rs.step
@@ -483,9 +464,6 @@ def warm_start(stack: Any, steps: list[RunStep]) -> dict[str, int]:
 
 def _init_state(cfg: Any, steps: list[RunStep]) -> None:
     """`replay --init-state`: write the run's state into the config's state_dir (refuses to overwrite)."""
-    from rewardstack.stack import RewardStack
-    from rewardstack._state import StateLock, StateStore
-
     with StateLock(cfg.state_dir):
         if StateStore(cfg.state_dir).path.exists():
             raise StateError(f"{cfg.state_dir} already holds a state: --init-state never overwrites one; "
@@ -501,16 +479,9 @@ def _init_state(cfg: Any, steps: list[RunStep]) -> None:
             print(f"  {name}: count {n.count}, mean {n.mean:.6g}, var {n.var:.6g}")
 
 
-def _cap_cuda(budget: int, device: str) -> None:  # pragma: no cover - CUDA-only path
-    dev = torch.device(device)
-    total = torch.cuda.get_device_properties(dev).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
-
-
 def cmd_replay(args: argparse.Namespace) -> int:
     """The `replay` command."""
     from rewardstack._settings import parse_bytes
-    from rewardstack.stack import RewardStack
 
     run = read_run(args.logs)
     if not run.steps:  # an empty replay is no answer: say why, before any model loads
@@ -533,28 +504,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
         cfg.state_dir = ctx.enter_context(tempfile.TemporaryDirectory(prefix="rewardstack-replay-"))
         if budget is not None:
             cfg.memory_budget = budget
-            if torch.device(cfg.device).type == "cuda":  # pragma: no cover - CUDA-only path
-                _cap_cuda(budget, cfg.device)
+            dev = torch.device(cfg.device)
+            if dev.type == "cuda":  # pragma: no cover - CUDA-only path
+                total = torch.cuda.get_device_properties(dev).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
         stack = RewardStack(cfg, load_state=False)
-        given = run_dir_for(args.run_dir, args.config, "replay")  # a bare --run-dir: a new one in the home
-        run_dir = Path(given) if given is not None else None
+        run_dir = run_dir_for(args.run_dir, args.config, "replay")  # a bare --run-dir: a new one in the home
         telemetry = None
         if run_dir is not None:
             from rewardstack._telemetry import open_telemetry
 
-            run_dir.mkdir(parents=True, exist_ok=True)
-            telemetry = open_telemetry(stack, run_dir=run_dir)
+            telemetry = open_telemetry(stack, run_dir=run_dir)  # makes the folder
         report = replay(stack, steps, top=args.top, reference=not args.no_reference)
         if telemetry is not None:
             telemetry.close()
         report.read_errors = list(run.errors)
         if run_dir is not None:
-            merge_json_section(run_dir / "summary.json", "replay", {
+            merge_json_section(Path(run_dir) / "summary.json", "replay", {
                 **report.to_dict(), "logs": [str(p) for p, _ in run.files],
                 "selected": [selected.start, selected.stop], "time": time.time()})
     print(format_report(report))
     return skipped if report.fits else EXIT_DOES_NOT_FIT
 
-
-__all__ = ["ReplayReport", "TopInput", "Agreement", "agreement", "changed_by_budget", "cmd_replay", "format_report",
-           "mark_cut", "parse_steps", "replay", "top_inputs", "warm_start"]

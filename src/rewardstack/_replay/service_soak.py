@@ -30,14 +30,20 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rewardstack.config import MASKS, REWARD_MODELS, load_config
+from rewardstack._fileio import event_line
 from rewardstack._replay.comparison import same
 from rewardstack._replay.supervisor import Pace, finish, new_run_dir, popen
+from rewardstack._replay.workload import soak_steps
+from rewardstack.stack import RewardStack, Step
+from rewardstack._state import RewardState, StateStore
 
 RETRY_STATUSES = frozenset({429, 503, 504})
 RESEND_EVERY = 5
@@ -81,9 +87,7 @@ class Server:
         self.proc.wait()
 
     def stop(self) -> int:
-        """SIGTERM and wait for the drain (returns the exit code)."""
-        if self.proc.poll() is not None:
-            return self.proc.returncode
+        """SIGTERM and wait for the drain (returns the exit code; send_signal skips an exited process)."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=60)
@@ -161,13 +165,6 @@ class Client(threading.Thread):
 
 def library_run(config: str, per_namespace: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     """The same steps through the library: one stack (stateless half), one RewardState per namespace."""
-    import tempfile
-
-    from rewardstack._fileio import event_line
-    from rewardstack.config import load_config
-    from rewardstack.stack import RewardStack, Step
-    from rewardstack._state import RewardState
-
     cfg = load_config(config)
     with tempfile.TemporaryDirectory(prefix="rewardstack-soak-library-") as tmp:
         cfg.state_dir = tmp
@@ -182,8 +179,6 @@ def library_run(config: str, per_namespace: dict[str, list[dict[str, Any]]]) -> 
 
 
 def _differences(ns: str, seq: int, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
-    from rewardstack.config import MASKS, REWARD_MODELS
-
     numeric = [*REWARD_MODELS, *MASKS]
     numeric += [m + "_normalized" for m in numeric] + ["rewards"]
     out = []
@@ -222,10 +217,6 @@ def _judge_namespace(c: Client, st: Any, lib_events: list[dict[str, Any]], lib_s
 
 def cmd_service_soak(args: argparse.Namespace) -> int:
     """`rewardstack soak --service`."""
-    from rewardstack.config import REWARD_MODELS, load_config
-    from rewardstack._replay.workload import soak_steps
-    from rewardstack._state import RewardState, StateStore
-
     cfg = load_config(args.config)
     run_dir = new_run_dir(args, "service-soak")
     started = time.time()
@@ -310,5 +301,3 @@ def format_service_verdict(v: dict[str, Any]) -> str:
     rows += [f"  FAILED: {f}" for f in v["failures"]]
     return "\n".join(rows)
 
-
-__all__ = ["cmd_service_soak", "format_service_verdict", "library_run", "Server"]

@@ -91,9 +91,10 @@ def _expected_hashes(steps_path: Path) -> list[str]:
 
 
 def judge_run(run_dir: Path, args: argparse.Namespace, expected: list[str], *, sup: dict[str, Any],
-              clean_sup: dict[str, Any], input_errors: int, threads: int, seconds: float,
-              scoring_seconds: float) -> dict[str, Any]:
-    """Compare a finished soak's files (`run_dir`) and judge them: printed and written to summary.json."""
+              clean_sup: dict[str, Any], **figures: Any) -> dict[str, Any]:
+    """Compare a finished soak's files (`run_dir`) and judge them: printed and written to summary.json.
+
+    `figures` (input_errors, threads, seconds, scoring_seconds) go into the verdict as given."""
     from rewardstack.config import REWARD_MODELS, load_config
     from rewardstack._replay.comparison import EventIndex, compare, iter_events, memory_slope
     from rewardstack._replay.verdict import format_verdict, judge
@@ -108,13 +109,12 @@ def judge_run(run_dir: Path, args: argparse.Namespace, expected: list[str], *, s
     ooms, statuses = cmp.pop("ooms"), cmp.pop("completions")
     memory = memory_slope(run_dir / "faulted" / "rest.jsonl", len(expected), reference=run_dir / "clean" / "rest.jsonl")
     clean_memory = memory_slope(run_dir / "clean" / "rest.jsonl", len(expected))
+    scoring_seconds = figures["scoring_seconds"]
     verdict = judge(cmp=cmp, sup=sup, clean_sup=clean_sup, clean_events=clean.count, memory=memory, ooms=ooms,
-                    clean_memory=clean_memory,
-                    statuses=statuses, kills_wanted=args.kills, faults=args.faults, max_slope=args.max_slope,
-                    max_rss_slope=args.max_rss_slope, steps=len(expected), input_errors=input_errors,
-                    completions_per_step=args.completions, budget=args.budget, threads=threads,
-                    seconds=seconds, scoring_seconds=scoring_seconds,
-                    steps_per_second=len(expected) / scoring_seconds if scoring_seconds > 0 else 0.0)
+                    clean_memory=clean_memory, statuses=statuses, kills_wanted=args.kills, faults=args.faults,
+                    max_slope=args.max_slope, max_rss_slope=args.max_rss_slope, steps=len(expected),
+                    completions_per_step=args.completions, budget=args.budget,
+                    steps_per_second=len(expected) / scoring_seconds if scoring_seconds > 0 else 0.0, **figures)
     return finish(run_dir, "soak", verdict, format_verdict(verdict))
 
 

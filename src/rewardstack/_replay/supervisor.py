@@ -23,10 +23,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from rewardstack import _paths as paths
-from rewardstack.stack import Step
+from rewardstack.config import load_config
+from rewardstack.stack import RewardStack, Step
 from rewardstack._fileio import merge_json_section
 from rewardstack._memory.device import process_rss
+from rewardstack._replay.faults import FaultInjector
+from rewardstack._runner import score_file
+from rewardstack._settings import parse_bytes
+from rewardstack._state import StateLock
 
 MAX_CRASHES = 3
 POLL_S = 0.02
@@ -97,21 +104,12 @@ class Pace:
 
 def worker(args: argparse.Namespace) -> int:
     """One scoring process of the soak: exactly-once `score` with injected OOMs; memory at rest logged."""
-    import torch
-
-    from rewardstack.config import load_config
-    from rewardstack._replay.faults import FaultInjector
-    from rewardstack._runner import score_file
-    from rewardstack._settings import parse_bytes
-    from rewardstack.stack import RewardStack
-    from rewardstack._state import StateLock
-
     torch.set_num_threads(args.threads)  # the faulted and clean runs share the machine's cores
     cfg = load_config(args.config)
     cfg.state_dir = args.state_dir
     if args.budget:
         cfg.memory_budget = parse_bytes(args.budget, key="--budget")
-    with StateLock(cfg.state_dir):
+    with StateLock(cfg.state_dir), open(args.rest, "a", encoding="utf-8") as rest:
         stack = RewardStack(cfg)
         if args.ready:  # built and calibrated: the cache now holds what the other run reads
             Path(args.ready).touch()
@@ -122,7 +120,6 @@ def worker(args: argparse.Namespace) -> int:
         if args.faults > 0:
             stack.memory.injector = FaultInjector(args.faults, seed=args.seed)
         seen = [stack.memory.ooms_total]  # a total: oom_log is a bounded ring buffer
-        rest = open(args.rest, "a", encoding="utf-8")
 
         def on_result(step: Step, result: Any) -> None:
             fresh, seen[0] = stack.memory.ooms_total - seen[0], stack.memory.ooms_total
@@ -140,7 +137,6 @@ def worker(args: argparse.Namespace) -> int:
 
         report = score_file(stack, args.input, args.output, on_result=on_result, progress=False,
                             err=open(os.devnull, "w"))
-        rest.close()
     print(f"worker {os.getpid()}: scored {report.scored}, resumed after {report.resumed}, redone {report.redone}",
           file=sys.stderr)
     return 0
@@ -185,11 +181,11 @@ def supervise(args: argparse.Namespace, steps_path: Path, folder: Path, n_steps:
     pace = Pace(LineCounter(folder / "events.jsonl"), args.seed + 7)
     # Kill points leave at least one step after them, so a kill within one step's time lands.
     targets = pace.targets(args.kills, n_steps - 1) if n_steps > 1 else []
-    kills = restarts = crashes = 0
+    kills = crashes = 0
     kill_points: list[dict[str, Any]] = []
-    while True:
-        proc = spawn(args.config, steps_path, folder, faults=args.faults, seed=args.seed + 1000 * restarts,
-                     budget=args.budget, tag=str(restarts), threads=args.threads)
+    while True:  # every kill and every crash is followed by a restart
+        proc = spawn(args.config, steps_path, folder, faults=args.faults, seed=args.seed + 1000 * (kills + crashes),
+                     budget=args.budget, tag=str(kills + crashes), threads=args.threads)
         pace.restarted()
         # A process that ends before its moment comes uses up that kill (counted below).
         delay = pace.wait(targets.pop(0), lambda: proc.poll() is None) if targets else None
@@ -197,17 +193,15 @@ def supervise(args: argparse.Namespace, steps_path: Path, folder: Path, n_steps:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
-            restarts += 1
             kill_points.append({"after_committed": pace.progress(), "delay_s": round(delay, 3)})
             continue
         rc = proc.wait()
         if rc == 0:
             break
         crashes += 1
-        restarts += 1
         if crashes > MAX_CRASHES:
             break
-    return {"kills": kills, "restarts": restarts, "crashes": crashes, "kill_points": kill_points}
+    return {"kills": kills, "restarts": kills + crashes, "crashes": crashes, "kill_points": kill_points}
 
 
 if __name__ == "__main__":  # the scoring process `spawn` starts, its arguments as one JSON object
