@@ -37,15 +37,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
+from rewardstack.config import StackConfig
+from rewardstack._memory import MemoryManager
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._memory.device import MemorySnapshot, PeakWindow
-
-if TYPE_CHECKING:  # the stack calls its observers; an observer only reads the stack
-    from rewardstack.stack import RewardStack
 
 log = logging.getLogger("rewardstack.stack")
 
@@ -67,11 +66,24 @@ class StepResult:
     service applies steps to each namespace's state, not the stack's, so the records read it here."""
 
 
+class ScoringStack(Protocol):
+    """What an observer reads of the stack that calls it (`rewardstack.stack.RewardStack`): a
+    protocol, so that observers and the stack do not import each other."""
+
+    config: StackConfig
+    memory: MemoryManager
+    scorers: Mapping[str, Any]
+    device: torch.device
+
+    @property
+    def steps_scored(self) -> int: ...
+
+
 @dataclass
 class StepReport:
     """One published step: its result, its memory record and the snapshot the record was read from."""
 
-    stack: RewardStack
+    stack: ScoringStack
     result: StepResult
     record: dict[str, Any]
     snapshot: MemorySnapshot
@@ -83,13 +95,13 @@ class StepObserver:
     wants_records = False
     """Whether `publish_step` should build the memory record and call `step_done`."""
 
-    def step_started(self, stack: RewardStack, name: str) -> None:
+    def step_started(self, stack: ScoringStack, name: str) -> None:
         """A step named `name` begins (before its forward passes)."""
 
-    def step_ended(self, stack: RewardStack) -> None:
+    def step_ended(self, stack: ScoringStack) -> None:
         """The step's work is over (also when it raised)."""
 
-    def step_scored(self, stack: RewardStack, result: StepResult) -> None:
+    def step_scored(self, stack: ScoringStack, result: StepResult) -> None:
         """The step was applied to the stack's state; `result.sequence` is its sequence number."""
 
     def step_done(self, report: StepReport) -> None:
@@ -113,7 +125,7 @@ def declared_growth(stack: Any) -> dict[str, int]:
     return out
 
 
-def step_record(stack: RewardStack, result: StepResult, snap: MemorySnapshot) -> dict[str, Any]:
+def step_record(stack: ScoringStack, result: StepResult, snap: MemorySnapshot) -> dict[str, Any]:
     """The memory record of the step just scored, from what the stack knows and a snapshot taken now.
 
     The per-model breakdown (`models`, `calls`, `ooms`, `peak_bytes`, `budget_line_bytes`) is left
@@ -154,7 +166,7 @@ def revision_of(path: str | Sequence[str] | None, configured: str | None, module
     return "the hub's default branch (not locked: rewardstack download pins it)"
 
 
-def log_models(stack: RewardStack) -> None:
+def log_models(stack: ScoringStack) -> None:
     """One INFO line per loaded model: checkpoint, revision, dtype, weights bytes, device."""
     for name, scorer in stack.scorers.items():
         modules = scorer.modules()
@@ -181,19 +193,19 @@ class OperatorLog(StepObserver):
     def __init__(self) -> None:
         self._tls = threading.local()
 
-    def step_started(self, stack: RewardStack, name: str) -> None:
+    def step_started(self, stack: ScoringStack, name: str) -> None:
         s = self._tls
         # watch=True: the model calls inside the step enter the tracker themselves, and their peak counts
         s.name, s.window, s.seconds = name, PeakWindow(stack.device, stack.memory.tracker, watch=True), 0.0
         s.started = time.perf_counter()
         s.window.__enter__()
 
-    def step_ended(self, stack: RewardStack) -> None:
+    def step_ended(self, stack: ScoringStack) -> None:
         s = self._tls
         s.window.__exit__(None, None, None)
         s.seconds = time.perf_counter() - s.started
 
-    def step_scored(self, stack: RewardStack, result: StepResult) -> None:
+    def step_scored(self, stack: ScoringStack, result: StepResult) -> None:
         s = self._tls
         counts = Counter(result.statuses)
         statuses = ", ".join(f"{st} {n}" for st, n in sorted(counts.items())) or "no completions"

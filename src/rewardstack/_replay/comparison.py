@@ -99,6 +99,30 @@ def same(a: Any, b: Any, tol: float = TOL) -> bool:
     return abs(x - y) <= tol * max(1.0, abs(y))
 
 
+class _Differences:
+    """The values where the runs differ: within the rebatching tolerance of a model whose pass
+    the faulted step split (counted per model, with the largest difference), or mismatched; the
+    first `LISTED` of each listed."""
+
+    def __init__(self) -> None:
+        self.mismatches: list[dict[str, Any]] = []
+        self.rebatched: list[dict[str, Any]] = []
+        self.rebatched_by_model: Counter[str] = Counter()
+        self.mismatched_values = 0
+        self.rebatched_max = 0.0
+
+    def add(self, pos: int, i: int, m: str, x: Any, y: Any, split: set[str]) -> None:
+        if m in split and same(x, y, DIVERSITY_REBATCH_TOL if m == DIVERSITY.name else REBATCH_TOL):
+            self.rebatched_by_model[m] += 1
+            self.rebatched_max = max(self.rebatched_max, abs(_num(x) - _num(y)))
+            if len(self.rebatched) < LISTED:
+                self.rebatched.append({"step": pos, "index": i, "model": m, "diff": abs(_num(x) - _num(y))})
+        else:
+            self.mismatched_values += 1
+            if len(self.mismatches) < LISTED:
+                self.mismatches.append({"step": pos, "index": i, "model": m, "faulted": x, "clean": y})
+
+
 def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
             clean: EventIndex | Sequence[dict[str, Any]],
             faulted_state: dict[str, Any], active_rewards: list[str]) -> dict[str, Any]:
@@ -115,11 +139,8 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
     order_ok = True
     # Per active model, the clean run's raw values over the completions the faulted run included.
     folded = {m: RunningNormalizer() for m in active_rewards}
-    mismatched: list[dict[str, Any]] = []
-    rebatched: list[dict[str, Any]] = []
-    rebatched_by_model: Counter[str] = Counter()
-    n_mismatched = unexplained = oom_included = oom_statuses = 0
-    rebatched_max = 0.0
+    diffs = _Differences()
+    unexplained = oom_included = oom_statuses = 0
     statuses: Counter[str] = Counter()
     ooms = dict.fromkeys(("injected", "recovered", "gave_up", "real", "split", "cpu_fallback"), 0)
     history_noise = False
@@ -154,17 +175,8 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
                 continue
             pairs = [(m, f[m][i], c[m][i]) for m in [*REWARD_MODELS, *MASKS]] + [("status", status, c["statuses"][i])]
             for m, x, y in pairs:
-                if (x == y) if m == "status" else same(x, y):
-                    continue
-                if m in split and same(x, y, DIVERSITY_REBATCH_TOL if m == DIVERSITY.name else REBATCH_TOL):
-                    rebatched_by_model[m] += 1
-                    rebatched_max = max(rebatched_max, abs(_num(x) - _num(y)))
-                    if len(rebatched) < LISTED:
-                        rebatched.append({"step": pos, "index": i, "model": m, "diff": abs(_num(x) - _num(y))})
-                else:
-                    n_mismatched += 1
-                    if len(mismatched) < LISTED:
-                        mismatched.append({"step": pos, "index": i, "model": m, "faulted": x, "clean": y})
+                if not ((x == y) if m == "status" else same(x, y)):
+                    diffs.add(pos, i, m, x, y, split)
         # The clean run's raw values of the completions the faulted step included, folded; and the
         # faulted values that are NaN where the clean run's are not with no OOM to explain it.
         n = len(f["statuses"])
@@ -177,9 +189,10 @@ def compare(expected_hashes: Sequence[str], faulted: Iterable[dict[str, Any]],
         "events": pos + 1, "expected": len(expected_hashes),
         "missing": sum(1 for h in expected_hashes if h not in counts),
         "duplicates": sum(c - 1 for c in counts.values() if c > 1),
-        "in_order": order_ok and pos + 1 == len(expected_hashes), "mismatched_values": n_mismatched,
-        "mismatches": mismatched, "rebatched_values": sum(rebatched_by_model.values()),
-        "rebatched_by_model": dict(rebatched_by_model), "rebatched_max_diff": rebatched_max, "rebatched": rebatched,
+        "in_order": order_ok and pos + 1 == len(expected_hashes), "mismatched_values": diffs.mismatched_values,
+        "mismatches": diffs.mismatches, "rebatched_values": sum(diffs.rebatched_by_model.values()),
+        "rebatched_by_model": dict(diffs.rebatched_by_model), "rebatched_max_diff": diffs.rebatched_max,
+        "rebatched": diffs.rebatched,
         "unexplained_exclusions": unexplained, "oom_in_statistics": oom_included,
         "oom_gave_up": ooms["gave_up"], "oom_statuses": oom_statuses,
         "normalizers_equal": norm_equal, "max_normalizer_diff": norm_diff,
