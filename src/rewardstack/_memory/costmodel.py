@@ -345,7 +345,7 @@ def _nnls(x: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.ndarray:
     Seven terms make 127 subsets of tiny solves: cheaper than pulling in scipy, and exact (the
     optimum is the unconstrained solution on some subset that comes out non-negative).
     """
-    # Each sample's error counts relative to its size, so small shapes fit as well as big ones.
+    # Relative: each sample's error counts relative to its size, so small shapes fit as well as big ones.
     w = 1.0 / np.maximum(y, 1.0) if relative else np.ones_like(y)
     xw, yw = x * w[:, None], y * w
     n = x.shape[1]
@@ -449,8 +449,8 @@ def profile(
     `prefix_run(B, L, P)`: runs a shared prefix of P tokens and returns the pass over the rest of
     the B x L batch; that pass is measured at `prefix_profile_shapes(shapes)` to fit the model's
     `prefix_rate` and `prefix_cross` (only the suffix pass is measured, as scoring runs the
-    prefix before its batches are planned). `lone_run(L)`: one unpadded input of L tokens, measured at every length profiled
-    alone, fitted as the model's `lone`.
+    prefix before its batches are planned). `lone_run(L)`: one unpadded input of L tokens,
+    measured at every length profiled alone, fitted as the model's `lone`.
     """
     samples = _measure_all(shapes, lambda b, l: lambda: run(b, l), measure, "shapes")
     if not samples:
