@@ -11,11 +11,18 @@ Errors rewardstack raises on purpose derive from `RewardStackError` (see `reward
 
 The names below load on first use (module `__getattr__`): `import rewardstack` and the command
 line's `--help` import no torch; `from rewardstack import RewardStack` imports the stack then.
+
+Importing the package asks MKL for its strict reproducibility mode (`rewardstack._reproducible`):
+the same input gets the same score whatever is batched with it (docs/TRAINERS.md).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from rewardstack._reproducible import request_strict
+
+request_strict()  # MKL reads MKL_CBWR at its first call: set before anything here imports torch
 
 from rewardstack.errors import ConfigError, InputError, ModelLoadError, RewardStackError, StateError
 from rewardstack._lazy import lazy_names

@@ -125,6 +125,10 @@ def _side(v: Any) -> str | None:
     return None if v in ("left", "right") else f'must be "left" or "right", got {v!r}'
 
 
+def _auto_on_off(v: Any) -> str | None:
+    return None if v in ("auto", "on", "off") else f'must be "auto", "on" or "off", got {v!r}'
+
+
 @dataclass
 class HfRewardOptions:
     """A user-named HuggingFace sequence-classification reward model (a `[rewards.<name>]` table)."""
@@ -135,6 +139,8 @@ class HfRewardOptions:
     """Render `messages` inputs with the tokenizer's chat template (false: the model takes plain text only, and `messages` are refused)."""
     max_batch_tokens: int | None = _positive_int(None)
     """Most tokens per forward pass (unset: a device-dependent default)."""
+    fixed_shapes: str = field(default="auto", metadata={"check": _auto_on_off})
+    """Passes of a fixed number of rows per width, filler rows added, so a text's score never depends on its company: "auto" turns them on where the start-up check finds it does on this hardware, "on" always, "off" never (the check then only warns); docs/TRAINERS.md gives the cost."""
 
 
 @dataclass

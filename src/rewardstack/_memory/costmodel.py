@@ -546,6 +546,7 @@ def plan_batches(
     largest_first: bool = False,
     slack: float | None = None,
     prefix: int = 0,
+    rows: Callable[[int, int], int] | None = None,
 ) -> list[list[int]]:
     """Group input indices into batches whose padded rectangle is predicted to fit the budget.
 
@@ -555,16 +556,19 @@ def plan_batches(
     peak first: a wrong prediction fails fast, and the caching allocator reserves its biggest
     block once instead of growing (and fragmenting) step by step. `slack`: also close a batch
     whose padding would pass that share (see the module docstring). `prefix`: the inputs' shared
-    prefix, run before the batches (`CostModel.predict(prefix=)`).
+    prefix, run before the batches (`CostModel.predict(prefix=)`). `rows(count, longest)`: the rows a
+    batch of `count` inputs really runs as, filler rows included (a scorer whose passes have a fixed
+    number of rows, `Pass.rows`); the batch is predicted at that many rows.
     """
     limit = plan_limit(budget_bytes, cost, margin)
+    ran = rows if rows is not None else (lambda count, longest: count)
 
     def closes(count: int, longest: int, tokens: int) -> bool:
-        fits = cost.predict(count, longest, prefix) <= limit and cost.admits(count, longest)
+        fits = cost.predict(ran(count, longest), longest, prefix) <= limit and cost.admits(ran(count, longest), longest)
         padded = slack is not None and wastes_too_much(count, longest, tokens, slack)
         return not fits or padded or (max_batch is not None and count > max_batch)
 
     batches = greedy_groups(sorted(range(len(lengths)), key=lambda i: (lengths[i], i)), lengths, closes)
     if largest_first:
-        batches.sort(key=lambda b: -cost.predict(len(b), max(lengths[b[-1]], 1), prefix))
+        batches.sort(key=lambda b: -cost.predict(ran(len(b), max(lengths[b[-1]], 1)), max(lengths[b[-1]], 1), prefix))
     return batches

@@ -51,7 +51,7 @@ import torch
 from rewardstack._memory.budget import Budget, Card, weights_bytes
 from rewardstack._memory.calibration import (CalibrationCache, Profile, ProfileRecord, cache_path_for, calibration_key,
                                              checkpoint_identity, measure_peak, no_budget)
-from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches, profile
+from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches, plan_limit, profile
 from rewardstack._memory.device import MemorySnapshot, TensorBytesTracker
 from rewardstack._memory.guard import Forward, OomRecord, Outcome, cpu_fallback, prepare_batches, run_guarded, where_run
 from rewardstack._memory.placement import Decision, Placement, PlacementMove
@@ -107,6 +107,8 @@ class Pass:
     slack: float | None = None
     prefix: int = 0
     completions: Sequence[int | None] | None = None
+    rows: Callable[[int, int], int] | None = None
+    """The rows a batch of (count, longest) runs as, filler rows included (`plan_batches(rows=)`)."""
 
 
 # OOM records kept in memory (a ring buffer); totals are counted without limit.
@@ -156,6 +158,7 @@ class MemoryManager:
         self.profile_runs: dict[str, Callable[[int, int], Any]] = {}  # the run each fit measured
         self._pending: list[tuple[str, Callable[[], CostModel]]] | None = None  # inside `deferred_calibration`
         self._registered: dict[str, tuple[list[torch.nn.Module], bool]] = {}
+        self._keys: dict[str, str | None] = {}  # name -> its fit's calibration key (`remembered`)
         simulated = self.device.type != "cuda"  # the tracker is the device off CUDA
         self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulated else None
 
@@ -348,6 +351,7 @@ class MemoryManager:
         name, cache = request.name, self.calibration
         self.profile_runs[name] = request.run
         key = calibration_key(request, self.model_keys, self.tracker is not None, self.device)
+        self._keys[name] = key
         entry = cache.get(key) if (cache is not None and key is not None) else None
         if entry is not None:
             cost = CostModel.from_dict(entry["cost"])
@@ -377,6 +381,26 @@ class MemoryManager:
         if cache is not None and key is not None:
             cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
         return cost
+
+    def remembered(self, name: str, what: str, measure: Callable[[], Any]) -> Any:
+        """`measure()`, a JSON value `name`'s scorer measures at load after its fit (e.g. pass sizes
+        timed), kept in the calibration cache under the fit's key: a later start reads it (measured
+        again with `--recalibrate`, or when anything in the key changes)."""
+        cache, key = self.calibration, self._keys.get(name)
+        if cache is None or key is None:
+            return measure()
+        entry = cache.get(f"{key}:{what}")
+        if entry is not None:
+            return entry["value"]
+        value = measure()
+        cache.put(f"{key}:{what}", {"name": name, "value": value})
+        return value
+
+    def fits(self, name: str, batch: int, length: int) -> bool:
+        """Whether one pass of `batch` x `length` lies inside `name`'s profiled shapes and is
+        predicted to fit the budget free now."""
+        cost = self.cost_model(name)
+        return cost.admits(batch, length) and cost.predict(batch, length) <= plan_limit(self.free_bytes(), cost, self.margin)
 
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
         """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
@@ -409,7 +433,7 @@ class MemoryManager:
             log.info("%s: inputs cut to %d tokens, what the measured cost models hold under the budget (longest %d)",
                      name, allowance.cap, upper)
         return self.run(name, p.lengths, p.forward, max_batch=p.max_batch, prepare=p.prepare, slack=p.slack,
-                        prefix=p.prefix, completions=p.completions, cost_of=allowance.setting)
+                        prefix=p.prefix, completions=p.completions, cost_of=allowance.setting, rows=p.rows)
 
     def run(
         self,
@@ -423,6 +447,7 @@ class MemoryManager:
         prefix: int = 0,
         completions: Sequence[int | None] | None = None,
         cost_of: str | None = None,
+        rows: Callable[[int, int], int] | None = None,
     ) -> list[Outcome]:
         """Plan batches for `lengths`, run `forward(indices)` on each under the guard.
 
@@ -440,7 +465,8 @@ class MemoryManager:
         the step's completion index of each input (None: the prompt), for the observers' records,
         which would otherwise know only the scorer's own numbering (DPO skips empty completions,
         the classifiers merge identical texts and cut long ones into windows). `cost_of`: the
-        cost model to plan with when not `name`'s (one of the scorer's settings, `run_pass`).
+        cost model to plan with when not `name`'s (one of the scorer's settings, `run_pass`). `rows`:
+        the rows a batch really runs as, filler rows included (`Pass.rows`).
         """
         if completions is not None and len(completions) != len(lengths):
             raise ValueError(f"{name}: {len(completions)} completion indices for {len(lengths)} inputs")
@@ -457,7 +483,7 @@ class MemoryManager:
                 prepare_batches(name, prepare, device=self.device, on_host=on_host, tracker=self.tracker)
             budget = float("inf") if on_host else self.free_bytes()
             batches = plan_batches(lengths, cost, budget, margin=self.margin, max_batch=max_batch, largest_first=True,
-                                   slack=slack, prefix=prefix)
+                                   slack=slack, prefix=prefix, rows=rows)
             for o in list(self.observers):  # e.g. one telemetry record per batch the guard runs (the fallback's too)
                 forward = o.batch(name, lengths, forward, cost, on_host, prefix=prefix, completions=completions)
             cpu_ok = self._registered.get(owner, ((), False))[1]

@@ -140,7 +140,8 @@ def pad_batch(
     return batch
 
 
-def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, tune: bool) -> None:
+def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, tune: bool,
+              then: Callable[[], None] | None = None) -> None:
     """Fit the cost model of the encoder scorer `owner` (its `runtime`, `name`, `model`, `max_length`
     and `max_tokens`) from measured peaks of dummy passes (once per name).
 
@@ -149,7 +150,8 @@ def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, 
     `owner`, from the calibration cache on a warm start. The profiled shapes reach the
     cap with batches of short inputs: the planner admits no shape wider than the widest profiled,
     so a grid of batches up to 4 held every pass of short inputs to 4 rows, and on a small model
-    the per-pass overhead then cost 2-3x the floor (docs/LOG.md, 2026-11-30).
+    the per-pass overhead then cost 2-3x the floor (docs/LOG.md, 2026-11-30). `then()` runs once the
+    fit is in place (`Profile.then`).
     """
     runtime, model, max_length, pass_tokens = owner.runtime, owner.model, owner.max_length, owner.max_tokens
     if owner.name in runtime.memory.cost_models:
@@ -174,7 +176,7 @@ def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, 
     tune_cpu = tune and runtime.device.type == "cpu"
     tuner = (lambda: {"pass_tokens": tune_pass_tokens(run, max_length)}) if tune_cpu else None
     runtime.memory.calibrate(Profile(owner.name, run, max_length=max_length, shapes=shapes, tune=tuner, apply=apply,
-                                     lone_run=lambda length: run(1, length, padded=False)))  # a batch of one: no mask
+                                     lone_run=lambda length: run(1, length, padded=False), then=then))  # a batch of one: no mask
 
 
 def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:

@@ -6,16 +6,22 @@ trainer's reward model needs: one text per input (a chat-templated string, or `m
 tokenizer's chat template renders here), cut at the length bound on the declared side and flagged,
 and its first logit as the score.
 
-Batch invariance: a row is padded to a width that depends on its own length only (`pad_width`),
-passes hold rows of one width, and every pass has a padded row (`forward`), so its numbers are
-the same whatever else is in the batch (on CPU bit for bit; docs/TRAINERS.md says what holds on a
-GPU). Padding each pass to its longest row instead changes the low bits with the company.
+Batch invariance (docs/TRAINERS.md, "The same input, the same score"): a row is padded to a width
+that depends on its own length only (`pad_width`), and passes hold rows of one width. The number of
+rows in a pass is part of every matrix product's shape too: MKL's strict mode (set when rewardstack
+is imported, `rewardstack._reproducible`) keeps a row's bits whatever that number on the CPUs where
+it holds; where the start-up check (`_scorers/invariance.py`) finds it does not, or the model's
+`fixed_shapes` option is "on", every pass at a width has a fixed number of rows, filler rows added.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+
+import torch
 
 from rewardstack.config import ModelConfig
 from rewardstack.errors import InputError
@@ -23,7 +29,12 @@ from rewardstack._memory.guard import Outcome
 from rewardstack._memory.manager import Allowance, Pass
 from rewardstack._scorers import encoding as enc
 from rewardstack._scorers.base import Runtime, ScoreRequest, ScoreResult, fill
+from rewardstack._memory.calibration import no_budget
+from rewardstack._reproducible import strict_state
 from rewardstack._scorers.classifier import _Classifier, first_logit
+from rewardstack._scorers.invariance import CANDIDATE_ROWS, Invariance, choose_rows, differing, probe
+
+log = logging.getLogger("rewardstack.scorers")
 
 Chat = Sequence[dict]
 """A conversation: `{"role", "content"}` messages."""
@@ -48,6 +59,14 @@ def pad_width(length: int, cap: int) -> int:
     return min(width, cap)
 
 
+def width_ladder(cap: int) -> list[int]:
+    """Every width `pad_width` pads to under `cap`, ascending."""
+    widths = [pad_width(0, cap)]
+    while widths[-1] < cap:
+        widths.append(pad_width(widths[-1], cap))
+    return widths
+
+
 class HfRewardScorer(_Classifier):
     """A sequence-classification reward model: one score (its first logit) per text."""
 
@@ -63,7 +82,13 @@ class HfRewardScorer(_Classifier):
             # it refuses batches of more than one row.
             self.model.config.pad_token_id = self.pad_id
         tok.truncation_side = cfg.options.truncation_side
-        enc.calibrate(self, first_logit, tune=cfg.options.max_batch_tokens is None)
+        self.fixed_rows: dict[int, int] | None = None
+        """Width -> rows of every pass at that width (None: passes of up to `max_tokens`)."""
+        self.mask_slot = False
+        """At the cap width, a pass of several rows keeps one with a pad position (the check found an
+        all-ones mask, which sdpa drops for another kernel, changes the bits)."""
+        self.invariance = Invariance(cfg.options.fixed_shapes, "unavailable")
+        enc.calibrate(self, first_logit, tune=cfg.options.max_batch_tokens is None, then=self.check_invariance)
 
     def encode(self, item: str | Chat, field: str, bound: int | None = None) -> tuple[list[int], bool]:
         """The ids of one input, cut at `bound` tokens (default: the model's length bound), and
@@ -113,7 +138,8 @@ class HfRewardScorer(_Classifier):
                     where[g].append((row, cut, len(ids)))
             rows = [list(r) for r in index]
             return Pass([pad_width(len(r), self.max_length) for r in rows], self._forward(rows),
-                        max_batch=self.max_batch, completions=first if completions is not None else None)
+                        max_batch=self.max_batch, completions=first if completions is not None else None,
+                        rows=self._planned_rows())
 
         outcomes = self.runtime.memory.run_pass(self.name, build, upper=self.max_length)
         for g, places in enumerate(where):
@@ -121,9 +147,32 @@ class HfRewardScorer(_Classifier):
                 answers[g] = [Read(outcomes[row], cut, tokens) for row, cut, tokens in places]
         return answers
 
+    def pass_rows(self, width: int) -> int:
+        """Rows of one pass at `width`: the fixed count, or as many as `max_tokens` holds."""
+        return self.fixed_rows[width] if self.fixed_rows is not None else max(1, self.max_tokens // width)
+
+    def _passes(self, members: list[int], rows: Sequence[Sequence[int]], width: int) -> list[tuple[list[int], int]]:
+        """The passes of `members` (rows padded to `width`): each pass's rows and its filler rows."""
+        size = self.pass_rows(width)
+        full = [i for i in members if len(rows[i]) == width]  # only at the cap: no pad position
+        if not (self.mask_slot and full and size > 1):
+            groups = [members[k:k + size] for k in range(0, len(members), size)]
+        else:  # one slot of every pass for a row with a pad position: a shorter row, else a filler
+            short = [i for i in members if len(rows[i]) < width]
+            groups = []
+            while full or short:
+                group, short = short[:1], short[1:]
+                group, full = group + full[:size - 1], full[size - 1:]
+                group, short = group + short[:size - len(group)], short[size - len(group):]
+                groups.append(group)
+        if self.fixed_rows is not None:
+            return [(g, size - len(g)) for g in groups]
+        return [(g, int(self.mask_slot and size > 1 and all(len(rows[i]) == width for i in g))) for g in groups]
+
     def _forward(self, rows: Sequence[Sequence[int]]) -> Callable[[list[int]], list[Any]]:
         """The memory layer's forward over `rows`: the first logit of each row asked for, passes of
-        one padded width each (see the module's note on batch invariance)."""
+        one padded width each (see the module's note on batch invariance). A split batch (the OOM
+        guard's halves) runs the same shapes: its passes are filled back to their rows."""
         widths = [pad_width(len(r), self.max_length) for r in rows]
 
         def forward(idx: list[int]) -> list[Any]:
@@ -132,17 +181,76 @@ class HfRewardScorer(_Classifier):
             for i in idx:
                 by_width.setdefault(widths[i], []).append(i)
             for width, members in sorted(by_width.items()):
-                per_pass = max(1, self.max_tokens // width)
-                for k in range(0, len(members), per_pass):
-                    group = members[k:k + per_pass]
-                    padded = [list(rows[i]) for i in group]
-                    if all(len(r) == width for r in padded):  # only at the cap: keep the masked path
-                        padded.append(padded[0][:1])
+                for group, fill in self._passes(members, rows, width):
+                    padded = [list(rows[i]) for i in group] + [list(rows[group[0]][:1])] * fill
                     batch = enc.pad_batch(self.model, padded, self.pad_id, width=width)
                     values.update(zip(group, first_logit(self.model(**batch), batch["attention_mask"]).float().cpu()))
             return [values[i] for i in idx]
 
         return forward
+
+    def _planned_rows(self) -> Callable[[int, int], int] | None:
+        """What a planned batch of (count, longest) runs as, in rows of `longest` (`Pass.rows`): with
+        fixed shapes, at least the fixed rows of every width up to it, in tokens."""
+        fixed = self.fixed_rows
+        if fixed is None:
+            return None
+        return lambda count, longest: max([count] + [math.ceil(n * w / longest) for w, n in fixed.items() if w <= longest])
+
+    # -- the start-up check ----------------------------------------------------------------------
+    def check_invariance(self) -> Invariance:
+        """Score a probe alone and in full passes at start-up (`invariance.differing`); where the
+        bits differ, turn on fixed shapes (`fixed_shapes = "auto"`) or warn ("off"); with fixed
+        shapes, a width that still differs gets one row a pass (the same tensor whatever the company)."""
+        mode = self.cfg.options.fixed_shapes
+        inv = self.invariance = Invariance(mode, strict_state() if self.runtime.device.type == "cpu" else "unavailable")
+        ladder = width_ladder(self.max_length)
+        with torch.inference_mode(), no_budget(self.runtime.memory.tracker, enter=True):
+            if mode == "on":
+                self._fix_shapes(ladder)
+            checked = ladder if self.fixed_rows is not None else sorted({ladder[0], ladder[len(ladder) // 2], ladder[-1]})
+            found = self._differing(checked)
+            if found and self.fixed_rows is None:
+                inv.found = f"bits differed in full passes at widths {found}"
+                if mode == "auto":
+                    self._fix_shapes(ladder)
+                    found = self._differing(ladder)
+            if found and self.fixed_rows is not None:
+                if self.max_length in found:
+                    self.mask_slot = True  # an all-ones mask at the cap may be what moved them
+                    found = self._differing(found)
+                for w in found:
+                    self.fixed_rows[w] = 1
+                inv.found = (inv.found + "; " if inv.found else "") + f"one row a pass at widths {found}"
+        inv.fixed_shapes, inv.rows = self.fixed_rows is not None, dict(self.fixed_rows or {})
+        inv.same_bits = not (mode == "off" and inv.found)
+        inv.found = inv.found or "the same bits alone and in full passes"
+        say = log.warning if not inv.same_bits or (inv.fixed_shapes and mode == "auto") else log.info
+        say("%s: the same input, the same score: %s (MKL strict mode %s; fixed shapes %s%s)", self.name, inv.found,
+            inv.strict_blas, "on" if inv.fixed_shapes else "off", f", rows per width {inv.rows}" if inv.rows else "")
+        return inv
+
+    def _differing(self, widths: Sequence[int]) -> list[int]:
+        fixed = self.fixed_rows
+        widths = [w for w in widths if fixed is None or fixed[w] > 1]  # one row a pass is the same tensor alone
+        return differing(lambda rows: self._forward(rows)(list(range(len(rows)))), self.tokenizer, widths,
+                         self.max_length, self.pass_rows)
+
+    def _fix_shapes(self, ladder: list[int]) -> None:
+        """Fixed rows per width, measured once per checkpoint and machine (the calibration cache)."""
+        memory = self.runtime.memory
+
+        def most(width: int) -> int:  # the pass-token cap, the batch size and the memory plan
+            top = min(self.max_tokens // width, self.max_batch or CANDIDATE_ROWS[-1])
+            return max(n for n in CANDIDATE_ROWS if n == 1 or (n <= top and memory.fits(self.name, n, width)))
+
+        def run(n: int, width: int) -> None:
+            batch = enc.pad_batch(self.model, [probe(self.tokenizer, width - 1)] * n, self.pad_id, width=width)
+            first_logit(self.model(**batch), batch["attention_mask"]).float().cpu()
+
+        chosen = memory.remembered(self.name, "fixed_rows", lambda: sorted(choose_rows(run, ladder, most).items()))
+        rows = {int(w): int(n) for w, n in chosen}
+        self.fixed_rows = {w: min(rows.get(w, 1), most(w)) for w in ladder}  # the cache's, within today's budget
 
     def _score_live(self, request: ScoreRequest, live: list[int], result: ScoreResult) -> ScoreResult:
         """The validator-step interface: each live completion after its prompt, as one text."""

@@ -177,13 +177,25 @@ async def classify(request: Request, _scope: Any = Depends(authorize), _json: No
             "data": data, "usage": {"prompt_tokens": scored.tokens, "total_tokens": scored.tokens}}
 
 
+def _invariance(request: Request) -> dict[str, Any]:
+    """Per served model, what its start-up check found (`scorers.invariance.Invariance`), once loaded."""
+    stack = request.app.state.worker.stack
+    scorers = stack.scorers if stack is not None else {}
+    return {name: scorers[name].invariance.to_dict() for name in _members(request)
+            if hasattr(scorers.get(name), "invariance")}
+
+
 @router.get("/v1/models", summary="The served reward models (vLLM's list)")
 async def list_models(request: Request, _scope: Any = Depends(authorize)) -> dict:
+    checked = _invariance(request)
     return {"object": "list", "data": [
         {"id": name[len(USER_PREFIX):], "object": "model", "created": 0, "owned_by": "rewardstack", "root": m.path,
-         "max_model_len": m.max_length} for name, m in _members(request).items()]}
+         "max_model_len": m.max_length, "same_input_same_score": checked.get(name)}
+        for name, m in _members(request).items()]}
 
 
 @router.get("/health", summary="vLLM's health check: 200 once the models are loaded")
 async def health(request: Request) -> JSONResponse:
-    return JSONResponse({}, status_code=200 if request.app.state.worker.ready else 503)
+    checked = {name[len(USER_PREFIX):]: c for name, c in _invariance(request).items()}
+    return JSONResponse({"same_input_same_score": checked} if checked else {},
+                        status_code=200 if request.app.state.worker.ready else 503)
