@@ -103,8 +103,9 @@ def rewards_config(folder: Path, model: Path, *, extra: str = "", name: str = "t
     return path
 
 
-def texts(n: int, seed: int = 0) -> list[str]:
-    """`n` chat-rendered prompt+response texts of varied lengths (the shape OpenRLHF sends)."""
+def texts(n: int, seed: int = 0, answer_words: int = 40) -> list[str]:
+    """`n` chat-rendered prompt+response texts of varied lengths (the shape OpenRLHF sends), answers
+    of 1 to `answer_words` words."""
     import random
 
     from small_models import _corpus
@@ -114,7 +115,7 @@ def texts(n: int, seed: int = 0) -> list[str]:
     out = []
     for _ in range(n):
         q = " ".join(rng.choice(words) for _ in range(rng.randint(2, 12)))
-        a = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        a = " ".join(rng.choice(words) for _ in range(rng.randint(1, answer_words)))
         out.append(f"<|endoftext|>user: {q}\n<|endoftext|>assistant: {a}\n")
     return out
 

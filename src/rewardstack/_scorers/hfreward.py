@@ -226,8 +226,10 @@ class HfRewardScorer(_Classifier):
         inv.same_bits = not (mode == "off" and inv.found)
         inv.found = inv.found or "the same bits alone and in full passes"
         say = log.warning if not inv.same_bits or (inv.fixed_shapes and mode == "auto") else log.info
-        say("%s: the same input, the same score: %s (MKL strict mode %s; fixed shapes %s%s)", self.name, inv.found,
-            inv.strict_blas, "on" if inv.fixed_shapes else "off", f", rows per width {inv.rows}" if inv.rows else "")
+        rows = f", rows per width {inv.rows}" if inv.rows else ""
+        # Formatted here: the service's repeat filter keys on the template, and each model's line is news.
+        say(f"{self.name}: the same input, the same score: {inv.found} (MKL strict mode {inv.strict_blas}; "
+            f"fixed shapes {'on' if inv.fixed_shapes else 'off'}{rows})")
         return inv
 
     def _differing(self, widths: Sequence[int]) -> list[int]:
