@@ -15,7 +15,9 @@ stand-in weights:
    relevance and diversity on the real all-mpnet-base-v2, DPO on SmolLM2-135M, each against its
    floor, and memory against length); `--real-only` runs just these and rewrites just their section;
 7. the trainer routes (`bench.trainers`): 64 one-sample `/get_reward` clients batched against one
-   request at a time, a validator's step latency alone and while they send, telemetry on and off.
+   request at a time, a validator's step latency alone and while they send, telemetry on and off;
+8. the same input, the same reward (`bench.invariance`): MKL's strict mode and fixed-shape passes
+   against neither, on a realistic Llama reward model, for three trainer shapes.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
@@ -39,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench import causal, curves, fullstack, prediction, results, trainers
+from bench import causal, curves, fullstack, invariance, prediction, results, trainers
 from bench.common import MiB, own_home
 from rewardstack._replay.synthetic import heavy_tailed_steps
 
@@ -171,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             trainer_lines = ["trainer routes: not run in --smoke (`python -m bench.trainers`)"]
         else:
             trainer_lines = trainers.measure(*((16, 2, 3, 1) if q else (64, 6, 12, 3)), standins=root / "standins")
+        stage("the same input, the same reward: strict mode and fixed shapes against neither")
+        if smoke:  # four servers of a realistic model: minutes the suite's smoke run does not spend
+            invariance_lines = ["the same input, the same reward: not run in --smoke (`python -m bench.invariance`)"]
+        else:
+            invariance_lines = invariance.measure(1 if q else 3, 16 if q else 256, quick=q)
 
     # -- the table -------------------------------------------------------------------------------
     say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
@@ -237,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         say(line)
     say()
     for line in trainer_lines:
+        say(line)
+    say()
+    for line in invariance_lines:
         say(line)
     wall = time.perf_counter() - t_all
     say(f"bench wall time {wall / 60:.1f} min")
