@@ -1,7 +1,8 @@
 """The same input, the same reward, for every reward-model head family (docs/TRAINERS.md, "The same input, the same score").
 
 Through `rewardstack serve` (a subprocess, started without MKL_CBWR: rewardstack sets it itself):
-four reward models built from configs with `save_pretrained` (DeBERTa-v2 and BERT, a pooler over
+four reward models built from configs with `save_pretrained` (`bench.invariance.family_model`:
+DeBERTa-v2 and BERT, a pooler over
 the first token; GPT-2 and Llama, a score over the last token), of realistic matrix widths (hidden
 256, intermediate 1024), each text scored alone and in requests of 1 to 17 texts from concurrent
 clients, bit for bit; a burst of 4,096 one-sample requests. In process: MKL's strict mode in force
@@ -33,7 +34,8 @@ from rewardstack._memory.guard import InjectedOOM
 from rewardstack._scorers.hfreward import pad_width, width_ladder
 from rewardstack._service.batching import StatelessJob, score_batch
 from service_fixtures import Server
-from trainer_fixtures import FAMILIES, make_family_rm, make_tiny_llama_rm, reference_scores, rewards_config, texts
+from bench.invariance import FAMILIES, family_model
+from trainer_fixtures import make_tiny_llama_rm, reference_scores, rewards_config, texts
 
 MKL = torch.backends.mkl.is_available()
 
@@ -60,7 +62,7 @@ def _rewards(url: str, batch: list[str], models: tuple[str, ...]) -> dict[str, l
 @pytest.fixture(scope="module")
 def families(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("families")
-    server = _serve(_config(root, {f: make_family_rm(root / f, f) for f in FAMILIES}))
+    server = _serve(_config(root, {f: family_model(root / f, f) for f in FAMILIES}))
     try:
         yield server.wait_ready()
     finally:
@@ -113,7 +115,7 @@ def test_the_service_says_strict_mode_and_what_its_check_found(families: Server)
 
 @pytest.mark.slow
 def test_a_burst_of_one_sample_requests_answers_each_text_as_alone(tmp_path: Path) -> None:
-    model = make_family_rm(tmp_path / "deberta", "deberta", hidden=64, intermediate=256, layers=1, max_length=128)
+    model = family_model(tmp_path / "deberta", "deberta", hidden=64, intermediate=256, layers=1, max_length=128)
     server = _serve(_config(tmp_path, {"deberta": model}))
     try:
         server.wait_ready()

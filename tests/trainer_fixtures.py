@@ -38,45 +38,6 @@ def make_tiny_llama_rm(folder: Path, max_length: int = 256, seed: int = 11) -> P
     return folder
 
 
-FAMILIES = ("deberta", "bert", "gpt2", "llama")
-"""The reward-model head families of docs/TRAINERS.md's measurement: a pooler over the first token
-(DeBERTa-v2, the OpenAssistant reward model's family; BERT) and a score over the last token (GPT-2, Llama)."""
-
-
-def make_family_rm(folder: Path, family: str, *, hidden: int = 256, intermediate: int = 1024, layers: int = 2,
-                   max_length: int = 256, seed: int = 5) -> Path:
-    """A sequence-classification reward model (num_labels=1) of `family` over the small tokenizer, saved
-    in `folder`; widths of realistic matrix products (hidden 256, intermediate 1024) by default."""
-    import transformers as tf
-
-    save_small_tokenizer(folder, max_length, token_types=family in ("deberta", "bert"))
-    tok = tf.AutoTokenizer.from_pretrained(str(folder))
-    common = dict(vocab_size=len(tok), num_labels=1, pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id,
-                  eos_token_id=tok.eos_token_id)
-    heads = max(2, hidden // 64)
-    if family == "deberta":
-        config = tf.DebertaV2Config(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                                    num_attention_heads=heads, max_position_embeddings=max_length, relative_attention=True,
-                                    position_buckets=64, pos_att_type=["p2c", "c2p"], type_vocab_size=0, **common)
-        cls: Any = tf.DebertaV2ForSequenceClassification
-    elif family == "bert":
-        config = tf.BertConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                               num_attention_heads=heads, max_position_embeddings=max_length, **common)
-        cls = tf.BertForSequenceClassification
-    elif family == "gpt2":
-        config = tf.GPT2Config(n_embd=hidden, n_inner=intermediate, n_layer=layers, n_head=heads, n_positions=max_length,
-                               **common)
-        cls = tf.GPT2ForSequenceClassification
-    else:
-        config = tf.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                                num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-                                max_position_embeddings=max_length, **common)
-        cls = tf.LlamaForSequenceClassification
-    torch.manual_seed(seed)
-    cls(config).save_pretrained(str(folder), safe_serialization=True)
-    return folder
-
-
 def reference_scores(folder: Path, texts: list[str], *, add_special_tokens: bool = True,
                      max_length: int | None = None, side: str = "right") -> list[float]:
     """The model's own transformers forward on each text alone (no padding): its first logit."""
