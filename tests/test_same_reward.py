@@ -294,3 +294,22 @@ def test_the_plan_counts_filler_rows() -> None:
     assert plan_batches([64, 64, 64], cost, 300 / 0.9, margin=0.9) == [[0, 1, 2]]
     # As 8-row passes not even one input fits 4 rows' budget: each gets a batch of its own (the guard's case).
     assert plan_batches([64, 64, 64], cost, 300 / 0.9, margin=0.9, rows=filled) == [[0], [1], [2]]
+
+
+def test_rows_per_width_are_the_fewest_within_tolerance_of_the_widest_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rewardstack._scorers import invariance
+
+    timed: list[int] = []
+
+    def modelled(run: Any, n: int, width: int) -> float:  # a pass: 10 ms fixed, then 0.05 ms a token
+        timed.append(width)
+        return 0.010 + n * width * 0.00005
+
+    monkeypatch.setattr(invariance, "_timed", modelled)
+    widths = [16, 64, 256, 1024, 2048, 4096]
+    rows = invariance.choose_rows(lambda n, w: None, widths, lambda w: 8 if w < 1024 else 4)
+    # Per row at 16 tokens: 10.8 ms alone, 3.3 ms at 4, 2.05 ms at 8: only 8 is within 10% of 8's.
+    # At 256: 22.8, 15.3, 14.05 ms: 4 is. At 2048, one row (112 ms) is within 10% of four (105 ms):
+    # one row, and the walk stops there (a wider pass's fixed costs are a smaller share still).
+    assert rows == {16: 8, 64: 8, 256: 4, 1024: 4, 2048: 1, 4096: 1}
+    assert 4096 not in timed

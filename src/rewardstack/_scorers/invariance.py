@@ -8,10 +8,9 @@ CPUs where it holds; where it does not (other CPUs, other BLAS libraries, a GPU)
 number of rows per width, filler rows added when fewer wait, give every row the same shapes whatever
 its company.
 
-`differing` is the check: a probe text scored alone and as the last row of a full pass, with
-companions shorter than it (the masked path) and, at the cap width, with companions that fill it
-too (an all-ones mask, which sdpa drops for another kernel); the widths whose bits differ are
-returned. `choose_rows` measures each width's rows per pass: the fewest rows whose throughput is
+`differing` is the check: probe texts scored alone and spread over full passes, with companions
+shorter than them (the masked path) and, at the cap width, with companions that fill it too (an
+all-ones mask, which sdpa drops for another kernel); the widths whose bits differ are returned. `choose_rows` measures each width's rows per pass: the fewest rows whose throughput is
 within `ROWS_TOLERANCE` of the most a pass may hold (a filler row costs as much as a real one, so
 fewer rows waste less when few requests wait), widths in ascending order until one row is chosen
 (the per-pass costs are a smaller share of a wider pass).
@@ -33,7 +32,7 @@ ROWS_TOLERANCE = 0.10
 PROBES = 3
 """Probe texts the check scores at each width."""
 POSITIONS = 8
-"""A pass of up to this many rows has the probe checked at every position; a wider one at a sample."""
+"""A pass of up to this many rows has the probes checked at every position; a wider one twice."""
 PROBE = "The same input, the same reward: a probe scored alone and in a full pass at start-up. "
 
 Score = Callable[[list[list[int]]], list[Any]]
