@@ -2,7 +2,7 @@
 
 Nothing here scores; the scorers (`rewardstack._scorers`) never import it. `families` writes each
 family's checkpoint (DPO's GPT-2-style LM or the BTLM-like remote-code checkpoint whose code is
-`rewardstack._standin_btlm`, the classifiers, Reciprocate, Dahoas, the judge, the MiniLM encoders),
+`rewardstack._planning.btlm`, the classifiers, Reciprocate, Dahoas, the judge, the MiniLM encoders),
 all with the one tokenizer helper (`tokenizer.save_tokenizer`: the packaged MiniLM's BERT tokenizer).
 `build.make_standins` writes them all and the config that loads them; `tiny.make_tiny_standins` is
 the soak's tiny stack (every family at width 16).

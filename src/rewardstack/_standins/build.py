@@ -54,7 +54,7 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
     is cut from the soak's workload), so this module never imports it.
 
     `dpo="btlm"` builds the DPO stand-in as the BTLM-like checkpoint that loads through its own
-    remote code (`rewardstack._standin_btlm`, built by `standins.families.make_btlm_standin`) and
+    remote code (`rewardstack._planning.btlm`, built by `standins.families.make_btlm_standin`) and
     opts that model into `trust_remote_code`.
 
     The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
