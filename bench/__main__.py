@@ -41,7 +41,7 @@ import torch
 
 from bench import causal, curves, fullstack, prediction, results, trainers
 from bench.common import MiB, own_home
-from rewardstack._replay.synthetic import heavy_tailed_steps
+from tests.soak.synthetic import heavy_tailed_steps
 
 HERE = Path(__file__).resolve().parent
 TARGET_FLOOR = 1.2

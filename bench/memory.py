@@ -102,7 +102,7 @@ def full_stack(budget: int = 64 * 1024**2) -> None:
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
     from rewardstack._standins import make_standins
-    from rewardstack._replay.synthetic import heavy_tailed_steps
+    from tests.soak.synthetic import heavy_tailed_steps
 
     steps = heavy_tailed_steps()
     print()

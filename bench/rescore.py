@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rewardstack.config import load_config
 from rewardstack._standins import make_standins
-from rewardstack._replay.synthetic import heavy_tailed_steps
+from tests.soak.synthetic import heavy_tailed_steps
 
 
 def write_runs(folder: Path, n_runs: int, n_steps: int, n_completions: int) -> list[Path]:

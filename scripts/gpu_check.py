@@ -9,7 +9,7 @@ larger than 40 GiB: `torch.cuda.set_per_process_memory_fraction` caps this proce
 2. Per model, the scorer's pass at a few shapes (the longest admitted input included): the
    measured peak (torch.cuda.max_memory_allocated above the bytes live before) must be within
    15% of `simulate_peak`'s prediction. [FAIL] otherwise.
-3. A heavy-tailed workload (workload.heavy_tailed_lengths, in tokens) is planned per model with
+3. A heavy-tailed workload (tests/soak/synthetic.py's heavy_tailed_lengths, in tokens) is planned per model with
    the cost model fitted to simulated peaks against the activation budget left on the card, and
    every planned batch runs: zero OOM. [FAIL] on any OOM.
 4. The unbounded reference OpenAssistant call (DeBERTa-v3-large, float32, batch 1): the
@@ -53,7 +53,9 @@ from rewardstack._models import resolve, spec
 from rewardstack._memory.costmodel import CostModel, plan_batches
 from rewardstack._planning.plan import plan_weights, scorer_max_batch
 from rewardstack._settings import parse_bytes
-from rewardstack._replay.synthetic import heavy_tailed_lengths
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: the tests' workload
+from tests.soak.synthetic import heavy_tailed_lengths  # noqa: E402
 
 GIB = 1024**3
 TOLERANCE = 0.15

@@ -117,8 +117,8 @@ def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 @pytest.fixture(scope="session")
 def tiny_standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    """The tiny stand-in stack (`make-standins --tiny`), built once per test session; returns its folder."""
-    from rewardstack._standins import make_tiny_standins
+    """The tiny stand-in stack (`tests/soak/tiny.py`), built once per test session; returns its folder."""
+    from tests.soak.tiny import make_tiny_standins
 
     root = tmp_path_factory.mktemp("tiny_standins")
     make_tiny_standins(root)

@@ -13,7 +13,7 @@ from causal_fixtures import cached_runtime, close, make_runtime, model_config, r
 from rewardstack._scorers import dpo, dpo_numerics
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dpo_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 
 @pytest.fixture(scope="session")

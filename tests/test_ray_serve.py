@@ -22,7 +22,7 @@ import pytest
 
 from ray_fixtures import cluster_stops_after, shared_cluster, standins_config
 from rewardstack._settings import ServiceSettings
-from rewardstack._replay.synthetic import heavy_tailed_steps
+from tests.soak.synthetic import heavy_tailed_steps
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")

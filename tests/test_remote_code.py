@@ -27,7 +27,7 @@ from rewardstack._scorers.prefix import PrefixRunner
 from rewardstack._standins import (
     make_btlm_checkpoint, make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin,
 )
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 BOUND = 384  # the stand-in's token bound: the reference runs full [L, V] logits at it
 

@@ -46,10 +46,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
-    from rewardstack._standins import make_standins, make_tiny_standins
+    from rewardstack._standins import make_standins
 
-    make = make_tiny_standins if args.tiny else make_standins  # tiny: the standard stand-ins, shrunk
-    path = make(args.dir, force=args.force, dpo=args.dpo)
+    path = make_standins(args.dir, force=args.force, dpo=args.dpo)
     print(f"stand-in stack written; config: {path}")
     return 0
 
@@ -154,7 +153,7 @@ where files go (docs/SCORING.md): everything a command is not told where to put 
 under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/,
 calibration/cache.json (fitted cost models keyed by checkpoint, unless [memory] calibration_file),
 and one folder per config file, <config stem>-<hash>/ with state/ (unless the config states
-state_dir) and runs/ (soak, bare --run-dir)."""
+state_dir) and runs/ (bare --run-dir)."""
 
 
 def add_score_parser(sub: Any) -> None:
@@ -200,8 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--force", action="store_true", help="rebuild even if the folder holds a stack")
     m.add_argument("--dpo", choices=("gpt2", "btlm"), default="gpt2",
                    help="DPO stand-in: a native GPT-2 (default) or the BTLM-like model that loads through its own remote code")
-    m.add_argument("--tiny", action="store_true",
-                   help="tiny models (one layer, width 16, small vocabulary) on every family's real code path: the soak stack")
     m.set_defaults(func=cmd_make_standins)
 
     c = sub.add_parser("config", help="list every config key (--explain) or validate a config file")
@@ -228,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ray_parsers(sub)
 
-    from rewardstack._replay.commands import add_parsers as add_replay_parsers  # replay, soak
+    from rewardstack._replay.commands import add_parsers as add_replay_parsers
 
     add_replay_parsers(sub)
 

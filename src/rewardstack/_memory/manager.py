@@ -134,7 +134,7 @@ class MemoryManager:
         self.budget_bytes = budget_bytes
         self.margin = margin
         self.injector = injector
-        """Raises OOMs inside passes on purpose (the soak's `replay.faults.FaultInjector`; None: none)."""
+        """Raises OOMs inside passes on purpose (the soak's `FaultInjector`, tests/soak/faults.py; None: none)."""
         self.cost_models: dict[str, CostModel] = {}
         # The last OOM_LOG_SIZE records; `ooms_total` counts every one.
         self.oom_log: deque[OomRecord] = deque(maxlen=OOM_LOG_SIZE)
