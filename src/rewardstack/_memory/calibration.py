@@ -47,7 +47,7 @@ from rewardstack._models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
 
-FORMAT = 6  # a cache of another format is read as empty (the start profiles again); docs/LOG.md has the history
+FORMAT = 6  # a cache of another format is read as empty (the start profiles again); CHANGELOG.md says when it changed
 CHECKPOINT_FILES = (".safetensors", ".bin", ".pt", ".json")  # what a fit depends on in a checkpoint folder
 
 
