@@ -120,7 +120,7 @@ async def _run(request: Request, items: list[Any], field: str, models: list[str]
     slice, and the device's thread never tokenizes."""
     settings: ServiceSettings = request.app.state.settings
     _check_limits(settings, items, field, models)
-    deadline = time.monotonic() + min(settings.deadline_s, client_deadline(request.headers))
+    deadline = time.monotonic() + min(settings.trainer_deadline_s, client_deadline(request.headers))
     worker = request.app.state.worker
     worker.check_ready()
     try:
