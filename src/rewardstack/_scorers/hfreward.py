@@ -14,6 +14,8 @@ GPU). Padding each pass to its longest row instead changes the low bits with the
 
 from __future__ import annotations
 
+import threading
+from array import array
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -27,6 +29,18 @@ from rewardstack._scorers.classifier import _Classifier, first_logit
 
 Chat = Sequence[dict]
 """A conversation: `{"role", "content"}` messages."""
+
+
+@dataclass
+class Encoded:
+    """One input tokenized for a model, before it joins a pass: its ids (cut at the model's length
+    bound), whether they were cut, and the input and field it came from (re-read if the budget
+    at run time holds fewer tokens than the bound)."""
+
+    ids: Sequence[int]
+    cut: bool
+    item: Any
+    field: str
 
 
 @dataclass
@@ -63,6 +77,9 @@ class HfRewardScorer(_Classifier):
             # it refuses batches of more than one row.
             self.model.config.pad_token_id = self.pad_id
         tok.truncation_side = cfg.options.truncation_side
+        # A fast tokenizer's truncation settings live in its Rust object, which refuses a second
+        # thread while one sets them ("Already borrowed"): requests tokenize one at a time.
+        self._tokenizing = threading.Lock()
         enc.calibrate(self, first_logit, tune=cfg.options.max_batch_tokens is None)
 
     def encode(self, item: str | Chat, field: str, bound: int | None = None) -> tuple[list[int], bool]:
@@ -80,46 +97,72 @@ class HfRewardScorer(_Classifier):
                 raise InputError(f"the chat template refused these messages: {e}", field=field) from None
             special = False  # the template writes its own special tokens
         bound = self.max_length if bound is None else min(bound, self.max_length)
-        ids = tok(item, add_special_tokens=special)["input_ids"]
-        if len(ids) <= bound:
-            return list(ids), False
-        return list(tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]), True
+        with self._tokenizing:
+            ids = tok(item, add_special_tokens=special)["input_ids"]
+            if len(ids) <= bound:
+                return list(ids), False
+            return list(tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]), True
+
+    def prepare(self, item: str | Chat, field: str) -> Encoded:
+        """One input tokenized ahead of its pass (on the caller's thread, not the device's):
+        InputError naming `field` if it cannot be."""
+        try:
+            ids, cut = self.encode(item, field)
+        except InputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a tokenizer's own error is the input's, never its batch's
+            raise InputError(f"{self.name} could not tokenize this input: {type(e).__name__}: {e}", field=field) from None
+        return Encoded(array("i", ids), cut, item, field)  # 4 bytes a token while it waits
 
     def score_groups(self, groups: Sequence[Sequence[tuple[str | Chat, str]]],
                      completions: Sequence[Sequence[int]] | None = None) -> list[list[Read] | InputError]:
         """Every group's inputs (item, field name) in one pass through the memory layer: per group,
         a `Read` per input, or the InputError of its first bad input (the other groups are scored).
+        `completions`: per group, the step's completion index of each input, for the memory
+        layer's records."""
+        answers: list[list[Read] | InputError] = []
+        rows: list[Encoded] = []
+        kept: list[int] = []
+        for g, group in enumerate(groups):
+            try:
+                encoded = [self.prepare(item, field) for item, field in group]
+            except InputError as e:
+                answers.append(e)
+                continue
+            answers.append([])
+            rows.extend(encoded)
+            kept.append(g)
+        reads = self.score_encoded(rows, [c for g in kept for c in completions[g]] if completions is not None else None)
+        for g in kept:
+            answers[g], reads = reads[:len(groups[g])], reads[len(groups[g]):]
+        return answers
 
-        Inputs are cut to what the budget holds alone (`MemoryManager.run_pass`); identical inputs,
-        within a group or across groups, are one row. `completions`: per group, the step's
-        completion index of each input, for the memory layer's records.
+    def score_encoded(self, rows: Sequence[Encoded], completions: Sequence[int] | None = None) -> list[Read]:
+        """A `Read` per input tokenized ahead (`prepare`), all in one pass through the memory layer.
+
+        Inputs longer than the budget holds alone (`MemoryManager.run_pass`'s allowance) are read
+        again at that cap; identical inputs are one row.
         """
-        answers: list[list[Read] | InputError] = [[] for _ in groups]
-        where: list[list[tuple[int, bool, int]]] = [[] for _ in groups]
+        where: list[tuple[int, bool, int]] = []
 
         def build(allowance: Allowance) -> Pass:
             index: dict[tuple[int, ...], int] = {}
             first: list[int | None] = []  # per row: the completion it was first read for
-            for g, group in enumerate(groups):
-                try:
-                    encoded = [self.encode(item, field, allowance.cap) for item, field in group]
-                except InputError as e:
-                    answers[g] = e
-                    continue
-                for k, (ids, cut) in enumerate(encoded):
-                    row = index.setdefault(tuple(ids), len(index))
-                    if row == len(first):
-                        first.append(completions[g][k] if completions is not None else None)
-                    where[g].append((row, cut, len(ids)))
-            rows = [list(r) for r in index]
-            return Pass([pad_width(len(r), self.max_length) for r in rows], self._forward(rows),
+            where.clear()
+            for k, row in enumerate(rows):
+                ids, cut = row.ids, row.cut
+                if len(ids) > allowance.cap:
+                    ids, cut = self.encode(row.item, row.field, allowance.cap)
+                at = index.setdefault(tuple(ids), len(index))
+                if at == len(first):
+                    first.append(completions[k] if completions is not None else None)
+                where.append((at, cut, len(ids)))
+            unique = [list(r) for r in index]
+            return Pass([pad_width(len(r), self.max_length) for r in unique], self._forward(unique),
                         max_batch=self.max_batch, completions=first if completions is not None else None)
 
-        outcomes = self.runtime.memory.run_pass(self.name, build, upper=self.max_length)
-        for g, places in enumerate(where):
-            if not isinstance(answers[g], InputError):
-                answers[g] = [Read(outcomes[row], cut, tokens) for row, cut, tokens in places]
-        return answers
+        outcomes = self.runtime.memory.run_pass(self.name, build, upper=self.max_length) if rows else []
+        return [Read(outcomes[at], cut, tokens) for at, cut, tokens in where]
 
     def _forward(self, rows: Sequence[Sequence[int]]) -> Callable[[list[int]], list[Any]]:
         """The memory layer's forward over `rows`: the first logit of each row asked for, passes of

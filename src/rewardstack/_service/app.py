@@ -264,8 +264,10 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, sco
         "placement": placement,
         "budget": dataclasses.asdict(budget) if budget is not None else {"activation_bytes": stack.memory.budget_bytes},
         "cost_models": cost_models,
-        "queue": {"length": worker.queue_length(), "size": worker.queue.maxsize, "batch_requests": worker.batch_requests},
-        "trainer": {"waiting": len(worker.lane), "batches": worker.lane.batches, "requests": worker.lane.requests},
+        "queue": {"length": worker.queue_length(), "size": worker.queue_size, "batch_requests": worker.batch_requests},
+        "trainer": {"waiting": len(worker.lane), "queued_tokens": worker.lane.queued_tokens,
+                    "slice_tokens": worker.lane.slice_tokens, "batches": worker.lane.batches,
+                    "requests": worker.lane.requests},
         "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
                                                set(worker.namespaces.on_disk()))
                        if scope in (None, ALL_NAMESPACES) or name == scope],

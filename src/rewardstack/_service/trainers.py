@@ -22,11 +22,13 @@ import time
 import uuid
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from rewardstack.errors import InputError
 from rewardstack._models import USER_PREFIX
-from rewardstack._service.batching import Scored, StatelessJob
+from rewardstack._service.batching import Scored, prepare_job
 from rewardstack._service.edge import answer_of, authorize, require_json
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.protocol import client_deadline, json_object
@@ -113,13 +115,19 @@ def _check_limits(settings: ServiceSettings, items: list[Any], field: str, model
 
 
 async def _run(request: Request, items: list[Any], field: str, models: list[str]) -> Scored:
-    """Score `items` with `models` in the worker's next trainer batch."""
+    """Score `items` with `models` in the worker's next trainer slices: tokenized here, on a thread
+    of the app's pool, so a bad input fails this request alone (422 naming it) before it joins a
+    slice, and the device's thread never tokenizes."""
     settings: ServiceSettings = request.app.state.settings
     _check_limits(settings, items, field, models)
-    deadline = time.monotonic() + min(settings.deadline_s, client_deadline(request.headers))
-    job = StatelessJob(items, [f"{field}[{i}]" for i in range(len(items))], models, deadline=deadline)
+    deadline = time.monotonic() + min(settings.trainer_deadline_s, client_deadline(request.headers))
     worker = request.app.state.worker
-    worker.lane.submit(job, worker)
+    worker.check_ready()
+    try:
+        job = await anyio.to_thread.run_sync(prepare_job, worker.stack, items, field, models, deadline)
+    except InputError as e:
+        raise ServiceError(422, "invalid_request", str(e), field=e.field) from None
+    worker.submit(job)
     return await answer_of(request, job, deadline)
 
 
