@@ -54,7 +54,9 @@ class HfRewardScorer(_Classifier):
     kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
-        super().__init__(cfg.name, cfg, runtime, None)
+        # The side is the tokenizer's own setting, made when it loads: another table on the same
+        # folder gets a tokenizer of its own side (scorers/loading.py).
+        super().__init__(cfg.name, cfg, runtime, None, tokenizer_options={"truncation_side": cfg.options.truncation_side})
         tok = self.tokenizer
         if tok.pad_token_id is None and tok.eos_token_id is not None:
             self.pad_id = tok.eos_token_id  # how transformers batches a decoder without a pad token
@@ -62,14 +64,20 @@ class HfRewardScorer(_Classifier):
             # A decoder's classification head finds each row's last token by the pad id; without one
             # it refuses batches of more than one row.
             self.model.config.pad_token_id = self.pad_id
-        tok.truncation_side = cfg.options.truncation_side
         enc.calibrate(self, first_logit, tune=cfg.options.max_batch_tokens is None)
 
-    def encode(self, item: str | Chat, field: str, bound: int | None = None) -> tuple[list[int], bool]:
+    def encode(self, item: str | Chat, field: str, bound: int | None = None,
+               special: bool | None = None) -> tuple[list[int], bool]:
         """The ids of one input, cut at `bound` tokens (default: the model's length bound), and
-        whether it was cut; InputError naming `field`."""
+        whether it was cut; InputError naming `field` for an input that cannot be read or is empty.
+
+        `special`: whether the tokenizer adds its special tokens (a BOS) to the text. By default a
+        string gets them (vLLM's convention, and a plain transformers call's) and a chat the
+        template rendered does not (the template writes them); `/get_reward` says no (OpenRLHF's
+        serve_rm: its queries are chat-templated already).
+        """
         tok = self.tokenizer
-        special = True  # a string is tokenized as vLLM and a plain transformers call do: special tokens on
+        default = True
         if not isinstance(item, str):
             if not self.cfg.options.chat_template or not getattr(tok, "chat_template", None):
                 raise InputError(f"{self.name} takes plain text: its tokenizer has no chat template or its "
@@ -78,21 +86,33 @@ class HfRewardScorer(_Classifier):
                 item = tok.apply_chat_template(list(item), tokenize=False)
             except Exception as e:  # noqa: BLE001 - a template's own error is the client's input
                 raise InputError(f"the chat template refused these messages: {e}", field=field) from None
-            special = False  # the template writes its own special tokens
+            if not item:
+                raise InputError("the chat template renders these messages as an empty text: there is nothing to "
+                                 "score", field=field)
+            default = False
+        special = default if special is None else special
         bound = self.max_length if bound is None else min(bound, self.max_length)
-        ids = tok(item, add_special_tokens=special)["input_ids"]
-        if len(ids) <= bound:
-            return list(ids), False
-        return list(tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]), True
+        try:
+            ids = tok(item, add_special_tokens=special)["input_ids"]
+            cut = len(ids) > bound
+            if cut:
+                ids = tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]
+        except Exception as e:  # noqa: BLE001 - what the tokenizer cannot read fails its own request only
+            raise InputError(f"the tokenizer cannot read this input ({type(e).__name__}: {e})", field=field) from None
+        if not ids:
+            raise InputError("is empty: there is nothing to score", field=field)
+        return list(ids), cut
 
     def score_groups(self, groups: Sequence[Sequence[tuple[str | Chat, str]]],
-                     completions: Sequence[Sequence[int]] | None = None) -> list[list[Read] | InputError]:
+                     completions: Sequence[Sequence[int]] | None = None,
+                     specials: Sequence[bool | None] | None = None) -> list[list[Read] | InputError]:
         """Every group's inputs (item, field name) in one pass through the memory layer: per group,
         a `Read` per input, or the InputError of its first bad input (the other groups are scored).
 
         Inputs are cut to what the budget holds alone (`MemoryManager.run_pass`); identical inputs,
         within a group or across groups, are one row. `completions`: per group, the step's
-        completion index of each input, for the memory layer's records.
+        completion index of each input, for the memory layer's records. `specials`: per group, its
+        inputs' `special` (`encode`: its route's tokenization convention).
         """
         answers: list[list[Read] | InputError] = [[] for _ in groups]
         where: list[list[tuple[int, bool, int]]] = [[] for _ in groups]
@@ -102,7 +122,8 @@ class HfRewardScorer(_Classifier):
             first: list[int | None] = []  # per row: the completion it was first read for
             for g, group in enumerate(groups):
                 try:
-                    encoded = [self.encode(item, field, allowance.cap) for item, field in group]
+                    special = specials[g] if specials is not None else None
+                    encoded = [self.encode(item, field, allowance.cap, special) for item, field in group]
                 except InputError as e:
                     answers[g] = e
                     continue

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from rewardstack.errors import InputError
 from rewardstack._service.errors import ServiceError
 from rewardstack._settings import ServiceSettings
+from rewardstack._telemetry.metrics import observe_trainer_batch
 
 log = logging.getLogger("rewardstack.service")
 
@@ -78,9 +79,13 @@ class Claim:
 class StatelessJob(Claim):
     """One trainer request: inputs (a text, or a chat the model's template renders), the models."""
 
-    def __init__(self, items: Sequence[Any], fields: Sequence[str], models: Sequence[str], deadline: float) -> None:
+    def __init__(self, items: Sequence[Any], fields: Sequence[str], models: Sequence[str], deadline: float,
+                 special: bool | None = None) -> None:
         super().__init__()
         self.items, self.fields, self.models, self.deadline = list(items), list(fields), list(models), deadline
+        self.special = special
+        """Whether the tokenizer adds its special tokens to a text (None: the scorer's default;
+        `HfRewardScorer.encode`): the route's convention, carried to the scorer."""
         self.work = sum(len(str(item)) for item in self.items) * max(1, len(self.models))
         """Characters the models read (each input once per model): what a batch is bounded by."""
 
@@ -169,13 +174,16 @@ class Lane:
             started.append(job)
         if not started:
             return
-        beat(f"trainer batch: {len(started)} request(s), {sum(len(j.items) for j in started)} inputs")
+        inputs = sum(len(j.items) for j in started)
+        beat(f"trainer batch: {len(started)} request(s), {inputs} inputs")
+        tokens = 0
         try:
-            score_batch(stack, started)
+            tokens = score_batch(stack, started)
         except Exception:  # noqa: BLE001 - a last resort: every job gets an answer
             log.exception("trainer batch failed")
             for job in started:
                 job.answer(ServiceError(500, "internal", "the forward pass failed; nothing was scored"))
+        observe_trainer_batch(len(started), inputs, tokens, [now - j.enqueued for j in started])
         self.batches += 1
         self.requests += len(started)
         beat(None, forward_done=True)
@@ -190,13 +198,15 @@ class Lane:
                                         "scored", headers={"Retry-After": "5"}))
 
 
-def score_batch(stack: Any, jobs: list[StatelessJob]) -> None:
-    """Score every job's inputs with its models, each model once over all of them; answer each job."""
+def score_batch(stack: Any, jobs: list[StatelessJob]) -> int:
+    """Score every job's inputs with its models, each model once over all of them; answer each job.
+    Returns the tokens read (the jobs answered, over their models)."""
     failed: dict[int, BaseException] = {}
     results: dict[int, Scored] = {id(j): Scored({}, {}, 0) for j in jobs}
     for name in dict.fromkeys(m for j in jobs for m in j.models):
         mine = [j for j in jobs if name in j.models and id(j) not in failed]
-        answers = stack.scorers[name].score_groups([list(zip(j.items, j.fields)) for j in mine]) if mine else []
+        answers = stack.scorers[name].score_groups([list(zip(j.items, j.fields)) for j in mine],
+                                                   specials=[j.special for j in mine]) if mine else []
         for job, reads in zip(mine, answers):
             if isinstance(reads, InputError):
                 failed[id(job)] = ServiceError(422, "invalid_request", str(reads), field=reads.field)
@@ -212,3 +222,4 @@ def score_batch(stack: Any, jobs: list[StatelessJob]) -> None:
             results[id(job)].tokens += sum(r.tokens for r in reads)
     for job in jobs:
         job.answer(failed.get(id(job)) or results[id(job)])
+    return sum(results[id(j)].tokens for j in jobs if id(j) not in failed)
