@@ -224,7 +224,7 @@ def _telemetry_inprocess(standins: Path, root: Path, clients: int, rounds: int, 
     queries = _queries(8 * clients)
 
     def batch(k: int) -> None:
-        jobs = [prepare_job(stack, [q], "query", ["rewards.oa"], time.monotonic() + 600)
+        jobs = [prepare_job(stack, [q], ["query[0]"], ["rewards.oa"], time.monotonic() + 600)
                 for q in queries[(k % 8) * clients:(k % 8 + 1) * clients]]
         score_now(stack, jobs)
         for job in jobs:

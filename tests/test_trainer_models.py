@@ -36,7 +36,7 @@ def stack(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _score(stack: Any, *groups: list[str]) -> list[list[float]]:
     """Score each group of texts as one request, all requests in one batch; the rewards per request."""
-    jobs = [prepare_job(stack, g, "query", ["rewards.tiny"], time.monotonic() + 60) for g in groups]
+    jobs = [prepare_job(stack, g, [f"query[{i}]" for i in range(len(g))], ["rewards.tiny"], time.monotonic() + 60) for g in groups]
     score_now(stack, jobs)
     return [j.future.result(timeout=0).scores["rewards.tiny"] for j in jobs]
 

@@ -15,7 +15,7 @@ is read the same way (`scorers.dahoas.load_dahoas`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -75,10 +75,14 @@ class ModelCache:
         return self._models[key]
 
     def pretrained(self, path: str, loader: Callable[..., torch.nn.Module] | type, *, dtype: str = "float32",
-                   revision: str | None = None, **kwargs: Any) -> tuple[Any, torch.nn.Module]:
+                   revision: str | None = None, tokenizer_options: Mapping[str, Any] | None = None,
+                   **kwargs: Any) -> tuple[Any, torch.nn.Module]:
         """The (tokenizer, model) pair of one checkpoint, both loaded once and shared.
 
-        `kwargs` go to both `from_pretrained` calls (`trust_remote_code` from `hub.load_source`).
+        `kwargs` go to both `from_pretrained` calls (`trust_remote_code` from `hub.load_source`);
+        `tokenizer_options` (a table's `truncation_side`) to the tokenizer's alone. They are part of
+        its key, so scorers share a tokenizer only when they want it set alike: a scorer never sets
+        anything on a tokenizer another scorer uses (two tables on one folder keep their own sides).
         """
-        return (self.tokenizer(path, revision=revision, **kwargs),
+        return (self.tokenizer(path, revision=revision, **kwargs, **(tokenizer_options or {})),
                 self.model(path, loader, dtype=dtype, revision=revision, **kwargs))

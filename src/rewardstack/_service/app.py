@@ -27,6 +27,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
+from rewardstack.errors import StateError
 from rewardstack._service.edge import (CutAtShutdown, answer_of, authorize, install_error_handlers, loopback_guard,
                                       require_json, as_service_error)
 from rewardstack._service.errors import ServiceError
@@ -52,8 +53,8 @@ def service_metrics() -> SimpleNamespace:
     reg = registry()
     if id(reg) not in _METRICS:
         _METRICS[id(reg)] = SimpleNamespace(
-            requests=Counter("rewardstack_service_requests_total", "Score requests answered, by HTTP status.", ["code"],
-                             registry=reg),
+            requests=Counter("rewardstack_service_requests_total", "Requests answered, by route and HTTP status.",
+                             ["route", "code"], registry=reg),
             queue=Gauge("rewardstack_service_queue_length", "Steps waiting for the scoring worker.", registry=reg),
             latency=Histogram("rewardstack_service_request_seconds", "Time from a score request's arrival to its answer.",
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=reg),
@@ -185,7 +186,7 @@ class Service:
             code = as_service_error(e).status  # the status the error handlers send (a step's InputError is a 422)
             raise
         finally:
-            metrics.requests.labels(code=str(code)).inc()
+            metrics.requests.labels(route="/v1/score", code=str(code)).inc()
             metrics.latency.observe(time.monotonic() - arrived)
             metrics.queue.set(self.worker.queue_length())
 
@@ -195,7 +196,10 @@ class Service:
             if ns.name == name:
                 return namespaces.describe(ns.state)
         folder = self.worker.namespaces.root / name
-        return namespaces.describe(await asyncio.to_thread(stored_state, self.config, folder))
+        try:
+            return namespaces.describe(await asyncio.to_thread(stored_state, self.config, folder))
+        except StateError as e:
+            raise self.worker.namespaces.unreadable(name, e) from None
 
     async def open_session(self, request: Request, name: str, client: dict[str, Any]) -> dict[str, Any]:
         # Through the worker's queue, behind the namespace's steps already queued: its `next` counts

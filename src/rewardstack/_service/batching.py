@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from rewardstack._service.errors import ServiceError
+from rewardstack._telemetry.metrics import observe_trainer_batch
 
 log = logging.getLogger("rewardstack.service")
 
@@ -95,10 +96,12 @@ class StatelessJob(Claim):
         self.failure: ServiceError | None = None
 
 
-def prepare_job(stack: Any, items: Sequence[Any], field: str, models: Sequence[str], deadline: float) -> StatelessJob:
-    """A trainer request's job: every input tokenized for every model it names (`field[i]` names
-    input i), on the caller's thread; InputError naming the first input that cannot be."""
-    return StatelessJob({name: [stack.scorers[name].prepare(item, f"{field}[{i}]") for i, item in enumerate(items)]
+def prepare_job(stack: Any, items: Sequence[Any], names: Sequence[str], models: Sequence[str], deadline: float,
+                special: bool | None = None) -> StatelessJob:
+    """A trainer request's job: every input tokenized for every model it names (`names[i]` is
+    input i's field), with the route's `special` convention (`HfRewardScorer.encode`), on the
+    caller's thread; InputError naming the first input that cannot be."""
+    return StatelessJob({name: [stack.scorers[name].prepare(item, where, special) for item, where in zip(items, names)]
                          for name in models}, deadline)
 
 
@@ -191,8 +194,7 @@ class Lane:
                 break  # the slice is full
         return pieces
 
-    def run(self, stack: Any, pieces: list[Piece], beat: Callable[..., None],
-            observe: Callable[[list[Piece], float], None] | None = None) -> None:
+    def run(self, stack: Any, pieces: list[Piece], beat: Callable[..., None]) -> None:
         """Score a slice (worker thread, lock not held): answer every job whose last input it held."""
         if not pieces:
             return
@@ -218,8 +220,8 @@ class Lane:
                 job.answer(job.result)
                 self.requests += 1
         self.batches += 1
-        if observe is not None:
-            observe(pieces, elapsed)
+        observe_trainer_batch(len({id(p.job) for p in pieces}), inputs, tokens,
+                              [t0 - p.job.enqueued for p in pieces if p.start == 0])
         beat(None, forward_done=True)
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ from typing import Any, Mapping
 from rewardstack.config import StackConfig
 from rewardstack.errors import ConfigError, StateError
 from rewardstack._fileio import canonical_chunks, event_line
-from rewardstack._state import ForwardResult, RewardState, StateLock, StateStore
+from rewardstack._state import ForwardResult, RewardState, StateLock, StateLockedError, StateStore
 from rewardstack._service.errors import ServiceError
 from rewardstack._stepobservers import StepResult
 from rewardstack._wire import RECENT_RESULTS, Step
@@ -191,6 +191,7 @@ class Namespaces:
         self.root = Path(config.state_dir) / "namespaces"
         self.max_namespaces = max_namespaces
         self._loaded: dict[str, Namespace] = {}
+        self._reported: dict[str, str] = {}  # namespace -> the state error logged for it (`unreadable`)
 
     def on_disk(self) -> list[str]:
         """Names of the namespaces that have a state folder."""
@@ -201,13 +202,33 @@ class Namespaces:
     def get(self, name: str) -> Namespace:
         """The namespace, restored from its state file on first use (created if new).
 
-        Raises StateError if unreadable, the 403 `namespace_limit` for a new one past `max_namespaces`.
+        Raises the 500 `state_unreadable` if its state file cannot be read (`unreadable`),
+        StateLockedError if another process holds it, the 403 `namespace_limit` for a new one past
+        `max_namespaces`.
         """
         ns = self._loaded.get(name)
         if ns is None:
             reserve(self.root, name, self.max_namespaces)
-            ns = self._loaded[name] = Namespace(self.config, self.root, name)
+            try:
+                ns = self._loaded[name] = Namespace(self.config, self.root, name)
+            except StateLockedError:
+                raise
+            except StateError as e:
+                raise self.unreadable(name, e) from None
+            self._reported.pop(name, None)
         return ns
+
+    def unreadable(self, name: str, error: StateError) -> ServiceError:
+        """The answer to a request for a namespace whose state file cannot be read, saying what to do;
+        logged once per namespace and error (every request for it fails the same way until it is fixed)."""
+        message = (f"{error}. Every request for namespace '{name}' is refused until its state can be read: "
+                   "restore the file from a backup, or move it aside to start the namespace afresh (its "
+                   "normalizers, blacklist and sequence numbers start over; the validator opens a new session). "
+                   "Nothing was scored")
+        if self._reported.get(name) != str(error):
+            self._reported[name] = str(error)
+            log.error("%s", message)
+        return ServiceError(500, "state_unreadable", message, field="namespace")
 
     def peek(self, name: str) -> Namespace | None:
         """The namespace if it exists (restored from its folder on first use), None if it was never

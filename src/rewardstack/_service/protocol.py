@@ -29,7 +29,7 @@ import asyncio
 import difflib
 import math
 import time
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Collection, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -209,12 +209,13 @@ def json_object(body: bytes, kind: str, not_object: str, more: str = "") -> dict
     return obj
 
 
-def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
-    """422 naming the first field `schema` does not declare, and the declared field closest to it: a
-    misspelt `sequnce` must not leave a step unnumbered, nor `base_promt` be ignored."""
-    known = list(schema.model_fields)
+def check_fields(obj: Mapping[str, Any], schema: type[BaseModel] | Collection[str]) -> None:
+    """422 naming the first field `schema` (a model, or the names themselves) does not declare, and the
+    declared field closest to it: a misspelt `sequnce` must not leave a step unnumbered, nor
+    `base_promt` be ignored, nor `use_activaton: false` give the sigmoid."""
+    known = list(schema.model_fields) if isinstance(schema, type) else list(schema)
     for key in obj:
-        if key not in schema.model_fields:
+        if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else f"; the fields are {', '.join(known)}"
             raise ServiceError(422, "unknown_field", f"field '{key}' is not a field of this request{hint}",

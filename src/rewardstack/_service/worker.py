@@ -94,8 +94,6 @@ class Worker:
         self.config = config
         self.lane = lane if lane is not None else Lane(config.service)
         """The trainer routes' stateless requests, scored in slices between validator turns (service/batching.py)."""
-        self.observe_slice: Callable[[list, float], None] | None = None
-        """Called after each trainer slice with its pieces and seconds (the app's metrics)."""
         self.run_dir = run_dir if run_dir is not None else config.telemetry.run_dir
         """Telemetry run directory (timeline, events, incidents, summary); None: none written."""
         self.telemetry: Any = None
@@ -222,7 +220,7 @@ class Worker:
                 else:
                     with self._wake:
                         pieces = self.lane.take(time.monotonic())
-                    self.lane.run(self.stack, pieces, self._beat, self.observe_slice)
+                    self.lane.run(self.stack, pieces, self._beat)
         finally:
             self._close()
 
