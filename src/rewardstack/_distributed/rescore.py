@@ -216,14 +216,8 @@ def rescore(
                                              else int(res.get("CPU", 1) / max(cpus_per_worker, 1e-9))))
         _say(stream, f"rescore: {len(todo)} runs to score on {size} workers ({report.skipped} already complete)")
         board = ray.remote(RescoreProgress).options(num_cpus=0, namespace=RAY_NAMESPACE).remote()
-        ds = ray.data.from_items([{"path": r.path, "id": r.id, "files": list(r.files)} for r in todo],
-                                 override_num_blocks=len(todo))  # one block per run: a retry is one run
-        ds = ds.map_batches(
-            RescoreWorker, batch_size=1, batch_format="pyarrow", num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
-            compute=ray.data.ActorPoolStrategy(size=size, max_tasks_in_flight_per_actor=1),  # no run queued on a busy actor
-            fn_constructor_kwargs={"config": config, "threads": max(1, int(cpus_per_worker)), "out_dir": str(out_dir),
-                                   "fingerprint": fingerprint, "progress": board, "max_attempts": max_attempts,
-                                   "interval_s": progress_interval_s})
+        ds = _dataset(ray, todo, size, gpus_per_worker, cpus_per_worker, config=config, out_dir=str(out_dir),
+                      fingerprint=fingerprint, progress=board, max_attempts=max_attempts, interval_s=progress_interval_s)
         stop = threading.Event()
         watcher = threading.Thread(target=_watch, args=(ray, board, report, len(todo), started, stop,
                                                         progress_interval_s, on_progress, stream), daemon=True)
@@ -233,10 +227,11 @@ def rescore(
                 report.finish(out_dir, json.loads(row["entry"]))
         except Exception as e:  # noqa: BLE001 - Ray Data gave up (no actor could start): the rest fail
             log.exception("rescore stopped")
+            why = (str(e).strip().splitlines() or [""])[-1]  # a worker's error ends its traceback
             for run in todo:
                 if run.id not in report.entries:
                     report.finish(out_dir, {"run": run.id, "input": run.path, "status": "failed", "attempts": 0,
-                                            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
+                                            "error": f"the rescore stopped ({type(e).__name__}): {why}"})
         finally:
             stop.set()
             watcher.join()
@@ -267,6 +262,17 @@ def _plan(runs: Sequence[Run], out_dir: Path, fingerprint: str, report: RescoreR
     out.append_manifest(out_dir, recovered)
     # Biggest runs first: the job then ends on small runs, not on one long run while the rest idle.
     return sorted(todo, key=lambda run: -run.size())
+
+
+def _dataset(ray: Any, todo: list[Run], size: int, gpus: float, cpus: float, **worker: Any) -> Any:
+    """The runs as a dataset of one row and one block each (a retry is one run), mapped by `size`
+    `RescoreWorker` actors, each made with `worker`'s arguments, into one manifest entry each."""
+    ds = ray.data.from_items([{"path": r.path, "id": r.id, "files": list(r.files)} for r in todo],
+                             override_num_blocks=len(todo))
+    # One call in flight per actor: no run waits queued on a busy actor while another is idle.
+    return ds.map_batches(RescoreWorker, batch_size=1, batch_format="pyarrow", num_cpus=cpus, num_gpus=gpus,
+                          compute=ray.data.ActorPoolStrategy(size=size, max_tasks_in_flight_per_actor=1),
+                          fn_constructor_kwargs={"threads": max(1, int(cpus)), **worker})
 
 
 def _watch(ray: Any, board: Any, report: RescoreReport, n_todo: int, started: float, stop: threading.Event,
