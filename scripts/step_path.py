@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     from starlette.testclient import TestClient
 
     from rewardstack._service.app import create_app
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
     from rewardstack.config import load_config
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: the tests' tiny stack

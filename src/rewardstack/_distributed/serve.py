@@ -155,7 +155,7 @@ class ScoringReplica:
 
     def __init__(self, config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str],
                  state_dir: str, reorder_wait_s: float) -> None:
-        from rewardstack._service.namespaces import Access
+        from rewardstack._service.access import Access
         from transformers.utils import logging as hf_logging
 
         from rewardstack.stack import RewardStack

@@ -32,7 +32,8 @@ from rewardstack._service.edge import (CutAtShutdown, answer_of, authorize, inst
                                       require_json, as_service_error)
 from rewardstack._service.errors import ServiceError
 from rewardstack._service import namespaces
-from rewardstack._service.namespaces import ALL_NAMESPACES, Access, stored_state
+from rewardstack._service.access import ALL_NAMESPACES, Access
+from rewardstack._service.namespaces import stored_state
 from rewardstack._service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
                                           error_responses, namespace_for, parse_score, parse_session, score_responses)
 from rewardstack._service.batching import Lane

@@ -17,7 +17,7 @@ from rewardstack._settings import ServiceSettings, field_docs, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import StackConfig
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
 
 _INT_FLAGS = ("port", "max_completions", "max_chars", "max_work_chars", "queue_size", "batch_requests", "max_namespaces")
 
@@ -56,7 +56,7 @@ def effective_settings(config: StackConfig, args: argparse.Namespace) -> Service
 def checked_access(settings: ServiceSettings) -> Access | None:
     """The service's `Access` (its bearer tokens), or None after printing why it may not bind:
     a host that is not loopback needs a token."""
-    from rewardstack._service.namespaces import Access, is_loopback
+    from rewardstack._service.access import Access, is_loopback
 
     access = Access.load(settings.tokens_file)
     if not is_loopback(settings.host) and not access.required:

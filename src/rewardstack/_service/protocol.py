@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from rewardstack.errors import InputError
 from rewardstack._fileio import JSONInputError, parse
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
+from rewardstack._service.access import ALL_NAMESPACES
+from rewardstack._service.namespaces import DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack._settings import InputSettings, ServiceSettings
 from rewardstack._wire import ERROR_SCHEMA, EventWire, Refuse, Step, StepWire, read
 
