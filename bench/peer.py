@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,13 @@ VENDORED = Path(__file__).resolve().parent / "peer_openrlhf"
 SOURCE_REPO = "https://github.com/OpenRLHF/OpenRLHF"
 SOURCE_COMMIT = "3c3be6234e0cb353e76bb8019947db9dfe99fca7"
 MAX_LEN = 512
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a server about to start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def thread_env(threads: int = 1) -> dict[str, str]:

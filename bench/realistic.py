@@ -128,6 +128,9 @@ def chat_texts(n: int, seed: int = 0) -> list[str]:
     tok = tokenizer()
     rng = random.Random(seed)
     prompts, passages = realtexts.prompts(), realtexts.passages()
+    vocab = sorted({w for p in passages for w in p.split()})
+    # WordPiece splits at white space before anything else, so a text's count is the sum of its words'.
+    count = dict(zip(vocab, map(len, tok(vocab, add_special_tokens=False)["input_ids"])))
     out = []
     for target in _target_lengths(n, rng):
         prompt = rng.choice(prompts) if rng.random() < 0.5 else rng.choice(passages) + " " + rng.choice(prompts)
@@ -139,12 +142,10 @@ def chat_texts(n: int, seed: int = 0) -> list[str]:
             chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": " ".join(words[:k])}]
             return tok.apply_chat_template(chat, tokenize=False)
 
-        lo, hi = 1, len(words)  # the fewest words whose text reaches the target length
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if len(tok(render(mid), add_special_tokens=False)["input_ids"]) >= target:
-                hi = mid
-            else:
-                lo = mid + 1
-        out.append(render(lo))
+        total = len(tok(render(0), add_special_tokens=False)["input_ids"])
+        k = 0
+        while total < target:  # the fewest words whose text reaches the target length
+            total += count[words[k]]
+            k += 1
+        out.append(render(k))
     return out
