@@ -15,7 +15,8 @@ thread (`OMP_NUM_THREADS=1`):
 - the floor: the same model's plain forward in this process over the same texts, tokenized as the
   peer does (no special tokens added: the text carries its BOS), cut at 512 tokens, sorted by
   length into static batches of 8 and of 16 rows (`bench.floors.static_batches`; the faster of
-  the two in each round); tokenization outside the timed part.
+  the two in each round, measured once a round for the shapes that share texts); tokenization
+  outside the timed part.
 
 Shapes, each over `POST /get_reward` with `{"query": [...]}` as OpenRLHF's executor sends it:
 `--clients` (64) concurrent clients sending one-sample requests back to back over all the texts;
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -185,11 +187,14 @@ def _rounds(urls: dict[str, str], floor: Floor, texts: list[str], loads: list[Sh
     rewards: dict[str, list[float]] = {}
     won: dict[int, int] = {}
     for r in range(rounds):
+        floors: dict[range, dict[str, Any]] = {}  # shapes over the same texts share a round's floor
         for shape in loads:
             for who in SERVERS[r % 3:] + SERVERS[:r % 3]:
                 if who == "floor":
-                    out = floor.run(shape)
-                    won[out["batch"]] = won.get(out["batch"], 0) + 1
+                    if shape.texts not in floors:
+                        floors[shape.texts] = out = floor.run(shape)
+                        won[out["batch"]] = won.get(out["batch"], 0) + 1
+                    out = floors[shape.texts]
                 else:
                     out = drive(urls[who], _requests(texts, shape), shape.clients)
                 sps.setdefault((shape.name, who), []).append(out["sps"])
@@ -295,7 +300,8 @@ def measure(n_texts: int = 512, rounds: int = 3, *, clients: int = 64, multi_cli
     folder); `tiny`: a tiny model of the same kind and the tiny stand-ins (smoke runs)."""
     import torch
 
-    model_dir = realistic.cached_model(shape=realistic.TINY if tiny else None)
+    cached = realistic.cached_model(shape=realistic.TINY if tiny else None)
+    described = _describe(cached)
     texts = realistic.chat_texts(n_texts)
     lengths = [len(ids) for ids in realistic.tokenizer()(texts, add_special_tokens=False)["input_ids"]]
     loads = shapes(n_texts, clients, multi_clients, multi_size, big)
@@ -305,6 +311,7 @@ def measure(n_texts: int = 512, rounds: int = 3, *, clients: int = 64, multi_cli
         with tempfile.TemporaryDirectory() as tmp, own_home(Path(tmp) / "home"), \
                 mock.patch.dict(os.environ, peer.thread_env(1)):
             root = Path(tmp)
+            model_dir = Path(shutil.copytree(cached, root / "rm"))  # the run's own copy: a cleared cache cannot end it
             if standins is None:
                 from rewardstack._standins import make_standins, make_tiny_standins
 
@@ -313,7 +320,7 @@ def measure(n_texts: int = 512, rounds: int = 3, *, clients: int = 64, multi_cli
             lines += [""] + _mixed(root, model_dir, standins.resolve(), texts, flood_clients, flood_size, steps)
     finally:
         torch.set_num_threads(threads)
-    head = [f"trainer routes on a realistic reward model ({_describe(model_dir)}): rewardstack serve against "
+    head = [f"trainer routes on a realistic reward model ({described}): rewardstack serve against "
             f"OpenRLHF's serve_rm.py ({peer.SOURCE_COMMIT[:9]}, model loader replaced) and the floor; one torch "
             f"thread per process; {n_texts} chat texts, median {statistics.median(lengths):.0f} tokens, "
             f"{sum(n > realistic.MAX_LENGTH for n in lengths) / len(lengths):.0%} past {realistic.MAX_LENGTH}"]

@@ -13,8 +13,9 @@ used: the benchmark runs on CPU in float32) and wraps it in the forward of OpenR
 (openrlhf/models/model.py `_get_reward_model`, its non-packing path): position ids from the attention
 mask's cumulative sum, the body, the `score` head on every position, and the value at the last
 attended token (the "eos index" taken from the mask, so left padding is handled as OpenRLHF does).
-The result is the model's first logit per row. `device_map="auto"` puts it on CUDA when there is
-one, else on the CPU; `normalize_reward` divides by the config's `mean`/`std` as OpenRLHF does.
+The result is the model's first logit per row. The model stays on the CPU whatever `device_map`
+says (the benchmark's other contestants run there); `normalize_reward` divides by the config's
+`mean`/`std` as OpenRLHF does.
 """
 
 import torch
@@ -57,14 +58,11 @@ class RewardHead(nn.Module):
         return reward
 
 
-def get_llm_for_sequence_regression(model_name_or_path, model_type, *, normalize_reward=False, device_map=None,
-                                    **ignored) -> nn.Module:
+def get_llm_for_sequence_regression(model_name_or_path, model_type, *, normalize_reward=False, **ignored) -> nn.Module:
     assert model_type == "reward", f"this loader serves reward models only, not {model_type!r}"
     model = AutoModelForSequenceClassification.from_pretrained(
         model_name_or_path, dtype=torch.float32, attn_implementation="sdpa")
     model.config.use_cache = False
-    if device_map == "auto" and torch.cuda.is_available():
-        model = model.to("cuda")
     logger.info(f"loaded {type(model).__name__} in float32 (sdpa), {torch.get_num_threads()} torch threads; "
                 f"not used: {sorted(ignored)}")
     return RewardHead(model, normalize_reward)
