@@ -183,8 +183,11 @@ class RewardStack:
         started = time.time()
         results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
         embeddings: list[dict[str, list[Embedding]]] = [{} for _ in parsed]
+        order = [n for n in (*REWARD_MODELS, *MASKS) if n in self.scorers]
+        up_next = dict(zip(order, order[1:]))  # a swapped model's copy starts beside the pass before it
         for name in REWARD_MODELS:
             if name in self.scorers:
+                self.memory.expect(up_next.get(name))
                 for sent, view, res in zip(parsed, views, results):
                     request = ScoreRequest(view.prompt, view.completions, view.name)
                     res[name] = _mark_cut(self.run_scorer(name, request), _cut(sent, limit, mask=False))
@@ -192,6 +195,7 @@ class RewardStack:
             scorer = self.scorers.get(name)
             if scorer is None:
                 continue
+            self.memory.expect(up_next.get(name))
             for sent, view, res, emb in zip(parsed, views, results, embeddings):
                 request = ScoreRequest(view.resolved()["base_prompt"], view.completions, view.name)
                 cut = _cut(sent, limit, mask=True)
