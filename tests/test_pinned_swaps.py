@@ -3,7 +3,7 @@ a GPU is present (marked `gpu`, skipped cleanly on CPU; scripts/gpu-check.sh's c
 
 What they pin down: the weights that arrive are the weights that left, bit for bit, whether the
 pass waits for the copy through `ensure` or the copy was started beside another pass (`prefetch`);
-the host copies are pinned and kept; the CPU placement of the same models moves nothing.
+the host copies are pinned and kept, in the bytes the plan counts for them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rewardstack._memory import Placement
-from rewardstack._memory.pinned import PinnedSwapper, module_tensors
+from rewardstack._memory.pinned import PinnedSwapper, module_tensors, pinned_footprint, tensor_bytes
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,7 +37,7 @@ def test_round_trip_keeps_the_weights_and_pins_the_host_copies() -> None:
     assert all(torch.equal(t.cpu(), e) for t, e in zip(module_tensors(m), expected))
     sw.to_host(m)
     assert all(t.device.type == "cpu" and t.is_pinned() for t in module_tensors(m))
-    assert sw.pinned_bytes() == sum(e.numel() * e.element_size() for e in expected)
+    assert sw.pinned_bytes() == pinned_footprint(tensor_bytes(m)) >= sum(e.numel() * e.element_size() for e in expected)
     # A module first seen on the device is copied down into new pinned buffers.
     g = _model(2).cuda()
     want = [t.detach().cpu() for t in module_tensors(g)]
@@ -72,7 +72,8 @@ def test_copy_beside_a_running_pass_gives_the_pass_the_right_weights() -> None:
             assert torch.allclose(mods["b"](xc).cpu(), want["b"], atol=1e-5)
             assert torch.allclose(out_a.cpu(), want["a"], atol=1e-5)
             del busy, big
-    assert p.device_bytes() <= int(2.5 * size) and p.host_bytes() == (2 * size, 0)
+    assert p.device_bytes() <= int(2.5 * size) and p.host_bytes() == (2 * pinned_footprint(tensor_bytes(mods["b"])), 0)
+    assert p.swapper.pinned_bytes() == p.host_bytes()[0]  # the plan's host line is what was pinned
     torch.cuda.synchronize()
 
 

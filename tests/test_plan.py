@@ -216,8 +216,12 @@ def _card_with_weight_budget(cfg, weights_budget: int) -> int:  # noqa: ANN001
 
 def test_host_memory_line_counts_pinned_swap_copies_and_host_models(tmp_path: Path) -> None:
     """The plan's host line: swapped models' weights kept pinned on the host (a module a resident
-    model shares stays on the card, so it is not pinned), models placed on the host as pageable."""
+    model shares stays on the card, so it is not pinned), each model's copies in slabs that torch's
+    pinned allocator rounds up to a power of two; models placed on the host as pageable."""
     from rewardstack._planning.plan import format_plan
+
+    def pinned(n: int) -> int:  # one slab under 1 GiB per model: rounded up to a power of two
+        return 1 << (n - 1).bit_length()
 
     cfg = load_config(_tiny_stack(tmp_path))
     cfg.memory_budget = 1 * GIB
@@ -229,14 +233,14 @@ def test_host_memory_line_counts_pinned_swap_copies_and_host_models(tmp_path: Pa
     tight = plan_stack(cfg, _card_with_weight_budget(cfg, int(0.9 * big.weights_bytes)))
     where = {p.name: p.where for p in tight.models}
     assert where["dpo_reward_model"] == where["relevance_filter[1]"] == "swap" and where["diversity_reward_model"] == "resident"
-    assert tight.host_pinned_bytes == w["dpo_reward_model"] + w["relevance_filter[0]"]
+    assert tight.host_pinned_bytes == pinned(w["dpo_reward_model"]) + pinned(w["relevance_filter[0]"]) == 72 * 1024**2
     assert tight.host_pageable_bytes == 0
     # A weight budget smaller than DPO: DPO is placed on the host (pageable), the rest swap or stay.
     host = plan_stack(cfg, _card_with_weight_budget(cfg, 30 * 1024**2))
     where = {p.name: p.where for p in host.models}
     assert where["dpo_reward_model"] == "cpu" and where["rlhf_reward_model"] == "swap"
     assert host.host_pageable_bytes == w["dpo_reward_model"]
-    assert host.host_pinned_bytes == w["rlhf_reward_model"] + w["relevance_filter[0]"]
+    assert host.host_pinned_bytes == pinned(w["rlhf_reward_model"]) + pinned(w["relevance_filter[0]"])
     line = next(x for x in format_plan(host).splitlines() if x.startswith("host memory: "))
     assert line.startswith(f"host memory: {host.host_pinned_bytes / GIB:.2f} GiB pinned")
     assert f"{host.host_pageable_bytes / GIB:.2f} GiB pageable" in line

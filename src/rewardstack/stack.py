@@ -43,7 +43,7 @@ class RewardStack:
     """A configured set of reward models and masks with their persistent state."""
 
     def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True,
-                 recalibrate: bool = False) -> None:
+                 recalibrate: bool = False, models: ModelCache | None = None) -> None:
         from rewardstack._quiet import silence_moot_warnings
 
         silence_moot_warnings()  # e.g. transformers' "longer than the maximum": the scorers cut inputs themselves
@@ -54,7 +54,9 @@ class RewardStack:
         own_memory = memory is None
         # Reads the card's free memory before any model loads; finds the calibration cache.
         self.memory = memory if memory is not None else MemoryManager.for_config(config, recalibrate=recalibrate)
-        self.models = ModelCache(self.device)  # loads on the host: placement moves what stays resident
+        # Loads on the host (placement moves what stays resident); `models`: one holding models built
+        # elsewhere (`ModelCache.adopt`).
+        self.models = models if models is not None else ModelCache(self.device)
         self.runtime = Runtime(device=self.device, memory=self.memory, models=self.models)
         self.scorers: dict[str, Scorer] = {}
         from rewardstack._quiet import no_progress_bars

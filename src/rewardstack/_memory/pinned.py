@@ -9,12 +9,46 @@ tensors back at their host copies: weights are never written, so nothing is copi
 
 Pageable `.to()`, the stack's move before this, ran 0.5-6 GB/s on an H200 and blocks the host; a
 pinned copy on a side stream ran 52-55 GB/s there (docs/GPU.md). The pinned bytes are host memory
-that the OS cannot page out: `rewardstack plan` counts them (`Placement.host_bytes`).
+that the OS cannot page out: `rewardstack plan` counts them (`Placement.host_bytes`). torch's pinned
+allocator rounds every allocation up to a power of two (a 117 MB projection would take 128 MiB),
+so a module's copies are packed into slabs of `SLAB` bytes (`slab_layout`), and the plan counts
+the slabs as the allocator rounds them (`pinned_footprint`).
 """
 
 from __future__ import annotations
 
 import torch
+
+SLAB = 1 << 30
+"""Bytes of one pinned slab (a power of two: the allocator rounds nothing of a full one)."""
+ALIGN = 512
+"""Each copy's offset in its slab is a multiple of this (any dtype's alignment)."""
+
+
+def slab_layout(sizes: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Tensors of `sizes` bytes packed first-fit into slabs of `SLAB` bytes (one larger than a slab
+    alone in its own): each slab's bytes, and each tensor's (slab, offset)."""
+    used: list[int] = []
+    where: list[tuple[int, int]] = []
+    for n in sizes:
+        n = -(-n // ALIGN) * ALIGN
+        k = next((i for i, u in enumerate(used) if u + n <= SLAB), len(used))
+        if k == len(used):
+            used.append(0)
+        where.append((k, used[k]))
+        used[k] += n
+    return used, where
+
+
+def pinned_footprint(sizes: list[int]) -> int:
+    """Host bytes the pinned copies of tensors of `sizes` bytes take: their slabs, each rounded up
+    to a power of two as torch's pinned allocator rounds it."""
+    return sum(1 << max(0, (u - 1).bit_length()) for u in slab_layout(sizes)[0] if u)
+
+
+def tensor_bytes(module: torch.nn.Module) -> list[int]:
+    """Bytes of each distinct tensor of `module` (meta tensors included: the plan's)."""
+    return [t.numel() * t.element_size() for t in module_tensors(module)]
 
 
 def module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -38,27 +72,35 @@ class PinnedSwapper:  # pragma: no cover - CUDA-only (tests/test_pinned_swaps.py
         self.stream = torch.cuda.Stream(self.device)
         self._host: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # id(module) -> (tensor, pinned copy)
         self._events: dict[int, torch.cuda.Event] = {}  # id(module) -> its pending copy's end
+        self._slab_bytes = 0
 
     def pinned_bytes(self) -> int:
-        """Bytes of pinned host copies held."""
-        return sum(h.untyped_storage().nbytes() for pairs in self._host.values() for _, h in pairs)
+        """Host bytes of the pinned slabs this swapper allocated (as the allocator rounds them)."""
+        return self._slab_bytes
 
     def pin(self, module: torch.nn.Module) -> None:
-        """Give every tensor of `module` a pinned host copy (once). A host tensor is pinned in place;
-        one on the device is copied down into a new pinned buffer (and stays on the device)."""
+        """Give every tensor of `module` a pinned host copy (once), packed in slabs: a host tensor
+        then points at its copy; one on the device is copied down and stays on the device. Tensors
+        pinned already (by another swapper) are their own copies."""
         if id(module) in self._host:
             return
+        tensors = module_tensors(module)
+        if all(t.device.type == "cpu" and t.is_pinned() for t in tensors):
+            self._host[id(module)] = [(t, t.data) for t in tensors]
+            return
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        used, where = slab_layout(sizes)
+        slabs = [torch.empty(u, dtype=torch.uint8, pin_memory=True) for u in used]
+        self._slab_bytes += pinned_footprint(sizes)
         pairs = []
-        for t in module_tensors(module):
-            if t.device.type == "cpu":
-                if not t.is_pinned():
-                    t.data = t.data.pin_memory()
-                pairs.append((t, t.data))
-            else:
-                host = torch.empty_like(t.data, device="cpu", pin_memory=True)
-                host.copy_(t.data, non_blocking=True)
-                pairs.append((t, host))
+        for t, n, (k, offset) in zip(tensors, sizes, where):
+            host = slabs[k][offset:offset + n].view(t.dtype).view(t.shape)
+            host.copy_(t.data, non_blocking=True)
+            pairs.append((t, host))
         torch.cuda.current_stream(self.device).synchronize()  # the copies down are complete
+        for t, host in pairs:
+            if t.device.type == "cpu":
+                t.data = host
         self._host[id(module)] = pairs
 
     def to_device(self, module: torch.nn.Module, *, wait: bool = True) -> None:

@@ -39,7 +39,7 @@ from typing import Callable, Iterator, Literal
 import torch
 
 from rewardstack._memory.budget import weights_bytes
-from rewardstack._memory.pinned import PinnedSwapper
+from rewardstack._memory.pinned import PinnedSwapper, pinned_footprint, tensor_bytes
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -193,12 +193,14 @@ class Placement:
         return set().union(*swapped) - self._resident_ids()
 
     def host_bytes(self) -> tuple[int, int]:
-        """(pinned, pageable) host bytes of the plan: the swapped models' weights, whose pinned host
-        copies stay while they are on the device too (with `PinnedSwapper`; pageable `.to()` holds
-        them only while they are off it), and the models placed on the host."""
+        """(pinned, pageable) host bytes of the plan: the swapped models' pinned copies, which stay
+        while they are on the device too, in the slabs `PinnedSwapper` packs them in (as the pinned
+        allocator rounds those); and the weights of the models placed on the host. (With pageable
+        `.to()` swaps the swapped weights are on the host only while off the device.)"""
         pinned = self._swap_ids()
         on_host = set().union(*(self._ids(n) for n, d in self.decisions.items() if d.where == "cpu"))
-        return self._bytes_of(pinned), self._bytes_of(on_host - pinned - self._resident_ids())
+        footprint = sum(pinned_footprint(tensor_bytes(self._mods[i])) for i in pinned)
+        return footprint, self._bytes_of(on_host - pinned - self._resident_ids())
 
     def _apply(self) -> None:
         """Put resident models on the device and the others on the host."""
