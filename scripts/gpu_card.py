@@ -432,15 +432,17 @@ def step_three(run: Run, first: torch.nn.Module, items: list[str], per_pass: int
         where = {n: stack.memory.placement.decisions[f"rewards.{n}"].where for n in names}
         print(f"    capped at {card / GIB:.2f} GiB: {where}", flush=True)
         assert list(where.values()) == ["resident", "swap", "swap"], where
-        swaps0 = stack.memory.placement.swaps
+        placement = stack.memory.placement
+        swaps0, early0 = placement.swaps, placement.prefetches
         swapping, tokens2 = rounds(run, stack, names, items, hint=True)
-        swaps = stack.memory.placement.swaps - swaps0
-        ratio = resident / swapping
+        swaps, early = placement.swaps - swaps0, placement.prefetches - early0
+        ratio = (tokens2 / swapping) / (tokens / resident)
         run.judge("three", f"3 x {weights / GIB:.2f} GiB models, 2 rounds of {len(items)} requests each: all resident "
-                  f"{tokens / resident:,.0f} tokens/s; capped to two, {swaps} pinned swaps (next copy started "
-                  f"beside the current pass) {tokens2 / swapping:,.0f} tokens/s = {ratio:.2f}x",
-                  None if run.rehearse else ratio >= 0.8,
-                  ">= 0.8x all resident (sanity, set here; the issue sets no goal)", ratio=ratio, swaps=swaps)
+                  f"{tokens / resident:,.0f} tokens/s; capped to two, {swaps} swaps ({early} started beside the "
+                  f"pass before) {tokens2 / swapping:,.0f} tokens/s = {ratio:.2f}x",
+                  None if run.rehearse else ratio >= 0.8 and early > 0,
+                  ">= 0.8x all resident, copies started early (sanity, set here; the issue sets no goal)",
+                  ratio=ratio, swaps=swaps, prefetches=early)
         rows = [stack.scorers["rewards.rm_a"].encode(t, "query")[0] for t in items]
         overlap(run, stack, names, static_passes(run, rows, stack.scorers["rewards.rm_a"].pad_id, per_pass))
         del stack

@@ -175,7 +175,7 @@ def test_prefetch_evicts_for_the_next_model_but_never_the_busy_one() -> None:
     assert p.prefetch("b", busy="c") is False  # only c's slot: b would evict the model running
     assert p.where("c") == p.device and p.swaps == 1
     assert p.prefetch("b", busy="a") is True  # a resident model runs: c's slot is free to take
-    assert p.where("b") == p.device and p.where("c") == p.host and (p.swaps, p.evictions) == (2, 1)
+    assert p.where("b") == p.device and p.where("c") == p.host and (p.swaps, p.evictions, p.prefetches) == (2, 1, 1)
     p.ensure("b")  # the prefetched model is in: no second swap
     assert p.swaps == 2 and p.device_bytes() <= 9 * MiB
     assert p.prefetch("b", busy="a") is False and p.prefetch("a") is False  # in already; resident

@@ -63,14 +63,14 @@ def test_copy_beside_a_running_pass_gives_the_pass_the_right_weights() -> None:
     with torch.inference_mode():
         for _ in range(3):
             p.ensure("c")
-            assert torch.allclose(mods["c"](xc).cpu(), want["c"], atol=1e-5)
+            assert torch.allclose(mods["c"](xc).cpu(), want["c"], rtol=1e-3, atol=1e-4)
             big = torch.randn(4096, 4096, device="cuda")
-            busy = [big @ big for _ in range(8)]  # a long pass queued on the current stream
-            assert p.prefetch("b", busy="a")
+            assert p.prefetch("b", busy="a")  # c out, b's copy under way on the side stream
+            busy = [big @ big for _ in range(8)]  # a long pass queued beside the copy
             out_a = mods["a"](xc)
             p.ensure("b")
-            assert torch.allclose(mods["b"](xc).cpu(), want["b"], atol=1e-5)
-            assert torch.allclose(out_a.cpu(), want["a"], atol=1e-5)
+            assert torch.allclose(mods["b"](xc).cpu(), want["b"], rtol=1e-3, atol=1e-4)
+            assert torch.allclose(out_a.cpu(), want["a"], rtol=1e-3, atol=1e-4)
             del busy, big
     assert p.device_bytes() <= int(2.5 * size) and p.host_bytes() == (2 * pinned_footprint(tensor_bytes(mods["b"])), 0)
     assert p.swapper.pinned_bytes() == p.host_bytes()[0]  # the plan's host line is what was pinned

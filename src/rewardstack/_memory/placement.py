@@ -112,6 +112,7 @@ class Placement:
         self._lru: OrderedDict[str, None] = OrderedDict()  # swapped-in models, least recent first
         self.swaps = 0
         self.evictions = 0
+        self.prefetches = 0  # swaps (counted in `swaps`) that `prefetch` started beside another pass
         self.on_move: Callable[[PlacementMove], None] | None = None
         """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
 
@@ -269,6 +270,7 @@ class Placement:
         if not fits:
             return False
         self._swap_in(name, victims, "prefetch")
+        self.prefetches += 1
         return True
 
     def _victims(self, need: set[int], spare: set[str]) -> tuple[list[str], bool]:
