@@ -35,6 +35,7 @@ class ModelCache:
         self.device = device
         self._models: dict[tuple, torch.nn.Module] = {}
         self._tokenizers: dict[tuple, Any] = {}
+        self._adopted: dict[tuple[str, str, str], torch.nn.Module] = {}
 
     def tokenizer(self, path: str, *, revision: str | None = None, **kwargs: Any) -> Any:
         """An AutoTokenizer for `path`, loaded once."""
@@ -62,6 +63,8 @@ class ModelCache:
         The model is not moved to the device: placement moves the models that stay resident.
         """
         name = loader.__name__
+        if (path, name, dtype) in self._adopted:
+            return self._adopted[(path, name, dtype)]
         key = (path, name, dtype, revision, tuple(sorted(kwargs.items())))
         if key not in self._models:
             try:
@@ -73,6 +76,14 @@ class ModelCache:
             self._models[key] = model
             log.info("loaded %s from %s (%s) on the host; placement moves it to %s if resident", name, path, dtype, self.device)
         return self._models[key]
+
+    def adopt(self, path: str, loader: Callable[..., torch.nn.Module] | type, model: torch.nn.Module, *,
+              dtype: str = "float32") -> None:
+        """Serve `model`, built in this process, wherever `loader` would load `path` in `dtype` (the
+        folder then needs its config and tokenizer only): scripts/gpu_card.py serves an 8B model
+        built on the card with random weights, which writing and reading back would not fit a
+        lease. Placement moves it as any loaded model."""
+        self._adopted[(path, loader.__name__, dtype)] = model.eval().requires_grad_(False)
 
     def pretrained(self, path: str, loader: Callable[..., torch.nn.Module] | type, *, dtype: str = "float32",
                    revision: str | None = None, tokenizer_options: Mapping[str, Any] | None = None,
