@@ -15,7 +15,9 @@ stand-in weights:
    relevance and diversity on the real all-mpnet-base-v2, DPO on SmolLM2-135M, each against its
    floor, and memory against length); `--real-only` runs just these and rewrites just their section;
 7. the trainer routes (`bench.trainers`): 64 one-sample `/get_reward` clients batched against one
-   request at a time, a validator's step latency alone and while they send, telemetry on and off.
+   request at a time, a validator's step latency alone and while they send, telemetry on and off;
+8. a trainer's burst (`bench.burst`): 4,096 simultaneous one-sample requests on `rewardstack serve`,
+   on Ray Serve with 1 and 2 replicas and on OpenRLHF's serve_rm.py: drain time, peak RSS, refusals.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
@@ -39,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench import causal, curves, fullstack, prediction, results, trainers
+from bench import burst, causal, curves, fullstack, prediction, results, trainers
 from bench.common import MiB, own_home
 from rewardstack._replay.synthetic import heavy_tailed_steps
 
@@ -171,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             trainer_lines = ["trainer routes: not run in --smoke (`python -m bench.trainers`)"]
         else:
             trainer_lines = trainers.measure(*((16, 2, 3, 1) if q else (64, 6, 12, 3)), standins=root / "standins")
+        stage("a trainer's burst: rewardstack serve, Ray Serve with 1 and 2 replicas, serve_rm.py")
+        if smoke:  # four servers, two of them on a Ray started for the row
+            burst_lines = ["burst: not run in --smoke (`python -m bench.burst`)"]
+        else:
+            burst_lines = burst.measure(256 if q else 4096, device=args.device.split(":")[0])
 
     # -- the table -------------------------------------------------------------------------------
     say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
@@ -237,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         say(line)
     say()
     for line in trainer_lines:
+        say(line)
+    say()
+    for line in burst_lines:
         say(line)
     wall = time.perf_counter() - t_all
     say(f"bench wall time {wall / 60:.1f} min")
