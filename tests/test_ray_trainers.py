@@ -172,6 +172,23 @@ def test_a_burst_of_4096_one_sample_requests_is_answered_whole(served: Any, rese
     print(f"burst of {BURST} on Serve (2 replicas): drained in {drained:.1f}s")  # -s shows it
 
 
+def test_serve_bounds_carry_the_burst_and_accept_autoscaling() -> None:
+    """The replicas' Serve options (no cluster needed): a replica takes two trainer batches, never
+    more than its lane holds; the proxy holds the rest, then answers 503 (verl resends no 4xx)."""
+    from rewardstack._distributed.serve import MAX_QUEUED_REQUESTS, ScoringReplica, deployment_options
+    from rewardstack._settings import ServiceSettings
+
+    settings = ServiceSettings()
+    opts = deployment_options(settings, replicas=2)
+    assert opts["max_ongoing_requests"] == 2 * settings.stateless_batch <= settings.stateless_queue
+    assert 2 * opts["max_ongoing_requests"] + MAX_QUEUED_REQUESTS >= BURST and opts["num_replicas"] == 2
+    assert opts["backpressure_config"] == {"status_code": 503, "retry_after_s": 1}
+    small = deployment_options(ServiceSettings(stateless_batch=8, stateless_queue=10), replicas=1, max_replicas=4)
+    assert small["max_ongoing_requests"] == 10 and "num_replicas" not in small
+    assert small["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+    serve.deployment(ScoringReplica, **small)  # Serve accepts them as they are
+
+
 def test_a_replica_killed_mid_burst_costs_a_resend_never_a_reward(served: Any, resends: list[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import trainer_clients

@@ -24,6 +24,9 @@ the ten event names), scored by the trainer routes only. A config with `[rewards
 Relative local paths are resolved against the config file's folder. A config that states no
 `state_dir` keeps its state in its own folder of rewardstack's home (`rewardstack._paths`:
 `$REWARDSTACK_HOME/<stem>-<hash>/state`), not in whatever folder the command runs from.
+
+`build_config` is the one place a command's model flags (`--reward-model PATH_OR_HUB_ID@REV`,
+`--dtype`, `--max-length`, ...) become `[rewards.<name>]` tables, alone or over a file's.
 """
 
 from __future__ import annotations

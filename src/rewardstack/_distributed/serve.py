@@ -1,14 +1,20 @@
-"""The scoring service on Ray Serve: stateless replicas, one state actor per namespace.
+"""The scoring service and the trainer routes on Ray Serve: stateless replicas behind one proxy,
+one state actor per namespace.
 
-Same request and response as `rewardstack serve` (`POST /v1/score`: a step plus optional
-`namespace` and `sequence`; out the event line `score` writes plus the `sequence` it was applied
-as; errors `{"error": {"message", "type", "field"}}`), with the same limits and sequence rules, but
-the two halves of the stack run in different processes:
+The routes of `rewardstack serve`, declared once (service/app.py's `routes`, service/trainers.py's
+`router`): the trainer routes (`/get_reward`, `/classify`, `/v1/models`, `/health`) and `POST
+/v1/score` (a step plus optional `namespace` and `sequence`; out the event line `score` writes plus
+the `sequence` it was applied as; errors `{"error": {"message", "type", "field"}}`), with the same
+limits and sequence rules, but spread over processes:
 
-- **Replicas** (a Serve deployment, `num_gpus` each) load the stack once and run only its stateless
-  part (`RewardStack.forward_many`, batched over concurrent requests with `serve.batch`). They
-  hold no validator state, so Serve may route any request to any replica and a replica that dies
-  loses nothing.
+- **Replicas** (a Serve deployment, `num_gpus` each) each run the service's worker: the stack
+  loaded once under the replica's own memory plan, and the trainer lane batching the requests this
+  replica receives. `/v1/score` runs only the stack's stateless part here (`RewardStack.forward_many`,
+  batched over concurrent requests with `serve.batch`) under the device lock the lane's batches
+  take. Replicas hold no validator state, so Serve may route any request to any replica and a
+  replica that dies loses nothing. Serve's own bounds hold a burst (`deployment_options`): at most
+  `max_ongoing_requests` per replica, the rest waiting at the proxy up to `max_queued_requests`,
+  then 503 with Retry-After.
 - **Namespace state actors**: each namespace's `RewardState` (normalizers, blacklist, diversity
   history, committed sequence number, the last 64 results and the writer session that fences an
   old client) lives in one named, detached Ray actor. It runs on one event-loop thread and applies steps strictly in sequence order: a step whose
@@ -18,10 +24,10 @@ the two halves of the stack run in different processes:
   service's one-writer `StateLock`) before answering. Ray restarts a dead state actor from
   that file. On a multi-node cluster the state folder must be shared storage (checked).
 
-A request whose replica dies mid-flight can fail at the HTTP proxy; a client retrying with the same
-sequence number gets either the stored result (the state actor committed it) or a fresh scoring
-(it did not): never a step applied twice. Without a sequence number there is no such protection,
-as in `rewardstack serve`.
+A request whose replica dies mid-flight fails at the HTTP proxy: a trainer's client resends it (a
+retry, never a lost reward); a validator retrying with the same sequence number gets either the
+stored result (the state actor committed it) or a fresh scoring (it did not): never a step applied
+twice. Without a sequence number there is no such protection, as in `rewardstack serve`.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -177,7 +184,9 @@ class ScoringReplica:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        logging.getLogger("rewardstack").setLevel(logging.INFO)  # loading n of N, calibrating: the replica's log
+        if not logging.getLogger().handlers:  # the replica's stderr is its Ray log: which model loads (n of N), calibrating
+            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        logging.getLogger("rewardstack").setLevel(logging.INFO)
         self.config = config
         self.settings = settings
         self.access = Access(dict(token_hashes))
