@@ -20,6 +20,8 @@ stand-in weights:
    model, chat texts of 100-500+ tokens) against OpenRLHF's own serve_rm.py and the model's floor,
    three shapes, and a validator under a trainer flood; `--trainer-floor-only` runs just these and
    rewrites just their section.
+9. a trainer's burst (`bench.burst`): 4,096 simultaneous one-sample requests on `rewardstack serve`,
+   on Ray Serve with 1 and 2 replicas and on OpenRLHF's serve_rm.py: drain time, peak RSS, refusals.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
@@ -44,7 +46,7 @@ from typing import Any
 
 import torch
 
-from bench import causal, curves, fullstack, prediction, results, trainer_floor, trainers
+from bench import burst, causal, curves, fullstack, prediction, results, trainer_floor, trainers
 from bench.common import MiB, own_home
 from tests.soak.synthetic import heavy_tailed_steps
 
@@ -186,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             quick = {"clients": 16, "multi_size": 16, "big": 32, "flood_clients": 8, "steps": 6} if q else {}
             trainer_lines += [""] + _trainer_floor_lines(64 if q else 512, 1 if q else 3, standins=root / "standins",
                                                          **quick)
+        stage("a trainer's burst: rewardstack serve, Ray Serve with 1 and 2 replicas, serve_rm.py")
+        if smoke:  # four servers, two of them on a Ray started for the row
+            burst_lines = ["burst: not run in --smoke (`python -m bench.burst`)"]
+        else:
+            burst_lines = burst.measure(256 if q else 4096, device=args.device.split(":")[0])
 
     # -- the table -------------------------------------------------------------------------------
     say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
@@ -252,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         say(line)
     say()
     for line in trainer_lines:
+        say(line)
+    say()
+    for line in burst_lines:
         say(line)
     wall = time.perf_counter() - t_all
     say(f"bench wall time {wall / 60:.1f} min")

@@ -47,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_FIRST = (
     "test_dpo.py", "test_soak.py", "test_real_dpo.py", "test_stack_memory.py", "test_validator_service.py",
     "test_real_mpnet.py", "test_bench.py", "test_gpu_rehearsal.py", "test_adversarial.py", "test_blocked_attention.py",
-    "test_ray_rescore.py", "test_ray_serve.py", "test_plan.py", "test_service_lifecycle.py", "test_replay_pathological.py",
+    "test_ray_rescore.py", "test_ray_serve.py", "test_ray_trainers.py", "test_plan.py", "test_service_lifecycle.py",
+    "test_replay_pathological.py",
     "test_prediction.py",
 )
 

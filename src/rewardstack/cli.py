@@ -4,6 +4,8 @@
     rewardstack demo [--dir DIR]
     rewardstack make-standins DIR
     rewardstack serve --config C [--host 127.0.0.1] [--port 8000]
+    rewardstack serve --reward-model PATH_OR_HUB_ID@REV [--dtype D] [--max-length N] [--port 8000]
+    rewardstack plan --reward-model PATH_OR_HUB_ID@REV --device-memory 80GiB
     rewardstack config --explain | --config C
     rewardstack download --config C
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rewardstack._argtypes import positive_int
+from rewardstack._modelflags import add_model_flags
 from rewardstack._models import DTYPES
 from rewardstack import _paths as paths
 
@@ -230,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_parsers(sub)
 
     pl = sub.add_parser("plan", help="will this stack fit a card of this size? (configs only, no weights, no GPU)")
-    pl.add_argument("--config", default=None, help="stack config (default: the shipped default stack)")
+    pl.add_argument("--config", default=None, help="stack config (default: the shipped default stack, or only "
+                    "the --reward-model models)")
+    add_model_flags(pl, dtype=False, device=False)  # plan's --dtype sets every model's, the [rewards.*] ones included
     pl.add_argument("--device-memory", default=None,
                     help="the card's memory, e.g. 24GiB, 40GiB, 80GiB (default: the config's [memory] device_memory)")
     pl.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="run every model in this dtype")

@@ -62,8 +62,9 @@ class RewardStack:
         from rewardstack._quiet import no_progress_bars
 
         with self.memory.deferred_calibration(), no_progress_bars():  # place, then load onto the card, then profile
-            for cfg in config.active_models():
-                log.info("building %s", cfg.name)
+            active = config.active_models()
+            for i, cfg in enumerate(active, 1):
+                log.info("loading %s (%d of %d): %s", cfg.name, i, len(active), cfg.path or ", ".join(cfg.paths) or "rules")
                 self.memory.describe_model(cfg)
                 self.scorers[cfg.name] = build_scorer(cfg, self.runtime)
         for name, scorer in self.scorers.items():

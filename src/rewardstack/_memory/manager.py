@@ -339,6 +339,8 @@ class MemoryManager:
         if self.placement is None and self._registered:
             self.place(None)  # no setup (a manager handed in): every model resident, moved there now
         pending, self._pending = self._pending or [], None
+        if pending:
+            log.info("calibrating %d model(s): each one's memory cost, profiled or read from the cache", len(pending))
         from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
 
         bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)

@@ -314,13 +314,16 @@ def cmd_plan(args: Any) -> int:
     architecture and dtype; `--no-cache`: none), so a second plan takes about a second."""
     from importlib import resources
 
-    from rewardstack.config import load_config
+    from rewardstack.config import build_config
+    from rewardstack._modelflags import model_flags
     from rewardstack._paths import plan_cache
     from rewardstack._settings import parse_bytes
 
     size = parse_bytes(args.device_memory, key="--device-memory") if args.device_memory else None
     S.use_disk_cache(None if args.no_cache else plan_cache())
-    cfg = load_config(args.config or str(resources.files("rewardstack") / "configs" / "default.toml"))
+    flags = {**model_flags(args), "dtype": None}  # plan_stack applies --dtype to every model
+    default = None if flags["reward_models"] else str(resources.files("rewardstack") / "configs" / "default.toml")
+    cfg = build_config(args.config or default, **flags)
     size = size or cfg.memory.device_memory
     if size is None:
         raise ConfigError("--device-memory", "give the card's size (e.g. 40GiB) or set [memory] device_memory")

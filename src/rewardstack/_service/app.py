@@ -70,9 +70,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
                recalibrate: bool = False) -> FastAPI:
     """The FastAPI app; its lifespan starts the worker (models load in the worker's thread, profiled
     again with `recalibrate` instead of reading saved cost models and tuned settings)."""
-    worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
-                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
-                              lane=Lane(settings), recalibrate=recalibrate)
+    worker = worker or service_worker(config, settings, recalibrate=recalibrate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,12 +81,26 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
 
     app = http_app(Service(worker, config, settings), settings, access, title="rewardstack", lifespan=lifespan,
                    description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
-    app.state.worker, app.state.config, app.state.settings = worker, config, settings
     app.state.metrics = service_metrics()
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
     app.add_api_route("/metrics", metrics_route, summary="Prometheus metrics", responses=error_responses(401))
-    app.include_router(trainers.router)  # /get_reward, /classify: docs/TRAINERS.md
+    add_trainer_routes(app, worker, config, settings)
     return app
+
+
+def service_worker(config: StackConfig, settings: ServiceSettings, *, lane: Lane | None = None,
+                   recalibrate: bool = False) -> Worker:
+    """The scoring worker of `rewardstack serve` (and of each Ray Serve replica), sized by `[service]`."""
+    return Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
+                  max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
+                  lane=lane if lane is not None else Lane(settings), recalibrate=recalibrate)
+
+
+def add_trainer_routes(app: FastAPI, worker: Worker, config: StackConfig, settings: ServiceSettings) -> None:
+    """The trainer routes (/get_reward, /classify, /v1/models, /health: docs/TRAINERS.md), answered
+    by `worker`'s lane; `rewardstack serve` and the Ray Serve replicas both add them."""
+    app.state.worker, app.state.config, app.state.settings = worker, config, settings
+    app.include_router(trainers.router)
 
 
 def http_app(server: Any, settings: ServiceSettings, access: Access, **fastapi: Any) -> FastAPI:
