@@ -15,7 +15,9 @@ stand-in weights:
    relevance and diversity on the real all-mpnet-base-v2, DPO on SmolLM2-135M, each against its
    floor, and memory against length); `--real-only` runs just these and rewrites just their section;
 7. the trainer routes (`bench.trainers`): 64 one-sample `/get_reward` clients batched against one
-   request at a time, a validator's step latency alone and while they send, telemetry on and off.
+   request at a time, a validator's step latency alone and while they send, telemetry on and off;
+8. calibration under load (`bench.calibration`): a realistic reward model's pass size timed while
+   every core is busy, then scoring on the quiet machine against a quiet calibration.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
@@ -39,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench import causal, curves, fullstack, prediction, results, trainers
+from bench import calibration, causal, curves, fullstack, prediction, results, trainers
 from bench.common import MiB, own_home
 from rewardstack._replay.synthetic import heavy_tailed_steps
 
@@ -171,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             trainer_lines = ["trainer routes: not run in --smoke (`python -m bench.trainers`)"]
         else:
             trainer_lines = trainers.measure(*((16, 2, 3, 1) if q else (64, 6, 12, 3)), standins=root / "standins")
+        stage("calibration under load: timed with every core busy, then scoring on the quiet machine")
+        if smoke:  # busy-loop processes on every core: not in the suite's run
+            calibration_lines = ["calibration under load: not run in --smoke (`python -m bench.calibration`)"]
+        else:
+            calibration_lines = calibration.measure(64, 1, tiny=True) if q else calibration.measure()
 
     # -- the table -------------------------------------------------------------------------------
     say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
@@ -237,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         say(line)
     say()
     for line in trainer_lines:
+        say(line)
+    say()
+    for line in calibration_lines:
         say(line)
     wall = time.perf_counter() - t_all
     say(f"bench wall time {wall / 60:.1f} min")

@@ -34,7 +34,7 @@ def offline_config_text() -> str:
 TINY_PASS_TOKENS = 8192
 """Tokens per encoder pass in the tiny stack: 16 windows of 512, the accelerator default
 (`rewardstack._scorers.encoding.default_pass_tokens`), so passes are few and the memory budget, not
-the CPU tuning of one window, bounds them; a tiny model's pass costs its fixed op overhead."""
+the CPU tuning, bounds them; a tiny model's pass costs its fixed op overhead."""
 
 
 def standin_builder(name: str) -> Callable[[Path], dict[str, Any]] | None:
