@@ -54,9 +54,10 @@ def _build_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = save_tokenizer(folder, 512, input_names=DECODER_INPUTS)
-    config = LlamaConfig(vocab_size=len(tok), max_position_embeddings=512, num_key_value_heads=shape["num_attention_heads"],
-                         pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
-                         num_labels=1, torch_dtype="float32", **shape)
+    config = LlamaConfig(vocab_size=len(tok), max_position_embeddings=512,
+                         num_key_value_heads=shape["num_attention_heads"], pad_token_id=tok.pad_token_id,
+                         bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, num_labels=1,
+                         **shape)  # float32: the default, and the `[rewards]` table's dtype
     torch.manual_seed(seed)
     LlamaForSequenceClassification(config).save_pretrained(str(folder), safe_serialization=True)
     return folder
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.calibration", description=__doc__.splitlines()[0])
     ap.add_argument("--texts", type=int, default=256, help="texts scored per round")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved scoring rounds")
-    ap.add_argument("--smoke", action="store_true", help="a 1-layer model, 16 short texts, one round (figures mean nothing)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a 1-layer model, 16 short texts, one round (figures mean nothing)")
     args = ap.parse_args(argv)
     lines = measure(16, 1, tiny=True) if args.smoke else measure(args.texts, args.rounds)
     for line in lines:

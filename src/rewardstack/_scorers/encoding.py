@@ -208,9 +208,10 @@ def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, plan: int 
     slower by `SLOWER_BY` in every round and in the best round of each (`_slower`), and only a
     re-check, timed afresh, makes that a halving. So a burst of load during one pass, or a load
     that slows both sizes alike, keeps the plan's size; a pass never drops below a quarter of the
-    plan nor below one window (a 64-token model keeps 64 rows a pass: no halving changes that). Small models gain from wide passes (per-pass overhead);
-    larger ones may not (activations fall out of cache: the MiniLM encoders ran 30-50% slower at
-    8 windows than at 1-2, docs/LOG.md 2026-11-30).
+    plan nor below one window (a 64-token model keeps 64 rows a pass: no halving changes that).
+    Small models gain from wide passes (per-pass overhead); larger ones may not (activations fall
+    out of cache: the MiniLM encoders ran 30-50% slower at 8 windows than at 1-2, docs/LOG.md
+    2026-11-30).
     """
     chosen = plan or default_pass_tokens(max_length, torch.device("cpu"))
     width = max(8, max_length // 2)
