@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -33,51 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from bench.common import own_home
 
 TARGET_RATIO = 0.9
 NAME = "realistic"
-REALISTIC = {"num_hidden_layers": 6, "hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 6}
-TINY = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2}
 GROUPS_PER_CALL = 64
-
-
-# TODO(merge): use bench.realistic (build_model, chat_texts) once it is on this branch.
-def _build_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
-    """A LlamaForSequenceClassification of `shape` (num_labels=1, float32, a 512-token bound) over
-    the packaged BERT tokenizer, built from a config and saved with `save_pretrained`."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    from rewardstack._standins.tokenizer import DECODER_INPUTS, save_tokenizer
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = save_tokenizer(folder, 512, input_names=DECODER_INPUTS)
-    config = LlamaConfig(vocab_size=len(tok), max_position_embeddings=512,
-                         num_key_value_heads=shape["num_attention_heads"], pad_token_id=tok.pad_token_id,
-                         bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, num_labels=1,
-                         **shape)  # float32: the default, and the `[rewards]` table's dtype
-    torch.manual_seed(seed)
-    LlamaForSequenceClassification(config).save_pretrained(str(folder), safe_serialization=True)
-    return folder
-
-
-def _chat_texts(folder: Path, n: int, low: int, high: int, seed: int = 0) -> list[str]:
-    """`n` user/assistant texts of `low` to `high` tokens of the model's tokenizer (most short: the
-    length's share of the range is a uniform draw squared, median about a quarter of the way)."""
-    from transformers import AutoTokenizer
-
-    from rewardstack._replay.synthetic import text
-
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        tokens = low + int((high - low) * rng.random() ** 2)
-        ids = tok(f"user: question {i}? assistant: " + text(rng, 8 * tokens), add_special_tokens=False)["input_ids"]
-        out.append(tok.decode(ids[: tokens - 2]))  # the tokenizer adds two special tokens back
-    return out
 
 
 def _config(folder: Path, model: Path) -> Path:
@@ -133,11 +93,12 @@ def measure(n_texts: int = 256, rounds: int = 3, *, tiny: bool = False) -> list[
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    shape, (low, high) = (TINY, (20, 60)) if tiny else (REALISTIC, (100, 500))
+    from bench import realistic
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        model = _build_model(root / "model", shape)
-        texts = _chat_texts(model, n_texts, low, high)
+        model = realistic.build_model(root / "model", shape=realistic.TINY if tiny else None)
+        texts = realistic.chat_texts(n_texts)
         config = _config(root / "cfg", model)
         quiet, q_info = _stack(config, root / "home-quiet")
         procs = _busy_cores()

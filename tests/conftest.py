@@ -47,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_FIRST = (
     "test_dpo.py", "test_soak.py", "test_real_dpo.py", "test_stack_memory.py", "test_validator_service.py",
     "test_real_mpnet.py", "test_bench.py", "test_gpu_rehearsal.py", "test_adversarial.py", "test_blocked_attention.py",
-    "test_ray_rescore.py", "test_ray_serve.py", "test_plan.py", "test_service_lifecycle.py", "test_replay_pathological.py",
+    "test_ray_rescore.py", "test_ray_serve.py", "test_ray_trainers.py", "test_plan.py", "test_service_lifecycle.py",
+    "test_replay_pathological.py",
     "test_prediction.py",
 )
 
@@ -130,8 +131,8 @@ def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 @pytest.fixture(scope="session")
 def tiny_standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    """The tiny stand-in stack (`make-standins --tiny`), built once per test session; returns its folder."""
-    from rewardstack._standins import make_tiny_standins
+    """The tiny stand-in stack (`tests/soak/tiny.py`), built once per test session; returns its folder."""
+    from tests.soak.tiny import make_tiny_standins
 
     root = tmp_path_factory.mktemp("tiny_standins")
     make_tiny_standins(root)

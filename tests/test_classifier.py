@@ -12,7 +12,7 @@ import pytest
 from encoder_fixtures import close, config, make_runtime, random_texts, ref_nsfw, ref_openassistant, standin_root
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._scorers.classifier import build_nsfw, build_openassistant
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 PROMPT = "Summarize the text about the validator network and its reward models, über naïve 東京."
 

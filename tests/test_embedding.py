@@ -16,7 +16,7 @@ from encoder_fixtures import (
 )
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._scorers.embedding import build_diversity, build_relevance
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 BASE = "The validator network scores miners with reward models; über naïve café 東京 data memory."
 

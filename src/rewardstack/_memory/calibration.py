@@ -56,7 +56,7 @@ from rewardstack._models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
 
-FORMAT = 7  # a cache of another format is read as empty (the start profiles again); docs/LOG.md has the history
+FORMAT = 7  # a cache of another format is read as empty (the start profiles again); CHANGELOG.md says when it changed
 CHECKPOINT_FILES = (".safetensors", ".bin", ".pt", ".json")  # what a fit depends on in a checkpoint folder
 QUIET_SHARE = 0.8
 """Least share of the wall time the measuring thread must run on a core for a timing to count as

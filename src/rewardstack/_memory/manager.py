@@ -135,7 +135,7 @@ class MemoryManager:
         self.budget_bytes = budget_bytes
         self.margin = margin
         self.injector = injector
-        """Raises OOMs inside passes on purpose (the soak's `replay.faults.FaultInjector`; None: none)."""
+        """Raises OOMs inside passes on purpose (the soak's `FaultInjector`, tests/soak/faults.py; None: none)."""
         self.cost_models: dict[str, CostModel] = {}
         # The last OOM_LOG_SIZE records; `ooms_total` counts every one.
         self.oom_log: deque[OomRecord] = deque(maxlen=OOM_LOG_SIZE)
@@ -157,6 +157,7 @@ class MemoryManager:
         self.profile_runs: dict[str, Callable[[int, int], Any]] = {}  # the run each fit measured
         self._pending: list[tuple[str, Callable[[], CostModel]]] | None = None  # inside `deferred_calibration`
         self._registered: dict[str, tuple[list[torch.nn.Module], bool]] = {}
+        self._expected: str | None = None  # the model that runs next (`expect`)
         simulated = self.device.type != "cuda"  # the tracker is the device off CUDA
         self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulated else None
 
@@ -217,6 +218,21 @@ class MemoryManager:
         for name, (mods, cpu_ok) in self._registered.items():
             self.placement.register(name, mods, cpu_ok=cpu_ok)
         return self.placement.plan()
+
+    def expect(self, name: str | None) -> None:
+        """Say which model runs after the next one: with pinned swaps on a card, the next `run` starts
+        its swap-in on a side stream once its own model is on the card, so the copy overlaps that
+        model's passes (`Placement.prefetch`). Elsewhere (CPU, pageable moves) nothing changes."""
+        self._expected = name
+
+    def _prefetch_expected(self, owner: str) -> None:
+        """Start the expected model's swap-in beside `owner`'s passes (once per `expect`)."""
+        name, self._expected = self._expected, None
+        p = self.placement
+        if name is None or p is None or p.swapper is None or owner not in p.names():
+            return
+        if owner_of(name) != owner and owner_of(name) in p.names():  # pragma: no cover - CUDA-only
+            p.prefetch(owner_of(name), busy=owner)
 
     def device_for(self, name: str) -> torch.device:
         """The device `name`'s forward runs on now (the host if placement put it on CPU)."""
@@ -324,6 +340,8 @@ class MemoryManager:
         if self.placement is None and self._registered:
             self.place(None)  # no setup (a manager handed in): every model resident, moved there now
         pending, self._pending = self._pending or [], None
+        if pending:
+            log.info("calibrating %d model(s): each one's memory cost, profiled or read from the cache", len(pending))
         from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
 
         bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
@@ -481,6 +499,7 @@ class MemoryManager:
             # A run named `model[k]` (one of a scorer's several models) is placed with its scorer.
             owner = owner_of(name)
             on_host = self._bring_in(owner)
+            self._prefetch_expected(owner)
             cost = self.cost_model(cost_of or name)
             if prepare is not None:
                 prepare_batches(name, prepare, device=self.device, on_host=on_host, tracker=self.tracker)

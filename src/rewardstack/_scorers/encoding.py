@@ -157,7 +157,7 @@ def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, 
     (`calibration.CpuShare`). The profiled shapes reach the cap with batches of short inputs: the
     planner admits no shape wider than the widest profiled, so a grid of batches up to 4 held
     every pass of short inputs to 4 rows, and on a small model the per-pass overhead then cost
-    2-3x the floor (docs/LOG.md, 2026-11-30).
+    2-3x the floor (2026-11-30).
     """
     runtime, model, max_length, pass_tokens = owner.runtime, owner.model, owner.max_length, owner.max_tokens
     if owner.name in runtime.memory.cost_models:
@@ -210,8 +210,7 @@ def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, plan: int 
     that slows both sizes alike, keeps the plan's size; a pass never drops below a quarter of the
     plan nor below one window (a 64-token model keeps 64 rows a pass: no halving changes that).
     Small models gain from wide passes (per-pass overhead); larger ones may not (activations fall
-    out of cache: the MiniLM encoders ran 30-50% slower at 8 windows than at 1-2, docs/LOG.md
-    2026-11-30).
+    out of cache: the MiniLM encoders ran 30-50% slower at 8 windows than at 1-2, 2026-11-30).
     """
     chosen = plan or default_pass_tokens(max_length, torch.device("cpu"))
     width = max(8, max_length // 2)
