@@ -22,6 +22,8 @@ stand-in weights:
    rewrites just their section.
 9. a trainer's burst (`bench.burst`): 4,096 simultaneous one-sample requests on `rewardstack serve`,
    on Ray Serve with 1 and 2 replicas and on OpenRLHF's serve_rm.py: drain time, peak RSS, refusals.
+10. calibration under load (`bench.calibration`): a realistic reward model's pass size timed while
+   every core is busy, then scoring on the quiet machine against a quiet calibration.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
 only to `--out` (a temporary folder by default), never over the committed results. `--smoke` is the
@@ -46,7 +48,7 @@ from typing import Any
 
 import torch
 
-from bench import burst, causal, curves, fullstack, prediction, results, trainer_floor, trainers
+from bench import burst, calibration, causal, curves, fullstack, prediction, results, trainer_floor, trainers
 from bench.common import MiB, own_home
 from tests.soak.synthetic import heavy_tailed_steps
 
@@ -193,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             burst_lines = ["burst: not run in --smoke (`python -m bench.burst`)"]
         else:
             burst_lines = burst.measure(256 if q else 4096, device=args.device.split(":")[0])
+        stage("calibration under load: timed with every core busy, then scoring on the quiet machine")
+        if smoke:  # busy-loop processes on every core: not in the suite's run
+            calibration_lines = ["calibration under load: not run in --smoke (`python -m bench.calibration`)"]
+        else:
+            calibration_lines = calibration.measure(64, 1, tiny=True) if q else calibration.measure()
 
     # -- the table -------------------------------------------------------------------------------
     say(f"rewardstack benchmark, {dt.date.today().isoformat()}; {results.machine()}")
@@ -262,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         say(line)
     say()
     for line in burst_lines:
+    for line in calibration_lines:
         say(line)
     wall = time.perf_counter() - t_all
     say(f"bench wall time {wall / 60:.1f} min")

@@ -87,6 +87,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_HOME.pop("path"), ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quiet_machine():  # noqa: ANN201
+    """The load signal of calibration reads quiet (`calibration.CpuShare`: the timing thread's CPU
+    time counts as its wall time): the suite's machine is shared, and a tuning timed busy is timed
+    again at the next start that finds the machine quiet, so a restart's cache hit would depend on
+    other processes' load. Tests of that signal hand in their own CPU clock."""
+    from rewardstack._memory import calibration
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibration, "cpu_clock", calibration.wall_clock)
+        yield
+
+
 def use_builder(monkeypatch: pytest.MonkeyPatch, name: str, builder: str) -> None:
     """Build model `name` with `builder` ("module:function") for this test (the registry's entry)."""
     monkeypatch.setitem(models.BY_NAME, name, dataclasses.replace(models.BY_NAME[name], builder=builder, standin=None))

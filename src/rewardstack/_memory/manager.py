@@ -49,8 +49,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from rewardstack._memory.budget import Budget, Card, weights_bytes
-from rewardstack._memory.calibration import (CalibrationCache, Profile, ProfileRecord, cache_path_for, calibration_key,
-                                             checkpoint_identity, measure_peak, no_budget)
+from rewardstack._memory.calibration import (CalibrationCache, CpuShare, Profile, ProfileRecord, cache_path_for,
+                                             calibration_key, checkpoint_identity, machine_quiet, measure_peak,
+                                             no_budget)
 from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches, profile
 from rewardstack._memory.device import MemorySnapshot, TensorBytesTracker
 from rewardstack._memory.guard import Forward, OomRecord, Outcome, cpu_fallback, prepare_batches, run_guarded, where_run
@@ -367,20 +368,14 @@ class MemoryManager:
         self.profile_runs[name] = request.run
         key = calibration_key(request, self.model_keys, self.tracker is not None, self.device)
         entry = cache.get(key) if (cache is not None and key is not None) else None
-        if entry is not None:
+        if entry is not None and not self._retime(request, entry):
             cost = CostModel.from_dict(entry["cost"])
             if request.apply is not None:
                 request.apply(dict(entry.get("settings", {})))
             log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
             return cost
         started = time.perf_counter()
-        settings: dict[str, Any] = {}
-        if request.tune is not None:  # timing passes, not a scoring pass: the budget does not bound them
-            # Timed as the passes will run: on the simulated device every aten op also pays the
-            # tracker's dispatch (~10 us), which an untracked timing leaves out, so it would favour
-            # small chunks that cost many more ops a step.
-            with torch.inference_mode(), no_budget(self.tracker, enter=True):
-                settings = request.tune()
+        settings, timing = self._tune(request)
         if request.apply is not None:
             request.apply(dict(settings))
         shapes = request.grid(settings)
@@ -393,8 +388,42 @@ class MemoryManager:
         self.calibration_seconds += seconds
         self._publish("profiled", ProfileRecord(name, owner_of(name), began, seconds, len(shapes)))
         if cache is not None and key is not None:
-            cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
+            cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings, "timing": timing})
         return cost
+
+    def _tune(self, request: Profile) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The profile's tuned settings and how quiet the machine was while they were timed (on
+        CPU; None: nothing timed, or timed on a card, where the host's load is not what is timed).
+        Timed busy, the profile's `planned` settings are kept (`calibration.CpuShare`)."""
+        if request.tune is None:
+            return {}, None
+        # Timing passes, not a scoring pass: the budget does not bound them. Timed as the passes
+        # will run: on the simulated device every aten op also pays the tracker's dispatch (~10 us),
+        # which an untracked timing leaves out, so it would favour small chunks that cost many
+        # more ops a step.
+        with torch.inference_mode(), no_budget(self.tracker, enter=True), CpuShare() as meter:
+            settings = request.tune()
+        if self.device.type == "cuda":
+            return settings, None
+        if not meter.quiet:
+            kept = f"{settings} kept" if request.planned is None else f"the plan's {request.planned} kept" + (
+                f", not the measured {settings}" if settings != request.planned else "")
+            log.warning("%s: timed on a busy machine (the timing thread ran %.0f%% of the time): %s; timed again "
+                        "at a start that finds the machine quiet", request.name, 100 * meter.share, kept)
+            settings = dict(request.planned) if request.planned is not None else settings
+        return settings, meter.record()
+
+    def _retime(self, request: Profile, entry: dict[str, Any]) -> bool:
+        """Whether a cached entry's tuned settings are timed again: they were timed on a busy
+        machine and this one is quiet now (`calibration.machine_quiet`)."""
+        timing = entry.get("timing")
+        if request.tune is None or not isinstance(timing, dict) or timing.get("quiet", True):
+            return False
+        if not machine_quiet():
+            return False
+        log.info("%s: its settings were timed on a busy machine (the timing thread ran %.0f%% of the time) "
+                 "and this one is quiet: timing them again", request.name, 100 * float(timing.get("cpu_share", 0)))
+        return True
 
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
         """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
