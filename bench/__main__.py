@@ -16,7 +16,15 @@ stand-in weights:
    floor, and memory against length); `--real-only` runs just these and rewrites just their section;
 7. the trainer routes (`bench.trainers`): 64 one-sample `/get_reward` clients batched against one
    request at a time, a validator's step latency alone and while they send, telemetry on and off;
-8. the same input, the same reward (`bench.invariance`): MKL's strict mode and fixed-shape passes
+8. the trainer routes on a realistic reward model (`bench.trainer_floor`: a Llama-architecture
+   model, chat texts of 100-500+ tokens) against OpenRLHF's own serve_rm.py and the model's floor,
+   three shapes, and a validator under a trainer flood; `--trainer-floor-only` runs just these and
+   rewrites just their section.
+9. a trainer's burst (`bench.burst`): 4,096 simultaneous one-sample requests on `rewardstack serve`,
+   on Ray Serve with 1 and 2 replicas and on OpenRLHF's serve_rm.py: drain time, peak RSS, refusals.
+10. calibration under load (`bench.calibration`): a realistic reward model's pass size timed while
+   every core is busy, then scoring on the quiet machine against a quiet calibration.
+11. the same input, the same reward (`bench.invariance`): MKL's strict mode and fixed-shape passes
    against neither, on a realistic Llama reward model, for three trainer shapes.
 It prints the table, marks each target met or not, and writes `bench/RESULTS.md` with three PNG
 plots (`bench/results/`). `--quick` runs every row on tiny shapes in about two minutes and writes
@@ -38,12 +46,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from bench import causal, curves, fullstack, invariance, prediction, results, trainers
+from bench import burst, calibration, causal, curves, fullstack, invariance, prediction, results, trainer_floor, trainers
 from bench.common import MiB, own_home
-from rewardstack._replay.synthetic import heavy_tailed_steps
+from tests.soak.synthetic import heavy_tailed_steps
 
 HERE = Path(__file__).resolve().parent
 TARGET_FLOOR = 1.2
@@ -103,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--uptime-steps", type=int, default=400, help="short steps for the memory-at-rest curve")
     ap.add_argument("--real-only", action="store_true",
                     help="only the rows on the real checkpoints (bench.real), written into their section of RESULTS.md")
+    ap.add_argument("--trainer-floor-only", action="store_true",
+                    help="only the trainer routes on the realistic reward model (bench.trainer_floor), written into "
+                         "their section of RESULTS.md")
     args = ap.parse_args(argv)
-    if args.real_only:
-        return _real_only(Path(args.out) if args.out else HERE)
+    if args.real_only or args.trainer_floor_only:
+        return _section_only(Path(args.out) if args.out else HERE, "real" if args.real_only else "trainer-floor")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -173,6 +185,23 @@ def main(argv: list[str] | None = None) -> int:
             trainer_lines = ["trainer routes: not run in --smoke (`python -m bench.trainers`)"]
         else:
             trainer_lines = trainers.measure(*((16, 2, 3, 1) if q else (64, 6, 12, 3)), standins=root / "standins")
+        stage("trainer routes on a realistic reward model: rewardstack, OpenRLHF's serve_rm.py, the floor")
+        if smoke:  # three servers and the realistic model: tests/test_bench.py runs the section alone, tiny
+            trainer_lines += ["", "realistic reward model: not run in --smoke (`python -m bench --trainer-floor-only`)"]
+        else:
+            quick = {"clients": 16, "multi_size": 16, "big": 32, "flood_clients": 8, "steps": 6} if q else {}
+            trainer_lines += [""] + _trainer_floor_lines(64 if q else 512, 1 if q else 3, standins=root / "standins",
+                                                         **quick)
+        stage("a trainer's burst: rewardstack serve, Ray Serve with 1 and 2 replicas, serve_rm.py")
+        if smoke:  # four servers, two of them on a Ray started for the row
+            burst_lines = ["burst: not run in --smoke (`python -m bench.burst`)"]
+        else:
+            burst_lines = burst.measure(256 if q else 4096, device=args.device.split(":")[0])
+        stage("calibration under load: timed with every core busy, then scoring on the quiet machine")
+        if smoke:  # busy-loop processes on every core: not in the suite's run
+            calibration_lines = ["calibration under load: not run in --smoke (`python -m bench.calibration`)"]
+        else:
+            calibration_lines = calibration.measure(64, 1, tiny=True) if q else calibration.measure()
         stage("the same input, the same reward: strict mode and fixed shapes against neither")
         if smoke:  # four servers of a realistic model: minutes the suite's smoke run does not spend
             invariance_lines = ["the same input, the same reward: not run in --smoke (`python -m bench.invariance`)"]
@@ -246,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in trainer_lines:
         say(line)
     say()
+    for line in burst_lines:
+        say(line)
+    say()
+    for line in calibration_lines:
+        say(line)
+    say()
     for line in invariance_lines:
         say(line)
     wall = time.perf_counter() - t_all
@@ -291,42 +326,52 @@ def _real_lines(repeats: int, n_steps: int | None = None, *, smoke: bool = False
         return [f"real checkpoints: not run ({e})"]
 
 
-REAL_BEGIN, REAL_END = "<!-- real -->", "<!-- /real -->"
+SECTIONS = {"real": ("Real checkpoints", "--real-only"),
+            "trainer-floor": ("Trainer routes on a realistic reward model", "--trainer-floor-only")}
+"""The sections a flag runs alone and writes into RESULTS.md between `<!-- key -->` and `<!-- /key -->`."""
 
 
-def _real_only(out_dir: Path) -> int:
-    """`--real-only`: print bench.real's rows and put them in RESULTS.md's real section."""
+def _trainer_floor_lines(*args: Any, **kwargs: Any) -> list[str]:
+    """bench.trainer_floor's rows, or one line saying why they did not run (no real tokenizer fetched)."""
+    from bench.realmodels import RealModelsError
+
+    try:
+        return trainer_floor.measure(*args, **kwargs)
+    except RealModelsError as e:
+        return [f"realistic reward model: not run ({e})"]
+
+
+def _section_only(out_dir: Path, key: str) -> int:
+    """`--real-only` (bench.real's rows) or `--trainer-floor-only` (bench.trainer_floor's): print the
+    rows and put them in their section of RESULTS.md."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     logging.disable(logging.WARNING)
     t = time.perf_counter()
-    lines = [f"rewardstack benchmark, real checkpoints, {dt.date.today().isoformat()}; {results.machine()}",
-             *_real_lines(2)]
+    title, flag = SECTIONS[key]
+    lines = [f"rewardstack benchmark, {title[0].lower() + title[1:]}, {dt.date.today().isoformat()}; {results.machine()}",
+             *(_real_lines(2) if key == "real" else _trainer_floor_lines())]
     lines.append(f"wall time {(time.perf_counter() - t) / 60:.1f} min")
     for line in lines:
         print(line, flush=True)
     path = out_dir / "RESULTS.md"
     old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    section = _real_section(lines)
-    if REAL_BEGIN in old and REAL_END in old:
-        head, rest = old.split(REAL_BEGIN, 1)
-        new = head + section + rest.split(REAL_END, 1)[1]
+    begin, end = f"<!-- {key} -->", f"<!-- /{key} -->"
+    section = "\n".join([begin, f"## {title}", "", f"From `python -m bench {flag}` (or the full run); the table as printed:",
+                         "", "```", *lines, "```", end])
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + section + rest.split(end, 1)[1]
     elif "<!-- reading -->" in old:
         head, rest = old.split("<!-- reading -->", 1)
         new = head + section + "\n\n<!-- reading -->" + rest
     else:
         new = old.rstrip() + "\n\n" + section + "\n"
     path.write_text(new, encoding="utf-8")
-    print(f"\nwrote the real rows into {path}")
+    print(f"\nwrote the {key} rows into {path}")
     return 0
-
-
-def _real_section(lines: list[str]) -> str:
-    return "\n".join([REAL_BEGIN, "## Real checkpoints", "",
-                      "From `python -m bench --real-only` (or the full run); the table as printed:", "",
-                      "```", *lines, "```", REAL_END])
 
 
 def _write_markdown(path: Path, lines: list[str], quick: bool, *, smoke: bool = False) -> None:

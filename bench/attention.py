@@ -1,7 +1,7 @@
 """Benchmark: DPO on the BTLM-like stand-ins, blocked attention against the model's own, one run.
 
 Run: `.venv/bin/python -m bench.attention [--quick] [--out FILE]`. Two BTLM-like remote-code
-stand-ins (`rewardstack._standin_btlm`): the tiny CI one (2 layers, width 64, 4 heads) and a
+stand-ins (`rewardstack._planning.btlm`): the tiny CI one (2 layers, width 64, 4 heads) and a
 proportioned one (4 layers, width 256, 4 heads, so attention is a real share of the pass). Each is
 loaded once by the DPO scorer with its own attention (`attention = "own"`); then each shape runs
 with the model's own attention and, after `attention.install` (the load-time replacement, probe

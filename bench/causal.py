@@ -41,7 +41,7 @@ from rewardstack._scorers import dahoas, dpo, judge, reciprocate
 from rewardstack._scorers.base import Runtime, ScoreRequest
 from rewardstack._scorers.loading import ModelCache
 from rewardstack._standins import make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin
-from rewardstack._replay.synthetic import Step, heavy_tailed_steps, text
+from tests.soak.synthetic import Step, heavy_tailed_steps, text
 
 
 def runtime(tracked: bool) -> Runtime:

@@ -24,7 +24,7 @@ from bench.common import peak_of, timed
 from rewardstack._memory import TensorBytesTracker
 from rewardstack._scorers.base import ScoreRequest
 from rewardstack.stack import RewardStack, Step
-from rewardstack._replay.synthetic import heavy_tailed_lengths, text
+from tests.soak.synthetic import heavy_tailed_lengths, text
 
 LENGTHS = (500, 2_000, 8_000, 32_000, 100_000)
 # Largest completion (characters) whose reference is run for real per model: beyond it the

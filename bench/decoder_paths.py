@@ -28,7 +28,7 @@ from rewardstack._scorers import dpo, kvcache, reciprocate
 from rewardstack._scorers.base import Runtime, ScoreRequest
 from rewardstack._scorers.loading import ModelCache
 from rewardstack._standins import make_btlm_checkpoint, make_dpo_standin, make_reciprocate_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 
 def _runtime() -> Runtime:

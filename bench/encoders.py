@@ -36,7 +36,7 @@ from encoder_fixtures import (
 from rewardstack._scorers import classifier, embedding
 from rewardstack._scorers.base import ScoreRequest
 from rewardstack._standins import make_reciprocate_standin
-from rewardstack._replay.synthetic import Step, heavy_tailed_steps, text
+from tests.soak.synthetic import Step, heavy_tailed_steps, text
 
 ORDER = ("rlhf_reward_model", "reciprocate_reward_model", "relevance_filter", "diversity_reward_model", "nsfw_filter")
 

@@ -182,3 +182,30 @@ def dpo(sc: Any, steps: list[Step]) -> tuple[float, float]:
     groups, n_rows = dpo_inputs(sc, steps)
     t_body = timed(lambda: floor_body(sc.body, groups))
     return t_body, head_matmul(sc.logit_head, n_rows, sc.chunks.chunk)
+
+
+def static_batches(model: torch.nn.Module, rows: list[list[int]], pad_id: int, batch: int) -> tuple[float, list[float]]:
+    """The plain forward over pre-tokenized `rows` sorted by length into static batches of `batch`
+    rows (right padding): its seconds, and each row's first logit in the order given. The trainer
+    routes' floor (`bench.trainer_floor`): what serving a sequence-classification reward model must
+    at least spend, with no server, tokenizer or scheduler around it."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    batches = []
+    for k in range(0, len(order), batch):
+        group = order[k:k + batch]
+        width = max(len(rows[i]) for i in group)
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for j, i in enumerate(group):
+            ids[j, :len(rows[i])] = torch.tensor(rows[i])
+            mask[j, :len(rows[i])] = 1
+        batches.append((group, ids, mask))
+    scores = [0.0] * len(rows)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        outs = [model(input_ids=ids, attention_mask=mask).logits[:, 0] for _, ids, mask in batches]
+    seconds = time.perf_counter() - t
+    for (group, _, _), out in zip(batches, outs):
+        for i, v in zip(group, out.tolist()):
+            scores[i] = v
+    return seconds, scores

@@ -53,13 +53,14 @@ class StackTimes:
 
 
 TINY = False
-"""`python -m bench --smoke` sets this: the tiny stand-ins (`make-standins --tiny`: the same families
+"""`python -m bench --smoke` sets this: the tiny stand-ins (`tests/soak/tiny.py`: the same families
 and code paths at hidden size 16) instead of the standard ones, so every row runs in seconds."""
 
 
 def build_stack(root: Path, *, device: str = "cpu", extra: dict[str, Any] | None = None) -> RewardStack:
     """The stand-in default stack under `root` (stand-ins built once), with a fresh state dir."""
-    from rewardstack._standins import make_standins, make_tiny_standins
+    from rewardstack._standins import make_standins
+    from tests.soak.tiny import make_tiny_standins
 
     cfg = load_config(make_tiny_standins(root / "standins") if TINY else make_standins(root / "standins"))
     cfg.device = device

@@ -45,22 +45,6 @@ SHAPES = {"64 x 1 sample": (64, 1), "4 x 64 samples": (4, 64), "1 x 256 samples"
 """Trainer shapes: (concurrent clients, samples per request); every shape sends the same texts."""
 
 
-def _build_model(folder: Path, seed: int = 0, *, layers: int = 6, hidden: int = 384, intermediate: int = 1536,
-                 heads: int = 6) -> Path:
-    """The realistic reward model, built from a config and saved with `save_pretrained`."""
-    # TODO(merge): use bench.realistic.build_model
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    from rewardstack._standins.tokenizer import DECODER_INPUTS, save_random, save_tokenizer
-
-    tok = save_tokenizer(folder, 512, input_names=DECODER_INPUTS)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=512, pad_token_id=tok.pad_token_id, num_labels=1)
-    save_random(folder, LlamaForSequenceClassification, config, seed)
-    return folder
-
-
 FAMILIES = ("deberta", "bert", "gpt2", "llama")
 """Reward-model head families: a pooler over the first token (DeBERTa-v2, BERT), a score over the last (GPT-2, Llama)."""
 
@@ -104,12 +88,11 @@ def family_model(folder: Path, family: str, *, hidden: int = 256, intermediate: 
 
 
 def _chat_texts(n: int, seed: int = 0, *, words: tuple[int, int] = (75, 355)) -> list[str]:
-    """`n` chat-shaped prompt+response texts of 100 to 500 BERT tokens."""
-    # TODO(merge): use bench.realistic.chat_texts
-    from rewardstack._replay.synthetic import _WORDS
+    """`n` chat-shaped prompt+response texts of `words` words (the family models' bit counts)."""
+    from bench import realtexts
 
     rng = random.Random(seed)
-    vocab = list(_WORDS)
+    vocab = sorted({w for p in realtexts.passages() for w in p.split()})
     out = []
     for _ in range(n):
         k = rng.randint(*words)
@@ -162,9 +145,10 @@ def measure(rounds: int = 3, n_texts: int = 256, *, quick: bool = False) -> list
     seconds: dict[tuple[str, str], list[float]] = {(s, h): [] for s in SETTINGS for h in shapes}
     with tempfile.TemporaryDirectory(prefix="bench-invariance-") as tmp, own_home(Path(tmp) / "home"):
         root = Path(tmp)
-        sizes = dict(layers=1, hidden=64, intermediate=256, heads=2) if quick else {}
-        model = _build_model(root / "model", **sizes)
-        texts = _chat_texts(n_texts, words=(20, 60) if quick else (75, 355))
+        from bench import realistic
+
+        model = realistic.build_model(root / "model", shape=realistic.TINY if quick else None)
+        texts = realistic.chat_texts(n_texts)
         servers: dict[str, ServerProcess] = {}
         try:
             for name, (env, fixed) in SETTINGS.items():  # the first tunes the pass size in the home, the rest read it
@@ -211,7 +195,7 @@ def _kept_here(folder: Path, dtype: str, fixed: str, n_texts: int) -> dict[str, 
     many kept their alone bits, and what the start-up check found."""
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
-    from rewardstack._service.batching import StatelessJob, score_batch
+    from rewardstack._service.batching import prepare_job, score_now
 
     config = folder / f"bits-{dtype}-{fixed}.toml"
     config.write_text(f'device = "cpu"\nstate_dir = "{folder / "state"}"\n' + "".join(
@@ -221,8 +205,9 @@ def _kept_here(folder: Path, dtype: str, fixed: str, n_texts: int) -> dict[str, 
     texts = _chat_texts(n_texts, seed=53, words=(5, 150))
 
     def score(*groups: list[str]) -> list[dict[str, list[float]]]:
-        jobs = [StatelessJob(g, [f"query[{i}]" for i in range(len(g))], names, time.monotonic() + 600) for g in groups]
-        score_batch(stack, jobs)
+        jobs = [prepare_job(stack, g, [f"query[{i}]" for i in range(len(g))], names, time.monotonic() + 600)
+                for g in groups]
+        score_now(stack, jobs)
         return [j.future.result(timeout=0).scores for j in jobs]
 
     alone = [score([t])[0] for t in texts]

@@ -102,7 +102,7 @@ def full_stack(budget: int = 64 * 1024**2) -> None:
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
     from rewardstack._standins import make_standins
-    from rewardstack._replay.synthetic import heavy_tailed_steps
+    from tests.soak.synthetic import heavy_tailed_steps
 
     steps = heavy_tailed_steps()
     print()
@@ -157,7 +157,7 @@ def huge_completion_row(chars: int = HUGE_CHARS, budget: int | None = None) -> N
     """One completion of `chars` characters through `score` against the same steps without it.
 
     `budget`: an activation budget for every run (None: the stand-ins' config, none on CPU). The
-    64 MiB of the full-stack row gave the same peak RSS and a 7x longer run (docs/LOG.md).
+    64 MiB of the full-stack row gave the same peak RSS and a 7x longer run (2026-12-01).
     """
     extra = f"\nmemory_budget = {budget}" if budget else ""
     import json

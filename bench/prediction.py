@@ -92,7 +92,7 @@ def lines(rows: list[PredictionRow], budget: int | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
-    from rewardstack._replay.synthetic import heavy_tailed_steps
+    from tests.soak.synthetic import heavy_tailed_steps
 
     ap = argparse.ArgumentParser(prog="python -m bench.prediction", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 steps x 6 completions (one of 3,000 characters)")

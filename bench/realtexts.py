@@ -1,6 +1,6 @@
 """A small, varied set of real English (and some other) texts for the real-checkpoint tests and bench.
 
-The random-word workload (`rewardstack._replay.synthetic`) is fine for memory and speed, but a trained model
+The random-word workload (`tests.soak.synthetic`) is fine for memory and speed, but a trained model
 should also see text it was trained on. `bench/real_texts.json` holds four base prompts and 43 short
 hand-written passages (science, validators, gardening, history, everyday notes, code, five other
 languages, one-liners). `completions()` derives 100 completions from them, deterministically: the

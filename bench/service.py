@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
-    from rewardstack._replay.synthetic import heavy_tailed_steps
+    from tests.soak.synthetic import heavy_tailed_steps
 
     tmp = Path(tempfile.mkdtemp(prefix="rewardstack-bench-service-"))
     if args.config:

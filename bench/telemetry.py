@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _steps(n_steps: int, n: int) -> list[dict]:
-    from rewardstack._replay.synthetic import text
+    from tests.soak.synthetic import text
 
     rng = random.Random(0)
     tasks = ["augment", "followup0", "answer0", "followup1", "answer1"]

@@ -6,7 +6,7 @@ DeBERTa-v2 sequence classifier) as a user-named reward model, `[rewards.oa]`. Ro
 
 - batched / one at a time: `--clients` concurrent OpenRLHF-style clients, each sending one-sample
   `POST /get_reward` requests back to back, against the server as configured and against the same
-  server with `service.stateless_batch = 1` (each request its own forward pass); requests/s and
+  server with `service.slice_tokens = 1` (each input its own slice); requests/s and
   latency p50/p99 (goal: batched >= 3x the throughput);
 - mixed: one validator sending `--steps` numbered steps of the stand-in stack alone, then while
   the trainer clients send; the validator's step latency p50/p99 (every step applied once, in order);
@@ -128,7 +128,7 @@ TABLES = ("batching", "mixed", "telemetry")
 
 def _batching(standins: Path, root: Path, clients: int, requests: int, device: str) -> list[str]:
     rows: dict[str, dict[str, Any]] = {}
-    for tag, service in (("batched", ""), ("one at a time", "stateless_batch = 1")):
+    for tag, service in (("batched", ""), ("one at a time", "slice_tokens = 1")):
         config = _config(standins, root, tag.replace(" ", "-"), validators=False, service=service, device=device)
         server = _serve(config, root)
         try:
@@ -210,12 +210,12 @@ def _telemetry_http(standins: Path, root: Path, clients: int, requests: int, rep
 
 def _telemetry_inprocess(standins: Path, root: Path, clients: int, rounds: int, device: str) -> tuple[list[str], float]:
     """The same scoring path in one process, nothing else differing: one loaded stack scores
-    batches of `clients` one-sample trainer jobs (the worker's `score_batch`, as the batched server
+    batches of `clients` one-sample trainer jobs (the worker's `score_now`, as the batched server
     forms them) with a run directory's telemetry (`Telemetry`, as `serve --run-dir` opens it)
     subscribed to the memory layer for the "on" batches only. Off, on and off again take turns
     batch by batch, `rounds` batches each, the order rotating. Returns the lines and the cost
     judged: the median over rounds of on / off CPU time, less 1."""
-    from rewardstack._service.batching import StatelessJob, score_batch
+    from rewardstack._service.batching import prepare_job, score_now
     from rewardstack._telemetry.session import Telemetry
     from rewardstack.stack import RewardStack
 
@@ -224,9 +224,9 @@ def _telemetry_inprocess(standins: Path, root: Path, clients: int, rounds: int, 
     queries = _queries(8 * clients)
 
     def batch(k: int) -> None:
-        jobs = [StatelessJob([q], ["query"], ["rewards.oa"], time.monotonic() + 600)
+        jobs = [prepare_job(stack, [q], ["query[0]"], ["rewards.oa"], time.monotonic() + 600)
                 for q in queries[(k % 8) * clients:(k % 8 + 1) * clients]]
-        score_batch(stack, jobs)
+        score_now(stack, jobs)
         for job in jobs:
             job.future.result()
 

@@ -7,6 +7,9 @@
 # failed threshold, 3 when this python lacks a package (with the list of wheels to carry).
 #   bash scripts/gpu-check.sh                 # on a GPU machine (see docs/GPU.md for the one command)
 #   bash scripts/gpu-check.sh --dry-run       # the CPU parts only (simulate and plan; no GPU)
+#   bash scripts/gpu-check.sh card            # a trainer's card: the pinned-swap path's CUDA tests, then
+#                                             # scripts/gpu_card.py (an 8B reward model served and measured)
+#   bash scripts/gpu-check.sh card --rehearse # the same steps on CPU with tiny dimensions
 #
 # Which python: the machine's own `python3` (or $PYTHON) when it imports a CUDA build of torch that
 # sees a device: no venv, no pip from a registry, the project from this working tree (PYTHONPATH),
@@ -39,9 +42,25 @@ case "$mode" in
 esac
 # The allocator rewardstack sets before CUDA starts (memory/allocator.py), unless one is given.
 export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+card() {
+  # The CUDA tests of the pinned swaps and of the memory layer (skipped without a device; the stand-in
+  # stack's test needs a package the card's image lacks), then the measurements; both always run.
+  local tests=0 run=0
+  "$PY" -m pytest -p no:cacheprovider -q -m gpu tests/test_pinned_swaps.py tests/test_gpu.py \
+    --deselect tests/test_gpu.py::test_stack_on_cuda_plans_batches_that_do_not_oom || tests=$?
+  timeout "${GPU_CHECK_TIMEOUT:-480}" "$PY" scripts/gpu_card.py "$@" || run=$?
+  echo "gpu-check card: CUDA tests exit $tests, measurements exit $run"
+  if [ "$run" -ne 0 ]; then return "$run"; fi
+  if [ "$tests" -ne 0 ]; then return 1; fi
+}
 check() {
   echo "gpu-check: mode $mode, python $PY, $(date -u +%Y-%m-%dT%H:%MZ)"
   "$PY" scripts/gpu_preflight.py || return $?
+  if [ "${1:-}" = card ]; then
+    shift
+    card "$@"
+    return $?
+  fi
   # 8 minutes for the check itself, so one lease (15 minutes) leaves room for a rerun.
   timeout "${GPU_CHECK_TIMEOUT:-480}" "$PY" scripts/gpu_check.py --device-memory "${DEVICE_MEMORY:-40GiB}" "$@"
 }

@@ -8,6 +8,8 @@
 #           python -m bench.trainers --build-standin .bench-standins   # the stand-in the card scores with
 #   card:   run(command="bash scripts/gpu-trainers.sh", carry=[".whl", ".bench-standins"])
 # The card's image has no package index and no stand-in builder's tokenizer package, so both travel.
+# A reward model of a trainer's own size (8B, bfloat16) is measured by `bash scripts/gpu-check.sh card`
+# (scripts/gpu_card.py, docs/GPU.md): against the card's peak and its plain forward, with swaps.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}

@@ -18,6 +18,7 @@ the card's image and the carried wheels (docs/GPU.md).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -29,8 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 
-def build(kind: str, folder: Path) -> Path:
-    """A reward model of `kind` (llama or deberta) with random weights, saved in `folder`."""
+def build(kind: str, folder: Path, *, tiny: bool = False) -> Path:
+    """A reward model of `kind` (llama or deberta) with random weights, saved in `folder` (`tiny`: a
+    llama of 2 layers of 64, for the CPU rehearsal of scripts/gpu_card.py)."""
     import torch
     from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification, LlamaConfig, \
         LlamaForSequenceClassification
@@ -41,8 +43,11 @@ def build(kind: str, folder: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(str(folder))
     torch.manual_seed(5)
     if kind == "llama":
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                          num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=512,
+        dims = ({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2} if tiny else
+                {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
+                 "num_key_value_heads": 8})
+        cfg = LlamaConfig(vocab_size=len(tok), **dims, max_position_embeddings=512,
                           pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
                           num_labels=1)
         model = LlamaForSequenceClassification(cfg)
@@ -66,14 +71,18 @@ def texts(n: int, seed: int) -> list[str]:
             f"{' '.join(rng.choices(words, k=rng.randint(3, 280)))}\n" for _ in range(n)]
 
 
-def measure(kind: str, model: Path, dtype: str, device: str, work: Path) -> dict[str, float]:
-    """Each input alone against in one request and in shuffled company: the largest difference."""
+def measure(kind: str, model: Path, dtype: str, device: str, work: Path,
+            options: dict[str, Any] | None = None) -> dict[str, float]:
+    """Each input alone against in one request and in shuffled company: the largest difference.
+    `options`: the `[rewards.rm.options]` table (scripts/gpu_card.py sets the fixed pass shapes)."""
     from rewardstack.config import load_config
     from rewardstack.stack import RewardStack
 
-    cfg = work / f"{kind}-{dtype}.toml"
+    table = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (options or {}).items())
+    cfg = work / f"{kind}-{dtype}{'-' + '-'.join(map(str, options.values())) if options else ''}.toml"
     cfg.write_text(f'device = "{device}"\nstate_dir = "{work / "state"}"\n\n[rewards.rm]\npath = "{model}"\n'
-                   f'dtype = "{dtype}"\nmax_length = 512\n', encoding="utf-8")
+                   f'dtype = "{dtype}"\nmax_length = 512\n' + (f"\n[rewards.rm.options]\n{table}" if table else ""),
+                   encoding="utf-8")
     stack = RewardStack(load_config(cfg), load_state=False)
     scorer = stack.scorers["rewards.rm"]
     items = texts(64, seed=2)

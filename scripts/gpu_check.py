@@ -9,7 +9,7 @@ larger than 40 GiB: `torch.cuda.set_per_process_memory_fraction` caps this proce
 2. Per model, the scorer's pass at a few shapes (the longest admitted input included): the
    measured peak (torch.cuda.max_memory_allocated above the bytes live before) must be within
    15% of `simulate_peak`'s prediction. [FAIL] otherwise.
-3. A heavy-tailed workload (workload.heavy_tailed_lengths, in tokens) is planned per model with
+3. A heavy-tailed workload (tests/soak/synthetic.py's heavy_tailed_lengths, in tokens) is planned per model with
    the cost model fitted to simulated peaks against the activation budget left on the card, and
    every planned batch runs: zero OOM. [FAIL] on any OOM.
 4. The unbounded reference OpenAssistant call (DeBERTa-v3-large, float32, batch 1): the
@@ -24,7 +24,8 @@ larger than 40 GiB: `torch.cuda.set_per_process_memory_fraction` caps this proce
 7. DPO on the full-size BTLM (blocked attention, installed after its probe on the card) at
    8,192 tokens: no OOM, measured peak within 10% of the simulated one.
 8. The swap time of the largest model swapped on a 24 GiB card: pageable `.to()`, pinned copies on
-   a side stream (`PinnedSwapper`), and that copy overlapped with a DPO pass.
+   a side stream (`rewardstack._memory.pinned.PinnedSwapper`, what placement swaps with on a card),
+   and that copy overlapped with a DPO pass.
 
 Each phase prints its figures as it ends; with $OUT set they are also appended, one JSON object
 a line, to $OUT/gpu-check.jsonl (flushed and synced), so a timeout keeps what was measured.
@@ -53,7 +54,9 @@ from rewardstack._models import resolve, spec
 from rewardstack._memory.costmodel import CostModel, plan_batches
 from rewardstack._planning.plan import plan_weights, scorer_max_batch
 from rewardstack._settings import parse_bytes
-from rewardstack._replay.synthetic import heavy_tailed_lengths
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: the tests' workload
+from tests.soak.synthetic import heavy_tailed_lengths  # noqa: E402
 
 GIB = 1024**3
 TOLERANCE = 0.15
@@ -65,7 +68,7 @@ LAZY_MODULES = [
     "rewardstack._scorers.classifier", "rewardstack._scorers.embedding", "rewardstack._scorers.encoding",
     "rewardstack._scorers.dpo", "rewardstack._scorers.prefix", "rewardstack._memory.guard",
     "rewardstack._memory.placement", "rewardstack._memory.budget", "rewardstack._memory.device",
-    "rewardstack._scorers.attention", "transformers",
+    "rewardstack._scorers.attention", "rewardstack._memory.pinned", "transformers",
 ]
 
 
@@ -353,76 +356,6 @@ def largest_swapped(cfg: Any, card: int) -> tuple[str, int] | None:
     return max(swapped, key=lambda x: x[1]) if swapped else None
 
 
-def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
-    """Each distinct parameter and buffer of `module` (a tied tensor once)."""
-    seen: set[int] = set()
-    out = []
-    for t in list(module.parameters()) + list(module.buffers()):
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return out
-
-
-class PinnedSwapper:  # pragma: no cover - CUDA-only
-    """Moves modules between pinned host copies and a CUDA device on a side stream (phase 8 measures
-    it against the plain `.to()` that the stack's placement swaps with)."""
-
-    def __init__(self, device: torch.device) -> None:
-        if device.type != "cuda":
-            raise ValueError("PinnedSwapper is CUDA-only")
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-        self._host: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._events: dict[int, torch.cuda.Event] = {}
-
-    def pin(self, module: torch.nn.Module) -> None:
-        """Give every host tensor of `module` a pinned copy (once; the module must be on the host)."""
-        if id(module) in self._host:
-            return
-        pairs = []
-        for t in _tensors(module):
-            if t.device.type != "cpu":
-                raise ValueError("pin a module while it is on the host")
-            if not t.is_pinned():
-                t.data = t.data.pin_memory()
-            pairs.append((t, t.data))
-        self._host[id(module)] = pairs
-
-    def to_device(self, module: torch.nn.Module, *, wait: bool = True) -> None:
-        """Copy `module`'s weights onto the device on the side stream; `wait`: the current stream waits."""
-        self.pin(module)
-        with torch.cuda.stream(self.stream):
-            for t, host in self._host[id(module)]:
-                t.data = host.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        self._events[id(module)] = event
-        if wait:
-            self.ready(module)
-
-    def ready(self, module: torch.nn.Module) -> None:
-        """Make the current stream wait for `module`'s copy (a no-op when none is pending)."""
-        event = self._events.pop(id(module), None)
-        if event is None:
-            return
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(event)
-        for t, _ in self._host.get(id(module), []):
-            if t.device.type == "cuda":
-                t.data.record_stream(current)
-
-    def to_host(self, module: torch.nn.Module) -> None:
-        """Point `module`'s tensors back at their pinned host copies (weights are never written)."""
-        self.ready(module)
-        if id(module) not in self._host:  # never swapped in through here: an ordinary move, then pin
-            module.to("cpu")
-            self.pin(module)
-            return
-        for t, host in self._host[id(module)]:
-            t.data = host
-
-
 def check_swap_time(cfg: Any, mods: dict[str, tuple], dry: bool, card: int = 24 * GIB) -> None:
     """8. Swap time of the largest model swapped on a 24 GiB card: plain `.to()` from pageable host
     memory, then from pinned copies on the copy stream (`PinnedSwapper`) alone and overlapped
@@ -436,6 +369,8 @@ def check_swap_time(cfg: Any, mods: dict[str, tuple], dry: bool, card: int = 24 
     if dry or name not in {n.split('[', 1)[0] for n in mods}:
         print("  (would measure: pageable .to(), pinned copy on a side stream, and that copy overlapped with a DPO pass)")
         return
+    from rewardstack._memory.pinned import PinnedSwapper
+
     ms = next(v for k, v in mods.items() if k.split("[", 1)[0] == name)  # pragma: no cover
     sw = PinnedSwapper(torch.device("cuda"))  # pragma: no cover
 

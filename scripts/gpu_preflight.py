@@ -87,17 +87,18 @@ def check_imports() -> list[tuple[str, str]]:
 
 
 def check_project() -> list[tuple[str, str]]:
-    """Import the check and every rewardstack module it loads lazily; a module that needs a package
-    this python lacks is named with that package."""
+    """Import the check's scripts (gpu_check.py, and gpu_card.py of `gpu-check.sh card`) and every
+    module they load lazily; a module that needs a package this python lacks is named with that package."""
     sys.path.insert(0, str(HERE))
     missing: list[tuple[str, str]] = []
-    try:
-        check = importlib.import_module("gpu_check")
-        modules = ["rewardstack", *getattr(check, "LAZY_MODULES", [])]
-    except ImportError as err:
-        dist = missing_distribution(err)
-        print(f"  [missing] scripts/gpu_check.py needs {dist}: {err}", flush=True)
-        return [("gpu_check", dist)]
+    modules = ["rewardstack"]
+    for script in ("gpu_check", "gpu_card"):
+        try:
+            modules += getattr(importlib.import_module(script), "LAZY_MODULES", [])
+        except ImportError as err:
+            dist = missing_distribution(err)
+            print(f"  [missing] scripts/{script}.py needs {dist}: {err}", flush=True)
+            return [(script, dist)]
     for name in modules:
         try:
             importlib.import_module(name)

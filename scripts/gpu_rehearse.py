@@ -8,9 +8,11 @@ wrapper that runs without the environment's own site-packages (`-S`) and with th
 then the check runs through it in the image mode, with pip barred from any index. A module of the
 check that imports a package the image lacks fails here, on CPU, instead of on the card.
 
-    python scripts/gpu_rehearse.py [--drop NAME ...] [--no-carry] [-- ARGS for gpu-check.sh]
+    python scripts/gpu_rehearse.py [--drop NAME ...] [--no-carry] [--card] [-- ARGS for gpu-check.sh]
 
-tests/test_gpu_rehearsal.py runs it in CI.
+`--card` rehearses the card run (`gpu-check.sh card --rehearse`): every step of scripts/gpu_card.py
+on CPU with tiny dimensions, and the CUDA tests it starts with (skipped here).
+tests/test_gpu_rehearsal.py runs both in CI.
 """
 
 from __future__ import annotations
@@ -154,9 +156,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drop", action="append", default=[], help="leave this image package out (to see the check name it)")
     ap.add_argument("--no-carry", action="store_true", help="without the wheels of scripts/gpu-carry.txt")
+    ap.add_argument("--card", action="store_true", help="the card run: gpu-check.sh card --rehearse")
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for gpu-check.sh (after --)")
     a = ap.parse_args()
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
+    rest = ["card", "--rehearse", *rest] if a.card else rest
     done = rehearse(rest, drop=set(a.drop), carry=not a.no_carry)
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)

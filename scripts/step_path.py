@@ -64,9 +64,11 @@ def main(argv: list[str]) -> int:
     from starlette.testclient import TestClient
 
     from rewardstack._service.app import create_app
-    from rewardstack._service.namespaces import Access
-    from rewardstack._standins import make_tiny_standins
+    from rewardstack._service.access import Access
     from rewardstack.config import load_config
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: the tests' tiny stack
+    from tests.soak.tiny import make_tiny_standins
 
     rec = Recorder()
     with tempfile.TemporaryDirectory() as tmp:

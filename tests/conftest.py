@@ -47,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_FIRST = (
     "test_dpo.py", "test_soak.py", "test_real_dpo.py", "test_stack_memory.py", "test_validator_service.py",
     "test_real_mpnet.py", "test_bench.py", "test_gpu_rehearsal.py", "test_adversarial.py", "test_blocked_attention.py",
-    "test_ray_rescore.py", "test_ray_serve.py", "test_plan.py", "test_service_lifecycle.py", "test_replay_pathological.py",
+    "test_ray_rescore.py", "test_ray_serve.py", "test_ray_trainers.py", "test_plan.py", "test_service_lifecycle.py",
+    "test_replay_pathological.py",
     "test_prediction.py",
 )
 
@@ -86,6 +87,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_HOME.pop("path"), ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quiet_machine():  # noqa: ANN201
+    """The load signal of calibration reads quiet (`calibration.CpuShare`: the timing thread's CPU
+    time counts as its wall time): the suite's machine is shared, and a tuning timed busy is timed
+    again at the next start that finds the machine quiet, so a restart's cache hit would depend on
+    other processes' load. Tests of that signal hand in their own CPU clock."""
+    from rewardstack._memory import calibration
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibration, "cpu_clock", calibration.wall_clock)
+        yield
+
+
 def use_builder(monkeypatch: pytest.MonkeyPatch, name: str, builder: str) -> None:
     """Build model `name` with `builder` ("module:function") for this test (the registry's entry)."""
     monkeypatch.setitem(models.BY_NAME, name, dataclasses.replace(models.BY_NAME[name], builder=builder, standin=None))
@@ -117,8 +131,8 @@ def standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 @pytest.fixture(scope="session")
 def tiny_standins(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    """The tiny stand-in stack (`make-standins --tiny`), built once per test session; returns its folder."""
-    from rewardstack._standins import make_tiny_standins
+    """The tiny stand-in stack (`tests/soak/tiny.py`), built once per test session; returns its folder."""
+    from tests.soak.tiny import make_tiny_standins
 
     root = tmp_path_factory.mktemp("tiny_standins")
     make_tiny_standins(root)

@@ -18,7 +18,7 @@ from rewardstack._memory import MemoryManager
 from rewardstack._scorers.base import Runtime
 from rewardstack._scorers.loading import ModelCache
 from rewardstack._standins import make_diversity_standin, make_nsfw_standin, make_openassistant_standin, make_relevance_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 UNICODE = ["", " ", "東京 über naïve", "🙂🙂🙂", "данные λόγος ✓", "a", "\u200b\u00e9"]
 

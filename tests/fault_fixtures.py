@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rewardstack._replay.faults import FaultInjector
+from tests.soak.faults import FaultInjector
 
 
 class CountingInjector(FaultInjector):

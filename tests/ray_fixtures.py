@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from rewardstack.config import StackConfig
-from rewardstack._replay.synthetic import heavy_tailed_steps
+from tests.soak.synthetic import heavy_tailed_steps
 
 ray = pytest.importorskip("ray")
 

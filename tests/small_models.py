@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rewardstack._replay.synthetic import _WORDS
+from tests.soak.synthetic import _WORDS
 
 SPECIALS = ["<|endoftext|>", "<pad>"]
 

@@ -23,7 +23,7 @@ from conftest import standin_config
 from encoder_fixtures import RefDiversity, ref_nsfw, ref_openassistant, ref_relevance_mask, ref_relevance_scores
 from rewardstack._scorers.base import Status
 from rewardstack.stack import RewardStack
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 PROMPT = "Write about the model and its reward."
 BASE = "The model and its reward."

@@ -26,7 +26,7 @@ from rewardstack._memory.device import TensorBytesTracker
 from rewardstack._scorers import attention, dpo
 from rewardstack._scorers.prefix import PrefixRunner
 from rewardstack._standins import make_btlm_checkpoint, make_dpo_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 BOUND = 8192
 TOL = {"float32": 1e-6, "float16": 2e-3}  # float16: docs/SEMANTICS.md's tolerance for scores

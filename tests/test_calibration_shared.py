@@ -16,7 +16,7 @@ import pytest
 from rewardstack import _paths as paths
 from rewardstack.config import load_config
 from rewardstack.stack import RewardStack
-from rewardstack._standins import make_tiny_standins
+from tests.soak.tiny import make_tiny_standins
 
 
 def test_the_same_standins_built_in_two_folders_are_profiled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

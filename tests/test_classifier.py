@@ -12,7 +12,7 @@ import pytest
 from encoder_fixtures import close, config, make_runtime, random_texts, ref_nsfw, ref_openassistant, standin_root
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._scorers.classifier import build_nsfw, build_openassistant
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 PROMPT = "Summarize the text about the validator network and its reward models, über naïve 東京."
 
@@ -100,12 +100,14 @@ def test_long_completion_peak_memory_is_flat(which, request) -> None:  # noqa: A
     scorer = request.getfixturevalue(which)
     rng = random.Random(7)
     mem = scorer.runtime.memory
-    peak = {n: mem.measure(lambda n=n: scorer.score(ScoreRequest(PROMPT, [text(rng, n)]))) for n in (500, 8000, 40_000)}
-    # Flat past the length bound: 40,000 characters cost what 8,000 do (one bounded window) ...
-    assert peak[40_000] <= 1.1 * peak[8000], peak
+    lengths = (500, 24_000, 40_000)
+    peak = {n: mem.measure(lambda n=n: scorer.score(ScoreRequest(PROMPT, [text(rng, n)]))) for n in lengths}
+    # Flat past the pass cap: 40,000 characters cost what 24,000 do (~4,800 tokens, a pass of the
+    # plan's 4,096 tokens filled) ...
+    assert peak[40_000] <= 1.1 * peak[24_000], peak
     # ... and a bounded constant times a 500-character input (512 vs ~150 tokens; attention is
     # quadratic in the window, so up to (512/150)^2 on these tiny models), per window that one
-    # pass may hold (the pass cap, tuned at load: up to 4 windows).
+    # pass may hold (the pass cap: 8 windows in the plan, halved at load where that is faster).
     windows = max(1, scorer.max_tokens // scorer.max_length)
     assert peak[40_000] <= 16 * windows * peak[500], (peak, windows)
 

@@ -81,7 +81,9 @@ def test_a_cuda_index_the_machine_lacks_is_one_line(tmp_path: Path, no_model_loa
 def test_soak_checks_the_device_before_it_starts_a_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "stack.toml"
     config.write_text(f'device = "cuda:0"\nstate_dir = "{tmp_path / "state"}"\n')
-    rc = main(["soak", "--config", str(config), "--steps", "2", "--run-dir", str(tmp_path / "run")])
+    from tests.soak.soak import main as soak
+
+    rc = soak(["--config", str(config), "--steps", "2", "--run-dir", str(tmp_path / "run")])
     line = _one_line(capsys.readouterr().err)
     assert rc == 1 and "cuda:0" in line and not (tmp_path / "run").exists(), line
 

@@ -15,7 +15,7 @@ from causal_fixtures import close, make_runtime, model_config, reference_dahoas
 from rewardstack._scorers import dahoas
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dahoas_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 
 @pytest.fixture(scope="session")

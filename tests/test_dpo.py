@@ -13,7 +13,7 @@ from causal_fixtures import cached_runtime, close, make_runtime, model_config, r
 from rewardstack._scorers import dpo, dpo_numerics
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dpo_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +163,7 @@ def test_tight_budget_shrinks_the_chunk_before_cutting(dpo_folder: tuple[Path, d
     At 40% of what a 2,400-token input needs with 512 rows, a smaller chunk scores it whole. At 15%
     of what a 3,900-token input needs, no chunk holds it: it is cut (`truncated`), never run out of
     memory. Planned from the 512-row fit extrapolated to the smaller chunk (the old way), the 15%
-    budget's long input ran out of memory (docs/LOG.md, 2026-11-30). A 4,096-token bound keeps the
+    budget's long input ran out of memory (seen 2026-11-30). A 4,096-token bound keeps the
     profiles short.
     """
     folder, entry = dpo_folder

@@ -23,7 +23,7 @@ from causal_fixtures import make_runtime, reference_dpo
 from rewardstack.config import ModelConfig
 from rewardstack._scorers import dpo
 from rewardstack._scorers.base import ScoreRequest, Status
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 from small_models import make_small_gpt2
 
 MAX_LEN = 4096  # the stand-in's maximum (BTLM's is 8,192; the cut is the same code)

@@ -16,7 +16,7 @@ from encoder_fixtures import (
 )
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._scorers.embedding import build_diversity, build_relevance
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 BASE = "The validator network scores miners with reward models; über naïve café 東京 data memory."
 
@@ -60,8 +60,10 @@ def test_relevance_parity(fresh) -> None:  # noqa: ANN001
     m1, t1, m2, t2 = rel.first.model, rel.first.tokenizer, rel.second.model, rel.second.tokenizer
     raw = ref_relevance_scores(m1, t1, m2, t2, BASE, texts)
     # The stand-in's scores sit far from the production bounds: put the bounds inside the sample
-    # so both stages pass and stop completions.
-    bounds = (sorted(r[0] for r in raw)[len(raw) // 3], sorted(r[1] for r in raw)[len(raw) // 3])
+    # so both stages pass and stop completions, half-way between two scores (a bound equal to a
+    # score would compare the last bit of a batched pass against a pass of one).
+    k = len(raw) // 3
+    bounds = tuple((s[k - 1] + s[k]) / 2 for s in (sorted(r[0] for r in raw), sorted(r[1] for r in raw)))
     _, rel, _ = fresh(options={"bounds": list(bounds)})
     res = rel.score(ScoreRequest(BASE, list(texts)))
     want = [ref_relevance_mask(r, bounds) for r in raw]
@@ -156,11 +158,12 @@ def test_failed_and_empty(pair) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("which", ["relevance", "diversity"])
 def test_long_completion_peak_memory_is_flat(fresh, which) -> None:  # noqa: ANN001
     rt, rel, div = fresh(options={"bounds": [-1.0, 0.0]})
-    scorer = rel if which == "relevance" else div
+    scorer, embedder = (rel, rel.first) if which == "relevance" else (div, div.embedder)
     rng = random.Random(9)
     peak = {}
-    for n in (500, 8000, 40_000):
+    for n in (500, 24_000, 40_000):  # 24,000 characters (~4,800 tokens) fill a pass of the plan's size
         rt.options["embedding_cache"].clear()
         peak[n] = rt.memory.measure(lambda n=n: scorer.score(ScoreRequest(BASE, [text(rng, n)])))
-    assert peak[40_000] <= 1.1 * peak[8000], peak
-    assert peak[40_000] <= 8 * peak[500], peak
+    assert peak[40_000] <= 1.1 * peak[24_000], peak
+    windows = max(1, embedder.max_tokens // embedder.max_length)  # windows one pass may hold
+    assert peak[40_000] <= 8 * windows * peak[500], peak

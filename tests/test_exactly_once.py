@@ -182,9 +182,9 @@ def test_second_process_on_the_same_state_dir_is_refused(tmp_path: Path, fake_re
     state = tmp_path / "state"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom rewardstack._state import StateLock\n"
-         "StateLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(120)", str(state)],
+         "held = StateLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(120)", str(state)],
         stdout=subprocess.PIPE, text=True,
-    )
+    )  # `held`: a lock object that is collected releases its lock
     try:
         assert holder.stdout.readline().strip() == "locked"
         steps = _steps(tmp_path / "steps.jsonl", 2)

@@ -17,7 +17,7 @@ from conftest import standin_config
 from rewardstack import RewardStack
 from rewardstack._memory import MemoryManager, configure_allocator, maybe_empty_cache
 from rewardstack._memory.budget import usable_bytes
-from rewardstack._replay.synthetic import heavy_tailed_steps
+from tests.soak.synthetic import heavy_tailed_steps
 
 pytestmark = [
     pytest.mark.gpu,

@@ -96,3 +96,57 @@ def test_a_package_the_image_lacks_is_named_with_the_wheel_to_carry(tmp_path: Pa
     assert "1 package(s) missing from this python: prometheus-client" in out
     assert "-d .whl prometheus-client" in out
     assert "needs a GPU" not in out  # it stopped before the check started
+
+
+def _card_script():
+    if "gpu_card" not in sys.modules:  # its dataclass looks its module up there
+        spec = importlib.util.spec_from_file_location("gpu_card", ROOT / "scripts" / "gpu_card.py")
+        sys.modules["gpu_card"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["gpu_card"])
+    return sys.modules["gpu_card"]
+
+
+def test_card_peak_by_name_and_flops_per_row() -> None:
+    """The card run's yardsticks: the bf16 dense peak found by the card's name (the PCIe H100 is not
+    the SXM one), and a row's forward FLOPs, 2 x matmul weights per token plus the attention's
+    4 x layers x hidden x length per token."""
+    card = _card_script()
+    assert card.peak_flops("NVIDIA H100 80GB HBM3") == card.peak_flops("NVIDIA H200") == 989e12
+    assert card.peak_flops("NVIDIA H100 PCIe") == 756e12 and card.peak_flops("Tesla T4") is None
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    m = LlamaForSequenceClassification(LlamaConfig(**card.TINY, num_labels=1, pad_token_id=0))
+    h, inner, layers, kv = 64, 128, 2, 2 * 16  # k and v project to 2 heads of 16
+    n = layers * (2 * h * h + 2 * h * kv + 3 * h * inner) + h  # q, o, k, v, gate/up/down; the score head
+    assert sum(x.weight.numel() for x in m.modules() if isinstance(x, torch.nn.Linear)) == n
+    assert card.row_flops(m, [10, 3]) == 2 * n * 13 + 4 * layers * h * (100 + 9)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="symbolic-link site folder")
+def test_card_run_rehearses_every_step_on_cpu(tmp_path: Path) -> None:
+    """`gpu-check.sh card --rehearse` with the image's packages alone: the CUDA tests collected and
+    skipped, then every step of scripts/gpu_card.py through the same code as on the card (tiny
+    dimensions), each measurement a line with its threshold, the three-model card placing one
+    model resident and two in one swap slot."""
+    done = _rehearsal().rehearse(["card", "--rehearse"], workdir=tmp_path, timeout=900)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-5000:]
+    assert "Traceback" not in out and "modules of the check: importable" in out
+    assert " skipped" in out and "gpu-check card: CUDA tests exit 0, measurements exit 0" in out
+    records = [json.loads(x) for x in (tmp_path / "out" / "gpu-card.jsonl").read_text().splitlines()]
+    judged = [r for r in records if "verdict" in r]
+    by_step = {s: sum(r["step"] == s for r in judged) for s in ("serve", "fixed", "swaps", "three")}
+    assert by_step == {"serve": 3, "fixed": 7, "swaps": 1, "three": 2}, by_step
+    assert all(r["threshold"] and f"[threshold: {r['threshold']}]" in out for r in judged)
+    assert records[-1]["step"] == "done" and records[-1]["SKIP"] == len(judged) and records[-1]["FAIL"] == 0
+    assert "{'rm_a': 'resident', 'rm_b': 'swap', 'rm_c': 'swap'}" in out
+    assert all(r["identical"] == r["n"] == 64 for r in judged if r.get("dtype"))  # CPU float: bit for bit
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="symbolic-link site folder")
+def test_card_run_without_a_card_says_so(tmp_path: Path) -> None:
+    done = _rehearsal().rehearse(["card"], workdir=tmp_path, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    assert "needs a GPU" in out and "--rehearse runs every step" in out and "Traceback" not in out

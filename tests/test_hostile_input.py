@@ -108,7 +108,7 @@ def service(fake_config):  # noqa: ANN001, ANN201
     import httpx
 
     from rewardstack._service.app import create_app
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
     from rewardstack._service.worker import Worker
 
     settings = fake_config.service

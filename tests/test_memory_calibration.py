@@ -215,3 +215,48 @@ def test_tuning_runs_on_the_simulated_device_it_tunes_for() -> None:
     assert seen == [(True, 8192)]
     assert got == [{"chunk": 16}]
     assert mm.tracker.budget_bytes == 1 << 30  # lifted for the timing passes only
+
+
+def test_a_setting_timed_on_a_busy_machine_is_timed_again_at_a_quiet_start(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting chosen by timing while the timing thread ran 40% of the wall time (another process
+    on every core) is not trusted: the entry says so, a start on the still busy machine uses it, and
+    the first quiet start times and profiles again (before, it was kept until `--recalibrate`)."""
+    import time
+
+    import rewardstack._memory.calibration as calibration_mod
+
+    model = ModelConfig(name="m", path="x", weight=1.0)
+    timed: list[float] = []
+
+    def start(share: float, measured: int) -> tuple[list[str], list[dict]]:
+        monkeypatch.setattr(calibration_mod, "cpu_clock", lambda: share * time.perf_counter(), raising=False)
+        mm = MemoryManager(None, calibration=CalibrationCache(tmp_path / "c.json"))
+        mm.describe_model(model)
+        got: list[dict] = []
+        tune = lambda: timed.append(share) or {"chunk": measured}  # noqa: E731
+        mm.calibrate(Profile("m", lambda b, n: torch.ones(b, n) * 2, max_length=16, max_batch=2, tune=tune,
+                             apply=got.append))
+        return mm.profiled, got
+
+    assert start(0.4, 32) == (["m"], [{"chunk": 32}])
+    assert start(0.4, 64) == ([], [{"chunk": 32}])  # busy still: the entry serves
+    assert start(1.0, 128) == (["m"], [{"chunk": 128}])  # quiet: timed again
+    assert start(1.0, 256) == ([], [{"chunk": 128}])  # timed quiet: kept
+    assert timed == [0.4, 1.0]
+
+
+def test_a_busy_timing_keeps_the_planned_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded measurement can only err toward the plan: timed busy, the profile's `planned`
+    settings are applied, not what the timing chose; timed quiet, the timing's."""
+    import time
+
+    import rewardstack._memory.calibration as calibration_mod
+
+    for share, want in [(0.4, {"pass_tokens": 4096}), (0.95, {"pass_tokens": 1024})]:
+        monkeypatch.setattr(calibration_mod, "cpu_clock", lambda s=share: s * time.perf_counter())
+        got: list[dict] = []
+        MemoryManager(None).calibrate(Profile("m", lambda b, n: torch.ones(b, n) * 2, max_length=16, max_batch=2,
+                                              tune=lambda: {"pass_tokens": 1024}, apply=got.append,
+                                              planned={"pass_tokens": 4096}))
+        assert got == [want], share

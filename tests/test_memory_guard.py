@@ -12,7 +12,7 @@ from memory_fixtures import scale
 from memory_models import build
 from rewardstack._memory import MemoryManager, Profile
 from rewardstack._memory.guard import run_guarded
-from rewardstack._replay.faults import FaultInjector
+from tests.soak.faults import FaultInjector
 
 from fault_fixtures import CountingInjector
 

@@ -14,7 +14,7 @@ import torch
 
 from rewardstack.config import StackConfig
 from rewardstack._memory import MemoryManager, TensorBytesTracker
-from rewardstack._replay.faults import FaultInjector
+from tests.soak.faults import FaultInjector
 from rewardstack._memory.manager import MemoryObserver
 from rewardstack._memory.placement import PlacementMove
 from rewardstack._memory.device import PeakWindow

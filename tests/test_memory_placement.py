@@ -156,3 +156,91 @@ def test_model_cache_loads_on_the_host(tmp_path) -> None:  # noqa: ANN001
     cache = ModelCache(torch.device("meta"))  # stands for a card: nothing may land there while loading
     model = cache.model(str(tmp_path), BertModel)
     assert {p.device.type for p in model.parameters()} == {"cpu"}
+
+
+def _three_in_two_slots() -> tuple[Placement, dict[str, torch.nn.Module]]:
+    """Three 4 MiB models under a 9 MiB weight budget: one resident, two sharing a swap slot."""
+    mods = {n: _mod(MiB) for n in ("a", "b", "c")}
+    p = Placement("cpu", 9 * MiB)
+    for n, m in mods.items():
+        p.register(n, [m])
+    dec = p.plan()
+    assert [dec[n].where for n in "abc"] == ["resident", "swap", "swap"]
+    return p, mods
+
+
+def test_prefetch_evicts_for_the_next_model_but_never_the_busy_one() -> None:
+    p, _ = _three_in_two_slots()
+    p.ensure("c")
+    assert p.prefetch("b", busy="c") is False  # only c's slot: b would evict the model running
+    assert p.where("c") == p.device and p.swaps == 1
+    assert p.prefetch("b", busy="a") is True  # a resident model runs: c's slot is free to take
+    assert p.where("b") == p.device and p.where("c") == p.host and (p.swaps, p.evictions, p.prefetches) == (2, 1, 1)
+    p.ensure("b")  # the prefetched model is in: no second swap
+    assert p.swaps == 2 and p.device_bytes() <= 9 * MiB
+    assert p.prefetch("b", busy="a") is False and p.prefetch("a") is False  # in already; resident
+    assert p.prefetch("c", busy="b") is False and p.swaps == 2
+
+
+def test_prefetch_refuses_when_the_busy_model_is_not_on_the_device() -> None:
+    p, _ = _three_in_two_slots()
+    p.ensure("b")
+    assert p.prefetch("b", busy="c") is False and p.prefetch("c", busy="b") is False
+    assert p.prefetch("c", busy=None) is True and p.where("b") == p.host
+
+
+def test_prefetch_tells_observers_without_a_time() -> None:
+    p, _ = _three_in_two_slots()
+    moves = []
+    p.on_move = moves.append
+    p.ensure("b")
+    p.prefetch("c", busy="a")
+    assert [(m.model, m.direction, m.seconds is None) for m in moves] == [
+        ("b", "in", False), ("c", "in", True), ("b", "out", True)]
+
+
+def test_host_bytes_are_the_swapped_models_pinned_and_host_models_pageable() -> None:
+    p, _ = _three_in_two_slots()
+    assert p.host_bytes() == (8 * MiB, 0)
+    p.register("filter", [_mod(MiB // 64)], cpu_ok=True)  # 64 KiB <= budget / 16: on the host
+    p.plan()
+    assert p.decisions["filter"].where == "cpu" and p.host_bytes() == (8 * MiB, 64 * 1024)
+    assert p.swapper is None  # no pinned copies off CUDA: the simulated device moves nothing
+
+
+def test_expect_changes_nothing_without_pinned_swaps() -> None:
+    """On CPU, the manager's `expect` (the stack's hint of the next model) moves and counts nothing:
+    the same swaps and evictions as without it."""
+    counts = []
+    for hint in (False, True):
+        mm = MemoryManager(None)
+        for n in ("a", "b", "c"):
+            mm.register_model(n, [_mod(MiB)])
+        mm.setup(StackConfig(memory_budget=9 * MiB))
+        for _ in range(3):
+            for n, after in (("a", "b"), ("b", "c"), ("c", "a")):
+                if hint:
+                    mm.expect(after)
+                mm.run(n, [3], lambda idx: [0.0 for _ in idx])
+        counts.append((mm.placement.swaps, mm.placement.evictions))
+    assert counts[0] == counts[1] and counts[0][0] > 0
+
+
+def test_pinned_slabs_pack_copies_and_count_what_the_allocator_takes() -> None:
+    """Pinned copies go in slabs of 1 GiB, first fit, so the pinned allocator's rounding up to a
+    power of two costs at most the last slab's: a Llama-3-8B layer's seven projections and two
+    norms, 32 times, take 14 slabs, 0.2% over the weights (one allocation a tensor: 11% over)."""
+    from rewardstack._memory.pinned import ALIGN, SLAB, pinned_footprint, slab_layout
+
+    layer = [4096 * 4096 * 2, 1024 * 4096 * 2, 1024 * 4096 * 2, 4096 * 4096 * 2] + [14336 * 4096 * 2] * 3 + [8192] * 2
+    sizes = [128256 * 4096 * 2] + layer * 32 + [8192, 4096 * 2]  # embeddings, layers, final norm, score head
+    used, where = slab_layout(sizes)
+    assert len(used) == 14 and all(u <= SLAB for u in used)
+    for (k, off), n in zip(where, sizes):  # no two copies overlap, each at an aligned offset
+        assert off % ALIGN == 0 and off + n <= used[k]
+    spans = sorted((k, off, off + n) for (k, off), n in zip(where, sizes))
+    assert all(a[0] != b[0] or a[2] <= b[1] for a, b in zip(spans, spans[1:]))
+    assert pinned_footprint(sizes) == 13 * SLAB + (1 << (used[-1] - 1).bit_length())
+    one_by_one = sum(1 << (n - 1).bit_length() for n in sizes)
+    assert one_by_one > 1.10 * sum(sizes) and pinned_footprint(sizes) < 1.002 * sum(sizes)
+    assert pinned_footprint([3 * 1024**2]) == 4 * 1024**2 and pinned_footprint([SLAB + 1]) == 2 * SLAB

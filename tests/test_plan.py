@@ -206,3 +206,41 @@ def test_host_placed_models_show_as_host(tmp_path: Path) -> None:
     row = next(ln for ln in text.splitlines() if ln.startswith("nsfw_filter ")).split()
     assert row[3] == "cpu" and row[7] == "host" and row[8:11] == ["-", "-", "-"]
     assert any(ln.startswith("why: nsfw_filter: on the host (test: no room)") for ln in text.splitlines())
+
+
+def _card_with_weight_budget(cfg, weights_budget: int) -> int:  # noqa: ANN001
+    """The card size whose weight budget (usable x (1 - ACTIVATION_SHARE)) is `weights_budget`."""
+    usable = int(weights_budget / (1 - ACTIVATION_SHARE))
+    return int((usable + cfg.headroom_bytes) / cfg.gpu_utilization) + 1
+
+
+def test_host_memory_line_counts_pinned_swap_copies_and_host_models(tmp_path: Path) -> None:
+    """The plan's host line: swapped models' weights kept pinned on the host (a module a resident
+    model shares stays on the card, so it is not pinned), each model's copies in slabs that torch's
+    pinned allocator rounds up to a power of two; models placed on the host as pageable."""
+    from rewardstack._planning.plan import format_plan
+
+    def pinned(n: int) -> int:  # one slab under 1 GiB per model: rounded up to a power of two
+        return 1 << (n - 1).bit_length()
+
+    cfg = load_config(_tiny_stack(tmp_path))
+    cfg.memory_budget = 1 * GIB
+    big = plan_stack(cfg, 4 * GIB)
+    assert (big.host_pinned_bytes, big.host_pageable_bytes) == (0, 0)
+    w = {p.name: p.weights_bytes for p in big.models}
+    # 90% of the weights: DPO and both relevance encoders swap; relevance's second encoder is the
+    # checkpoint diversity loads, and diversity stays resident, so that module is never pinned.
+    tight = plan_stack(cfg, _card_with_weight_budget(cfg, int(0.9 * big.weights_bytes)))
+    where = {p.name: p.where for p in tight.models}
+    assert where["dpo_reward_model"] == where["relevance_filter[1]"] == "swap" and where["diversity_reward_model"] == "resident"
+    assert tight.host_pinned_bytes == pinned(w["dpo_reward_model"]) + pinned(w["relevance_filter[0]"]) == 72 * 1024**2
+    assert tight.host_pageable_bytes == 0
+    # A weight budget smaller than DPO: DPO is placed on the host (pageable), the rest swap or stay.
+    host = plan_stack(cfg, _card_with_weight_budget(cfg, 30 * 1024**2))
+    where = {p.name: p.where for p in host.models}
+    assert where["dpo_reward_model"] == "cpu" and where["rlhf_reward_model"] == "swap"
+    assert host.host_pageable_bytes == w["dpo_reward_model"]
+    assert host.host_pinned_bytes == pinned(w["rlhf_reward_model"]) + pinned(w["relevance_filter[0]"])
+    line = next(x for x in format_plan(host).splitlines() if x.startswith("host memory: "))
+    assert line.startswith(f"host memory: {host.host_pinned_bytes / GIB:.2f} GiB pinned")
+    assert f"{host.host_pageable_bytes / GIB:.2f} GiB pageable" in line

@@ -23,7 +23,7 @@ from rewardstack._memory.device import PeakWindow
 from rewardstack._scorers import dpo, reciprocate
 from rewardstack._scorers.base import ScoreRequest
 from rewardstack._standins import make_dpo_standin, make_nsfw_standin, make_reciprocate_standin
-from rewardstack._replay.synthetic import heavy_tailed_lengths, text
+from tests.soak.synthetic import heavy_tailed_lengths, text
 
 
 class Calls(MemoryObserver):

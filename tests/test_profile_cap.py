@@ -17,7 +17,7 @@ from rewardstack._memory.calibration import ProfileRecord
 from rewardstack._scorers import dpo
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_dpo_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 from telemetry_fixtures import HOG, HogScorer, hog_config, step  # noqa: F401 - fixture
 
 

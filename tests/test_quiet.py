@@ -34,7 +34,7 @@ def test_long_text_tokenized_prints_no_length_warning(standins: Path, caplog: py
 
 
 def test_btlm_generation_warning_is_silenced(caplog: pytest.LogCaptureFixture) -> None:
-    from rewardstack._standin_btlm.modeling_btlm import BTLMLMHeadModel
+    from rewardstack._planning.btlm.modeling_btlm import BTLMLMHeadModel
 
     silence_moot_warnings()
     BTLMLMHeadModel.can_generate()

@@ -22,7 +22,7 @@ import pytest
 
 from ray_fixtures import cluster_stops_after, shared_cluster, standins_config
 from rewardstack._settings import ServiceSettings
-from rewardstack._replay.synthetic import heavy_tailed_steps
+from tests.soak.synthetic import heavy_tailed_steps
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -75,7 +75,7 @@ def urls(request, cluster, tiny_standins, tmp_path_factory):  # noqa: ANN001, AN
 
     from rewardstack._distributed.serve import APP_NAME, build_app, stop_namespace_actors
     from rewardstack._service.app import create_app
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
 
     root = tmp_path_factory.mktemp("serve")
     settings = ServiceSettings(max_completions=8, queue_size=8)

@@ -13,7 +13,7 @@ from causal_fixtures import close, make_runtime, model_config
 from rewardstack._scorers import reciprocate
 from rewardstack._scorers.base import ScoreRequest, Status
 from rewardstack._standins import make_reciprocate_standin
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Remote-code checkpoints and the decoders' two paths (cache objects or full sequences).
 
-The BTLM-like stand-in (`rewardstack._standin_btlm`) is a checkpoint folder with its own
+The BTLM-like stand-in (`rewardstack._planning.btlm`) is a checkpoint folder with its own
 configuration/modeling files and `auto_map`, written like 2023 remote code (tuple caches, ALiBi,
 SwiGLU, muP output scale); it loads only through `trust_remote_code`. DPO on it must match the
 literal per-position reference. Native stand-ins forced onto the full-sequence fallback must give
@@ -27,7 +27,7 @@ from rewardstack._scorers.prefix import PrefixRunner
 from rewardstack._standins import (
     make_btlm_checkpoint, make_dahoas_standin, make_dpo_standin, make_judge_standin, make_reciprocate_standin,
 )
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 BOUND = 384  # the stand-in's token bound: the reference runs full [L, V] logits at it
 

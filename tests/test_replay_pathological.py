@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rewardstack.cli import main
 from rewardstack.config import load_config
-from rewardstack._replay import pathological as path
+from tests.soak import pathological as path
 from rewardstack.stack import RewardStack, Step
 
 SCORED = {"ok", "truncated", "cut"}  # cut: scored on the first [input] max_chars characters

@@ -15,7 +15,7 @@ from rewardstack._replay.readers import RunStep
 from rewardstack._replay.reference import reference_need_of
 from rewardstack._replay.replay import format_report, replay
 from rewardstack.stack import RewardStack, Step
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from rewardstack._replay.readers import read_run
 from rewardstack._replay.replay import parse_steps, replay
 from rewardstack.stack import RewardStack
 from rewardstack._state import RunningNormalizer, StateStore
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 from conftest import use_builder
 from replay_fixtures import PASSES, event, loguru_line, write_rotated_log

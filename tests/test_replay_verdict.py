@@ -9,7 +9,7 @@ from rewardstack.config import load_config
 from rewardstack._replay.readers import read_run
 from rewardstack._replay.replay import replay
 from rewardstack.stack import RewardStack
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 from replay_fixtures import loguru_line
 from test_replay_run import _oa_config

@@ -32,7 +32,7 @@ from rewardstack.config import load_config
 from rewardstack._memory.costmodel import CostModel, plan_batches
 from rewardstack._memory.guard import InjectedOOM
 from rewardstack._scorers.hfreward import pad_width, width_ladder
-from rewardstack._service.batching import StatelessJob, score_batch
+from rewardstack._service.batching import prepare_job, score_now
 from service_fixtures import Server
 from bench.invariance import FAMILIES, family_model
 from trainer_fixtures import make_tiny_llama_rm, reference_scores, rewards_config, texts
@@ -201,9 +201,9 @@ class Kernels(torch.nn.Module):
 
 
 def _score(stack: Any, *groups: list[str]) -> list[Any]:
-    jobs = [StatelessJob(g, [f"query[{i}]" for i in range(len(g))], ["rewards.tiny"], time.monotonic() + 60)
+    jobs = [prepare_job(stack, g, [f"query[{i}]" for i in range(len(g))], ["rewards.tiny"], time.monotonic() + 60)
             for g in groups]
-    score_batch(stack, jobs)
+    score_now(stack, jobs)
     return [j.future.result(timeout=0) for j in jobs]
 
 

@@ -7,7 +7,8 @@ import hashlib
 import pytest
 
 from rewardstack.errors import ConfigError
-from rewardstack._service.namespaces import ALL_NAMESPACES, Access, is_loopback, token_hash, valid_name
+from rewardstack._service.access import ALL_NAMESPACES, Access, is_loopback, token_hash
+from rewardstack._service.namespaces import valid_name
 
 
 def test_tokens_from_the_environment_and_a_file_of_digests(tmp_path) -> None:  # noqa: ANN001

@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from rewardstack._service.app import create_app  # noqa: E402
-from rewardstack._service.namespaces import Access  # noqa: E402
+from rewardstack._service.access import Access  # noqa: E402
 from rewardstack._service.worker import Worker  # noqa: E402
 
 ADMIN = "admin-token-for-hardening"

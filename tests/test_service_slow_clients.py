@@ -37,7 +37,7 @@ def live(fake_config) -> Iterator[tuple[str, int]]:  # noqa: ANN001
     import uvicorn
 
     from rewardstack._service.app import create_app
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
 
     s = fake_config.service
     s.port, s.header_timeout_s, s.body_timeout_s, s.max_connections = free_port(), HEADER_S, BODY_S, 8

@@ -28,7 +28,7 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
 from rewardstack._service.app import create_app  # noqa: E402
-from rewardstack._service.namespaces import Access  # noqa: E402
+from rewardstack._service.access import Access  # noqa: E402
 from rewardstack_client import Client, Fenced, RetryPolicy  # noqa: E402
 
 from service_fixtures import free_port  # noqa: E402

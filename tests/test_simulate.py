@@ -181,7 +181,7 @@ def _real_peak(model: str, arch: S.Arch, batch: int, length: int, prefix: int, c
 def test_simulated_peak_matches_tracked_real_run(model: str, batch: int, length: int, prefix: int, prompt: int, chunk: int) -> None:
     arch = S.Arch("tiny-" + model, TINY[model])
     if model == "btlm":  # DPO on the BTLM-like remote-code model: full sequences, eager ALiBi attention
-        model, arch = "dpo_reward_model", S.Arch("tiny-btlm", TINY["btlm"], remote_code="rewardstack._standin_btlm")
+        model, arch = "dpo_reward_model", S.Arch("tiny-btlm", TINY["btlm"], remote_code="rewardstack._planning.btlm")
     sim = S.simulate_peak(model, batch, length, "float32", prefix=prefix, prompt=prompt, chunk=chunk or 512, arch=arch)
     real = _real_peak(model, arch, batch, length, prefix, chunk)
     assert abs(sim.peak_bytes - real) <= 0.05 * real, (model, sim.peak_bytes, real)

@@ -1,4 +1,4 @@
-"""`rewardstack soak`: injected OOMs inside real passes, kills and restarts, compared with a clean run;
+"""The soak (`python -m tests.soak`): injected OOMs inside real passes, kills and restarts, compared with a clean run;
 the comparison's and the memory fit's judgement; the service soak."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rewardstack.cli import main
 from rewardstack._memory import MemoryManager
 from rewardstack._memory.guard import InjectedOOM
-from rewardstack._replay.comparison import compare, memory_slope
-from rewardstack._replay.workload import LONG_CHARS, soak_steps
-from rewardstack._replay.verdict import judge
+from tests.soak.comparison import compare, memory_slope
+from tests.soak.soak import main
+from tests.soak.workload import LONG_CHARS, soak_steps
+from tests.soak.verdict import judge
 from rewardstack._runner import step_hash
 from rewardstack.stack import Step
 from rewardstack._state import StateStore
@@ -143,7 +143,7 @@ def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys
     committed event (`reconcile_output` returning one hash short: the step scored twice)."""
     rd = tmp_path / "soak"
     n = TINY_SOAK_STEPS
-    rc = main(["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", str(n), "--completions", "5",
+    rc = main(["--config", str(tiny_standins / "stack.toml"), "--steps", str(n), "--completions", "5",
                "--budget", "64MiB", "--faults", "0.1", "--kills", "3", "--run-dir", str(rd), "--seed", "3"])
     out = capsys.readouterr().out
     v = json.loads((rd / "summary.json").read_text())["soak"]
@@ -172,7 +172,7 @@ def test_tiny_soak_200_steps_3_kills(tiny_standins: Path, tmp_path: Path, capsys
     assert "clean run's memory at rest" in out
     # --rejudge compares the same files again (nothing scored): the same verdict, the first kept;
     # with one committed value moved by 1e-3 it fails.
-    args = ["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", str(n), "--completions", "5",
+    args = ["--config", str(tiny_standins / "stack.toml"), "--steps", str(n), "--completions", "5",
             "--budget", "64MiB", "--faults", "0.1", "--kills", "3", "--rejudge", str(rd)]
     assert main(args) == 0
     again = json.loads((rd / "summary.json").read_text())
@@ -232,7 +232,7 @@ def test_service_soak_with_a_kill(tiny_standins: Path, tmp_path: Path, capsys) -
     state: every step answered once, resends answered from the store, states equal the library's."""
     pytest.importorskip("uvicorn")
     rd = tmp_path / "svc"
-    rc = main(["soak", "--service", "--config", str(tiny_standins / "stack.toml"), "--steps", "6", "--completions", "4",
+    rc = main(["--service", "--config", str(tiny_standins / "stack.toml"), "--steps", "6", "--completions", "4",
                "--clients", "2", "--kills", "1", "--run-dir", str(rd), "--seed", "5"])
     out = capsys.readouterr().out
     v = json.loads((rd / "summary.json").read_text())["service_soak"]
@@ -304,7 +304,7 @@ def test_the_faulted_run_starts_once_the_clean_run_has_calibrated(tiny_standins:
     logits chunks, so different budget caps, and a long completion cut at a different token (a
     soak under load failed on one DPO value, -3.1e23 against -1.1e25). So the faulted run starts
     only after the clean run's process says its stack is built. Red with the wait removed."""
-    from rewardstack._replay import soak, supervisor
+    from tests.soak import soak, supervisor
 
     seen: dict[str, object] = {}
 
@@ -332,6 +332,6 @@ def test_the_faulted_run_starts_once_the_clean_run_has_calibrated(tiny_standins:
     monkeypatch.setattr(supervisor, "spawn", spawn)
     monkeypatch.setattr(supervisor, "supervise", supervise)
     monkeypatch.setattr(soak, "judge_run", lambda *a, **k: {"passed": True})
-    rc = main(["soak", "--config", str(tiny_standins / "stack.toml"), "--steps", "2", "--completions", "2",
+    rc = main(["--config", str(tiny_standins / "stack.toml"), "--steps", "2", "--completions", "2",
                "--run-dir", str(tmp_path / "soak")])
     assert rc == 0 and seen["ready"] is not None and seen["ready_at_faulted_start"] is True

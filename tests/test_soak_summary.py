@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rewardstack._replay.comparison import memory_slope
-from rewardstack._replay.verdict import format_verdict
+from tests.soak.comparison import memory_slope
+from tests.soak.verdict import format_verdict
 
 MIB = 1024**2
 

@@ -25,7 +25,7 @@ from memory_fixtures import scale
 from fault_fixtures import CountingInjector
 from rewardstack._memory.budget import weights_bytes
 from rewardstack._scorers.base import Status
-from rewardstack._replay.synthetic import text
+from tests.soak.synthetic import text
 
 MODEL_SCORERS = [n for n in ALL_MODELS if n not in ("blacklist_filter", "task_validator_filter")]
 

@@ -1,5 +1,5 @@
-"""`make-standins --tiny`: the same checkpoint classes at a tiny shape, consistent token ids, and the
-installed MiniLM package never written through its hard links."""
+"""The tiny stand-in stack (`tests/soak/tiny.py`): the same checkpoint classes at a tiny shape,
+consistent token ids, and the installed MiniLM package never written through its hard links."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from rewardstack._standins.tiny import TINY_HIDDEN
+from tests.soak.tiny import TINY_HIDDEN
 
 
 def _configs(root: Path) -> dict[str, dict]:

@@ -99,3 +99,22 @@ def test_the_rescore_output_lock_is_a_state_lock(tmp_path) -> None:  # noqa: ANN
     finally:
         first.release()
     output_lock(tmp_path).release()  # released: free again
+
+
+def test_the_namespace_limit_waits_on_the_same_lock(tmp_path) -> None:  # noqa: ANN001
+    """`namespaces.reserve` counts and creates under `StateLock` on `.create.lock`, waiting for it
+    rather than refusing; a lock taken on one thread is released from another (as at shutdown)."""
+    import threading
+
+    from rewardstack._service.namespaces import reserve
+
+    held = StateLock(tmp_path, name=".create.lock").acquire()
+    waiter = threading.Thread(target=reserve, args=(tmp_path, "alpha", 3))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not (tmp_path / "alpha").exists()  # waiting on the held lock
+    releaser = threading.Thread(target=held.release)
+    releaser.start()
+    releaser.join()
+    waiter.join(30)
+    assert not waiter.is_alive() and (tmp_path / "alpha").is_dir() and not held.held

@@ -18,7 +18,7 @@ import pytest
 from rewardstack.config import from_dict, load_config
 from rewardstack.errors import ConfigError
 from rewardstack._scorers.hfreward import pad_width
-from rewardstack._service.batching import StatelessJob, score_batch
+from rewardstack._service.batching import prepare_job, score_now
 from trainer_fixtures import make_tiny_llama_rm, reference_scores, rewards_config, texts
 
 
@@ -36,9 +36,8 @@ def stack(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _score(stack: Any, *groups: list[str]) -> list[list[float]]:
     """Score each group of texts as one request, all requests in one batch; the rewards per request."""
-    jobs = [StatelessJob(g, [f"query[{i}]" for i in range(len(g))], ["rewards.tiny"], time.monotonic() + 60)
-            for g in groups]
-    score_batch(stack, jobs)
+    jobs = [prepare_job(stack, g, [f"query[{i}]" for i in range(len(g))], ["rewards.tiny"], time.monotonic() + 60) for g in groups]
+    score_now(stack, jobs)
     return [j.future.result(timeout=0).scores["rewards.tiny"] for j in jobs]
 
 

@@ -50,13 +50,14 @@ def test_openrlhf_remote_rm_matches_the_models_own_forward(served: Any) -> None:
     queries = texts(12, seed=1) + texts(1, seed=1)  # the last repeats the first
     executor = OpenRLHFExecutor(server.url + "/get_reward")  # what --remote_rm_url names
     [answer] = asyncio.run(executor._fetch_rewards_via_http(queries, ["p"] * len(queries), [None] * len(queries)))
-    want = reference_scores(model, queries, max_length=64, side="left")
+    # OpenRLHF's convention: the query is chat-templated, its BOS written in; nothing is added to it.
+    want = reference_scores(model, queries, add_special_tokens=False, max_length=64, side="left")
     assert len(answer["rewards"]) == len(queries)
     assert max(abs(a - b) for a, b in zip(answer["rewards"], want)) < TOL
     assert answer["extra_logs"]["tiny"] == answer["rewards"] == answer["scores"]
     assert answer["rewards"][-1] == answer["rewards"][0]
     # Truncation is declared (max_length 64, cut on the left) and flagged per item.
-    lengths = [len(ids) for ids in _tok(model)(queries)["input_ids"]]
+    lengths = [len(ids) for ids in _tok(model)(queries, add_special_tokens=False)["input_ids"]]
     assert answer["extra_logs"]["truncated"] == [float(n > 64) for n in lengths]
     assert any(n > 64 for n in lengths) and any(n <= 64 for n in lengths)
     # OpenRLHF's own default: one query per request, many requests at once (sharded over two URLs).
@@ -77,7 +78,8 @@ def test_verl_reward_model_path_matches_the_models_own_forward(served: Any) -> N
     data = _data_proto(tok, chat, response)
     got = asyncio.run(worker.compute_score_disrm(data))["reward_score"]
     rendered = tok.apply_chat_template(chat + [{"role": "assistant", "content": response}], tokenize=False)
-    [want] = reference_scores(model, [rendered], max_length=64, side="left")
+    # verl strips the BOS the template wrote and /classify adds it back (vLLM's convention): one BOS.
+    [want] = reference_scores(model, [rendered], add_special_tokens=False, max_length=64, side="left")
     assert abs(got - want) < TOL
     # verl reads /v1/models and /health as vLLM's.
     assert httpx.get(server.url + "/health").status_code == 200
@@ -154,16 +156,22 @@ def test_activation_is_a_sigmoid_as_vllm_does(served: Any) -> None:
 
 
 def test_copies_match_the_fetched_sources() -> None:
-    """With REWARDSTACK_TRAINER_SOURCES=<OpenRLHF git dir>:<verl git dir>, the copies are verbatim."""
+    """With REWARDSTACK_TRAINER_SOURCES=<OpenRLHF git dir>:<verl git dir>, the copies are verbatim
+    (serve_rm.py's but for the four import lines its model loader replaces: tests/openrlhf_serve_rm.py)."""
     dirs = os.environ.get("REWARDSTACK_TRAINER_SOURCES")
     if not dirs:
         pytest.skip("REWARDSTACK_TRAINER_SOURCES names no fetched OpenRLHF and verl git directories")
+    show = lambda git_dir, path: subprocess.run(["git", "-C", git_dir, "show", f"HEAD:{path}"], check=True,  # noqa: E731
+                                                capture_output=True, text=True).stdout
     copy = (Path(__file__).parent / "trainer_clients.py").read_text()
     for git_dir, path in zip(dirs.split(":"), ("openrlhf/utils/agent.py", "verl/experimental/reward_loop/reward_loop.py")):
-        source = subprocess.run(["git", "-C", git_dir, "show", f"HEAD:{path}"], check=True, capture_output=True,
-                                text=True).stdout
         block = copy.split(f" {path}\n", 1)[1].split("    # END")[0]
-        assert block in source
+        assert block in show(git_dir, path)
+    serve_rm = (Path(__file__).parent / "openrlhf_serve_rm.py").read_text()
+    block = serve_rm.split("# BEGIN OpenRLHF openrlhf/cli/serve_rm.py\n", 1)[1].split("# END OpenRLHF")[0]
+    removed = serve_rm.split("model loader: these four import lines were taken out,\n\n", 1)[1].split("\n\n", 1)[0]
+    source = show(dirs.split(":")[0], "openrlhf/cli/serve_rm.py")
+    assert block == source.replace("".join(line.strip() + "\n" for line in removed.splitlines()), "")
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def test_a_validators_steps_keep_their_order_while_trainers_send(fake_registry, 
 
 
 def test_the_trainer_routes_need_the_services_token(fake_registry, tiny_rm: Path, tmp_path: Path) -> None:  # noqa: ANN001
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
 
     token = "trainer-token-for-the-tests"
     live = Live(mixed_config(tmp_path, tiny_rm), Access({hashlib.sha256(token.encode()).hexdigest(): "*"})).start()

@@ -234,7 +234,7 @@ def test_a_validator_waits_for_a_service_down_at_start_and_rides_out_a_kill_mid_
         second.wait_ready()
         # Within float32 batching noise (the soak's bound for diversity, 1e-5): the first steps a
         # service scores while a validator was already waiting on it differ from the CLI by up to
-        # 6.4e-6 (2026-12-03, docs/LOG.md: not yet explained); every best is the CLI's.
+        # 6.4e-6 (seen 2026-12-03, not yet explained); every best is the CLI's.
         check_against_cli(result, config, tmp_path, second.url, "restarted", atol=1e-5)
         assert "resending the same request" in err  # it did wait, and said so
     finally:

@@ -9,7 +9,7 @@ Each entry is a warning a library prints although rewardstack has already dealt 
   defined" (BTLM's remote code, once per class check: `plan` printed it five times): rewardstack
   never calls `generate`;
 - transformers' "`use_return_dict` is deprecated" and "`past_key_values`/`cache_params` are
-  deprecated": BTLM's remote code as published (and its stand-in, `standin_btlm`) uses the 4.x
+  deprecated": BTLM's remote code as published (and its stand-in, `_planning.btlm`) uses the 4.x
   names, which transformers 5 still maps; the operator cannot change the hub's code, and
   rewardstack reads the outputs under either name (`plan` printed both).
 

@@ -210,10 +210,14 @@ class ServiceSettings:
     """Seconds a shutdown (SIGTERM) waits for open requests before closing them; a step already started still commits."""
     batch_wait_s: float = field(default=0.005, metadata={"check": lambda v: None if v >= 0 else f"must be >= 0, got {v!r}"})
     """Trainer routes (/get_reward, /classify): the longest a request waits for others to share its forward passes (requests that arrive while the worker is busy batch anyway)."""
-    stateless_batch: int = field(default=256, metadata={"check": positive})
-    """Trainer routes: most requests scored together in one batch (1: one request at a time)."""
-    stateless_queue: int = field(default=4096, metadata={"check": positive})
+    slice_tokens: int = field(default=0, metadata={"check": lambda v: None if v >= 0 else f"must be >= 0, got {v!r}"})
+    """Trainer routes: most tokens one slice of trainer work holds (inputs of many requests; a large request spans slices). A validator's step waits for at most one slice. 0: one full pass of each served [rewards.*] model (their pass sizes summed)."""
+    stateless_queue: int = field(default=65536, metadata={"check": positive})
     """Trainer routes: most requests waiting for the worker; more is 429 with Retry-After (apart from the validators' queue_size)."""
+    trainer_deadline_s: float = field(default=600.0, metadata={"check": positive})
+    """Trainer routes: seconds a request may wait for its first slice; past that it is not scored (504). Longer than `deadline_s`: a trainer's burst is drained whole, and a client that gives up first withdraws its request."""
+    max_queued_tokens: int = field(default=16 * 1024**2, metadata={"check": positive})
+    """Trainer routes: most tokens waiting for the worker, counted per model after tokenizing (4 bytes each held); a request past it is 429 with Retry-After. The default holds a burst of 4,096 requests of 4,096 tokens."""
 
 
 @dataclass

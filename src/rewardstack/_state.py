@@ -30,14 +30,13 @@ metadata; they are read as they are, and the first save over one writes the curr
 copying the original to `state.v<N>.safetensors`. A file from a newer rewardstack is refused with a
 clear `StateError` and left untouched.
 
-One writer per state directory: `StateLock` takes an exclusive `fcntl.flock` on `<dir>/lock`; a
-second process is refused with `StateLockedError` naming the holder's pid.
+One writer per state directory: `StateLock` takes an exclusive lock (`filelock`'s `flock`) on
+`<dir>/lock`; a second process is refused with `StateLockedError` naming the holder's pid. It is
+the project's one file lock: the service's namespace limit and rescore's output folder take it too.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import math
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from filelock import FileLock, Timeout
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
@@ -420,56 +420,48 @@ class StateStore:
 
 
 class StateLock:
-    """An exclusive lock on a state directory (`fcntl.flock` on `<dir>/lock`), held until `release`.
+    """An exclusive lock on a folder (`filelock`'s `flock` on `<dir>/lock`), held until `release`.
 
     Only one process may write a state directory at a time: a second `acquire` (from another
     process, or another `StateLock` in this one) raises `StateLockedError` at once, naming the pid
-    that holds it. The kernel drops the lock when its holder dies, so a killed run never leaves a
-    stale lock behind.
+    that holds it; with `wait`, it waits instead (a short critical section, as the namespace limit's).
+    The kernel drops the lock when its holder dies, so a killed run never leaves a stale lock behind.
+    Any thread may release it (the service releases at shutdown what its worker thread took).
     """
 
-    def __init__(self, state_dir: str | Path, *, name: str = LOCK_FILE) -> None:
+    def __init__(self, state_dir: str | Path, *, name: str = LOCK_FILE, wait: bool = False) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / name  # another file name: the same lock on another kind of folder
-        self._fd: int | None = None
+        self._lock = FileLock(self.path, timeout=-1 if wait else 0, thread_local=False)
 
     def acquire(self) -> "StateLock":
         """Take the lock or raise StateLockedError."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = ""
+            self._lock.acquire()
+        except Timeout:
             try:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-            finally:
-                os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise StateError(f"cannot lock state directory {self.dir}: {e}") from e
+                holder = self.path.read_text(encoding="ascii", errors="replace").strip()
+            except OSError:
+                holder = ""
             who = f"process {holder}" if holder else "another process"
             raise StateLockedError(
                 f"state directory {self.dir} is in use by {who} (lock {self.path}); only one process may "
                 "write a state directory at a time: wait for it to finish or use another state_dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+        except OSError as e:
+            raise StateError(f"cannot lock state directory {self.dir}: {e}") from e
+        self.path.write_text(f"{os.getpid()}\n", encoding="ascii")  # another open file: the lock stays
         return self
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
-        if self._fd is not None:
-            try:
-                os.ftruncate(self._fd, 0)
-            finally:
-                os.close(self._fd)  # closing the descriptor releases the flock
-                self._fd = None
+        self._lock.release(force=True)
 
     @property
     def held(self) -> bool:
         """Whether this object holds the lock."""
-        return self._fd is not None
+        return self._lock.is_locked
 
     def __enter__(self) -> "StateLock":
         return self.acquire()

@@ -127,12 +127,12 @@ class StepWire(BaseModel):
         texts = [("prompt", self.prompt), ("base_prompt", self.base_prompt)]
         texts += [(f"completions[{i}]", c) for i, (c, f) in enumerate(zip(self.completions, failed)) if not f]
         for field, text in texts:
-            if text is not None and not _is_valid_unicode(text):
+            if text is not None and not is_valid_unicode(text):
                 raise _wire_error("is not valid Unicode (it holds a lone surrogate)", field)
         return self
 
 
-def _is_valid_unicode(text: str) -> bool:
+def is_valid_unicode(text: str) -> bool:
     """False for strings JSON can carry but UTF-8 cannot (lone surrogates such as \\ud800)."""
     if text.isascii():  # no copy of a huge ASCII text just to check it
         return True

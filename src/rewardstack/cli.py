@@ -4,6 +4,8 @@
     rewardstack demo [--dir DIR]
     rewardstack make-standins DIR
     rewardstack serve --config C [--host 127.0.0.1] [--port 8000]
+    rewardstack serve --reward-model PATH_OR_HUB_ID@REV [--dtype D] [--max-length N] [--port 8000]
+    rewardstack plan --reward-model PATH_OR_HUB_ID@REV --device-memory 80GiB
     rewardstack config --explain | --config C
     rewardstack download --config C
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rewardstack._argtypes import positive_int
+from rewardstack._modelflags import add_model_flags
 from rewardstack._models import DTYPES
 from rewardstack import _paths as paths
 
@@ -46,10 +49,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_make_standins(args: argparse.Namespace) -> int:
     """Build the offline stand-in models and their config."""
-    from rewardstack._standins import make_standins, make_tiny_standins
+    from rewardstack._standins import make_standins
 
-    make = make_tiny_standins if args.tiny else make_standins  # tiny: the standard stand-ins, shrunk
-    path = make(args.dir, force=args.force, dpo=args.dpo)
+    path = make_standins(args.dir, force=args.force, dpo=args.dpo)
     print(f"stand-in stack written; config: {path}")
     return 0
 
@@ -154,7 +156,7 @@ where files go (docs/SCORING.md): everything a command is not told where to put 
 under $REWARDSTACK_HOME (default ~/.cache/rewardstack): standins/, plan-cache/, real/,
 calibration/cache.json (fitted cost models keyed by checkpoint, unless [memory] calibration_file),
 and one folder per config file, <config stem>-<hash>/ with state/ (unless the config states
-state_dir) and runs/ (soak, bare --run-dir)."""
+state_dir) and runs/ (bare --run-dir)."""
 
 
 def add_score_parser(sub: Any) -> None:
@@ -200,8 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--force", action="store_true", help="rebuild even if the folder holds a stack")
     m.add_argument("--dpo", choices=("gpt2", "btlm"), default="gpt2",
                    help="DPO stand-in: a native GPT-2 (default) or the BTLM-like model that loads through its own remote code")
-    m.add_argument("--tiny", action="store_true",
-                   help="tiny models (one layer, width 16, small vocabulary) on every family's real code path: the soak stack")
     m.set_defaults(func=cmd_make_standins)
 
     c = sub.add_parser("config", help="list every config key (--explain) or validate a config file")
@@ -228,12 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ray_parsers(sub)
 
-    from rewardstack._replay.commands import add_parsers as add_replay_parsers  # replay, soak
+    from rewardstack._replay.commands import add_parsers as add_replay_parsers
 
     add_replay_parsers(sub)
 
     pl = sub.add_parser("plan", help="will this stack fit a card of this size? (configs only, no weights, no GPU)")
-    pl.add_argument("--config", default=None, help="stack config (default: the shipped default stack)")
+    pl.add_argument("--config", default=None, help="stack config (default: the shipped default stack, or only "
+                    "the --reward-model models)")
+    add_model_flags(pl, dtype=False, device=False)  # plan's --dtype sets every model's, the [rewards.*] ones included
     pl.add_argument("--device-memory", default=None,
                     help="the card's memory, e.g. 24GiB, 40GiB, 80GiB (default: the config's [memory] device_memory)")
     pl.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="run every model in this dtype")

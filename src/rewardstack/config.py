@@ -24,6 +24,9 @@ the ten event names), scored by the trainer routes only. A config with `[rewards
 Relative local paths are resolved against the config file's folder. A config that states no
 `state_dir` keeps its state in its own folder of rewardstack's home (`rewardstack._paths`:
 `$REWARDSTACK_HOME/<stem>-<hash>/state`), not in whatever folder the command runs from.
+
+`build_config` is the one place a command's model flags (`--reward-model PATH_OR_HUB_ID@REV`,
+`--dtype`, `--max-length`, ...) become `[rewards.<name>]` tables, alone or over a file's.
 """
 
 from __future__ import annotations
@@ -357,18 +360,85 @@ def apply_lock(cfg: StackConfig) -> None:
 
 
 def load_config(path: str | Path) -> StackConfig:
-    """Read and validate a TOML config file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError("<file>", f"cannot read {p}: {e}") from e
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError("<file>", f"{p} is not valid TOML: {e}") from e
-    cfg = from_dict(data, base=p.resolve().parent, source=p.resolve())
-    apply_lock(cfg)  # the lock file beside the config pins hub revisions
+    """Read and validate a TOML config file (the lock file beside it pins hub revisions)."""
+    return build_config(path)
+
+
+def reward_model_name(spec: str) -> str:
+    """The `[rewards.<name>]` name a `--reward-model` gets: its folder's or hub id's last part, with
+    what a table name may not hold (dots, spaces) turned into `-`."""
+    last = Path(spec.rstrip("/")).name or "model"
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", last)
+    return (name if name[:1].isalpha() else "rm-" + name)[:64]
+
+
+def reward_model_tables(specs: list[str]) -> dict[str, dict[str, Any]]:
+    """The `[rewards.<name>]` tables a TOML would hold for `--reward-model` flags: `PATH` (a local
+    folder, made absolute) or `HUB_ID@REVISION`. Two models whose names clash get `-2`, `-3`."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        entry: dict[str, Any] = {}
+        path = spec
+        if not Path(spec).expanduser().exists() and "@" in spec:
+            path, entry["revision"] = spec.rsplit("@", 1)
+        if is_hub_id(path):
+            if "revision" not in entry:
+                raise ConfigError("--reward-model", f"{spec!r} is neither a folder here nor a pinned hub id: give "
+                                  f"{spec}@<commit or tag> (a hub model loads at a stated revision)")
+        else:
+            path = str(Path(path).expanduser().resolve())
+        name = base = reward_model_name(path)
+        k = 2
+        while name in out:
+            name, k = f"{base[:60]}-{k}", k + 1
+        out[name] = {"path": path, **entry}
+    return out
+
+
+def build_config(path: str | Path | None = None, reward_models: list[str] | tuple[str, ...] = (), *,
+                 device: str | None = None, **table: Any) -> StackConfig:
+    """The config of a command's flags: the TOML at `path` (or none), with one `[rewards.<name>]`
+    table per `--reward-model` (`reward_model_tables`) and `table`'s keys (dtype, max_length,
+    truncation_side, chat_template) set on every `[rewards.*]` table, the file's included.
+
+    `device` overrides the file's; with neither, CUDA where torch finds it, else the CPU. A name the
+    file's `[rewards]` already holds is refused (the flag does not silently replace the table).
+    """
+    data: dict[str, Any] = {}
+    source = base = None
+    if path is not None:
+        source = Path(path).resolve()
+        base = source.parent
+        try:
+            data = tomllib.loads(source.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError("<file>", f"cannot read {path}: {e}") from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError("<file>", f"{path} is not valid TOML: {e}") from e
+    if reward_models or any(v is not None for v in table.values()):
+        rewards = data.setdefault("rewards", {})
+        if not isinstance(rewards, dict):
+            raise ConfigError("rewards", "must be a table of reward model tables, e.g. [rewards.helpful]")
+        for name, entry in reward_model_tables(list(reward_models)).items():
+            if name in rewards:
+                raise ConfigError("--reward-model", f"rewards.{name} is in {path} already; give the flag's model "
+                                  "another folder name or leave it out of one of the two")
+            rewards[name] = entry
+        if not rewards:
+            flag = next(k for k, v in table.items() if v is not None)
+            raise ConfigError("--" + flag.replace("_", "-"), "applies to [rewards.*] models: name one with --reward-model")
+        for entry in rewards.values():
+            if isinstance(entry, dict):
+                entry.update({k: v for k, v in table.items() if v is not None})
+    if device is not None:
+        data["device"] = device
+    elif path is None:
+        import torch
+
+        data["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = from_dict(data, base=base, source=source)
+    if source is not None:
+        apply_lock(cfg)
     return cfg
 
 

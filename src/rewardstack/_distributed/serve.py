@@ -1,14 +1,20 @@
-"""The scoring service on Ray Serve: stateless replicas, one state actor per namespace.
+"""The scoring service and the trainer routes on Ray Serve: stateless replicas behind one proxy,
+one state actor per namespace.
 
-Same request and response as `rewardstack serve` (`POST /v1/score`: a step plus optional
-`namespace` and `sequence`; out the event line `score` writes plus the `sequence` it was applied
-as; errors `{"error": {"message", "type", "field"}}`), with the same limits and sequence rules, but
-the two halves of the stack run in different processes:
+The routes of `rewardstack serve`, declared once (service/app.py's `routes`, service/trainers.py's
+`router`): the trainer routes (`/get_reward`, `/classify`, `/v1/models`, `/health`) and `POST
+/v1/score` (a step plus optional `namespace` and `sequence`; out the event line `score` writes plus
+the `sequence` it was applied as; errors `{"error": {"message", "type", "field"}}`), with the same
+limits and sequence rules, but spread over processes:
 
-- **Replicas** (a Serve deployment, `num_gpus` each) load the stack once and run only its stateless
-  part (`RewardStack.forward_many`, batched over concurrent requests with `serve.batch`). They
-  hold no validator state, so Serve may route any request to any replica and a replica that dies
-  loses nothing.
+- **Replicas** (a Serve deployment, `num_gpus` each) each run the service's worker: the stack
+  loaded once under the replica's own memory plan, and the trainer lane batching the requests this
+  replica receives. `/v1/score` runs only the stack's stateless part here (`RewardStack.forward_many`,
+  batched over concurrent requests with `serve.batch`) under the device lock the lane's batches
+  take. Replicas hold no validator state, so Serve may route any request to any replica and a
+  replica that dies loses nothing. Serve's own bounds hold a burst (`deployment_options`): at most
+  `max_ongoing_requests` per replica, the rest waiting at the proxy up to `max_queued_requests`,
+  then 503 with Retry-After.
 - **Namespace state actors**: each namespace's `RewardState` (normalizers, blacklist, diversity
   history, committed sequence number, the last 64 results and the writer session that fences an
   old client) lives in one named, detached Ray actor. It runs on one event-loop thread and applies steps strictly in sequence order: a step whose
@@ -18,10 +24,10 @@ the two halves of the stack run in different processes:
   service's one-writer `StateLock`) before answering. Ray restarts a dead state actor from
   that file. On a multi-node cluster the state folder must be shared storage (checked).
 
-A request whose replica dies mid-flight can fail at the HTTP proxy; a client retrying with the same
-sequence number gets either the stored result (the state actor committed it) or a fresh scoring
-(it did not): never a step applied twice. Without a sequence number there is no such protection,
-as in `rewardstack serve`.
+A request whose replica dies mid-flight fails at the HTTP proxy: a trainer's client resends it (a
+retry, never a lost reward); a validator retrying with the same sequence number gets either the
+stored result (the state actor committed it) or a fresh scoring (it did not): never a step applied
+twice. Without a sequence number there is no such protection, as in `rewardstack serve`.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import threading
 import time
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,8 +53,9 @@ from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import Namespace, reserve, stored_state
 from rewardstack._service.protocol import client_deadline, parse_score
 from rewardstack._service import namespaces
-from rewardstack._service.app import http_app, score_response
-from rewardstack._service.worker import WARMUP_STEP, Answer
+from rewardstack._service.app import add_trainer_routes, http_app, score_response, service_worker
+from rewardstack._service.batching import Lane
+from rewardstack._service.worker import Answer
 from rewardstack._settings import ServiceSettings
 from rewardstack.stack import Step
 from rewardstack._state import ForwardResult
@@ -148,35 +158,64 @@ def stop_namespace_actors(state_dir: str | Path) -> int:
 
 
 # -- the replicas ---------------------------------------------------------------------------------
+class DeviceLane(Lane):
+    """The worker's trainer lane with each slice under the replica's device lock, which the
+    replica's `/v1/score` forward passes take too: one thread at a time drives the stack."""
+
+    def __init__(self, settings: ServiceSettings, device: threading.Lock) -> None:
+        super().__init__(settings)
+        self.device = device
+
+    def run(self, stack: Any, pieces: list, beat: Any) -> None:
+        with self.device:
+            super().run(stack, pieces, beat)
+
+
 @serve.ingress()
 class ScoringReplica:
-    """A Serve replica: the stack's stateless part, the service's HTTP surface (service/app.py's
-    shared routes, answered here over the namespaces' state actors), no validator state."""
+    """A Serve replica: the one-process service's worker (the stack loaded once under its own
+    memory plan, the trainer routes' lane batching the requests this replica receives) and the
+    service's HTTP surface (service/app.py's shared routes and trainer routes); its `/v1/score`
+    runs the stack's stateless part here and the state in the namespaces' state actors."""
 
     def __init__(self, config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str],
                  state_dir: str, reorder_wait_s: float) -> None:
-        from rewardstack._service.namespaces import Access
+        from rewardstack._service.access import Access
         from transformers.utils import logging as hf_logging
 
-        from rewardstack.stack import RewardStack
-
         hf_logging.disable_progress_bar()
+        if not logging.getLogger().handlers:  # the replica's stderr is its Ray log: which model loads (n of N), calibrating
+            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        logging.getLogger("rewardstack").setLevel(logging.INFO)
         self.config = config
         self.settings = settings
         self.access = Access(dict(token_hashes))
         self.state_dir = state_dir
         self.reorder_wait_s = reorder_wait_s
-        self.stack = RewardStack(config, load_state=False)
+        self.device = threading.Lock()
+        self.worker = service_worker(config, settings, lane=DeviceLane(settings, self.device))
+        self.worker.start()  # loads, calibrates and runs the startup pass in its thread
+        while not (self.worker.ready or self.worker.error):
+            time.sleep(0.05)
+        if self.worker.error:  # Serve retries the constructor, then reports the deployment unhealthy
+            raise RuntimeError(f"the stack failed to load: {self.worker.error}")
+        self.stack = self.worker.stack
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewardstack-forward")
-        self.stack.forward(WARMUP_STEP)  # the startup forward pass, as the service does before ready
         self.in_flight = 0
         self.actors: dict[str, Any] = {}
         self.started = time.time()
 
     def __serve_build_asgi_app__(self) -> Any:
-        return http_app(self, self.settings, self.access, title="rewardstack on Ray Serve",
-                        description="The scoring service with stateless replicas and one state actor per namespace. "
-                                    "See docs/RAY.md.")
+        app = http_app(self, self.settings, self.access, title="rewardstack on Ray Serve",
+                       description="The scoring service and the trainer routes on stateless replicas, with one state "
+                                   "actor per namespace. See docs/RAY.md.")
+        add_trainer_routes(app, self.worker, self.config, self.settings)
+        return app
+
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose worker thread died is replaced."""
+        if self.worker.error or not self.worker.alive:
+            raise RuntimeError(f"the scoring worker stopped: {self.worker.error or 'its thread ended'}")
 
     def _actor(self, name: str) -> Any:
         """The namespace's state actor, its folder first reserved under one file lock on the shared
@@ -199,10 +238,14 @@ class ScoringReplica:
         out: list[ForwardResult | None] = [None] * len(items)
         if live:
             loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(self.pool, self.stack.forward_many, [items[i][0] for i in live])
+            results = await loop.run_in_executor(self.pool, self._forward_locked, [items[i][0] for i in live])
             for i, r in zip(live, results):
                 out[i] = r
         return out
+
+    def _forward_locked(self, steps: list[Step]) -> list[ForwardResult]:
+        with self.device:  # the worker's trainer batches wait meanwhile
+            return self.stack.forward_many(steps)
 
     async def score(self, request: Any, scope: str | None) -> Response:
         arrived = time.monotonic()
@@ -271,22 +314,57 @@ async def _call_state(method: Any, *args: Any) -> Any:
     return reply
 
 
+MAX_QUEUED_REQUESTS = 16384
+"""Requests each Serve proxy holds for the replicas (past `max_ongoing_requests` each) before it
+answers 503 with Retry-After: four 4,096-request trainer bursts at once."""
+
+
+def deployment_options(settings: ServiceSettings, *, replicas: int = 1, max_replicas: int | None = None,
+                       gpus_per_replica: float = 0.0, cpus_per_replica: float = 1.0,
+                       max_ongoing_requests: int | None = None,
+                       max_queued_requests: int = MAX_QUEUED_REQUESTS) -> dict[str, Any]:
+    """The replicas' Serve options: resources, and the bounds Serve's router keeps.
+
+    A replica takes up to `max_ongoing_requests` requests at once (default: two trainer batches,
+    `2 x service.stateless_batch`, so one batch fills while the other runs; at least
+    `service.queue_size + 1`, as a replica answers a validator's step 429 itself past `queue_size`
+    in flight; at most `service.stateless_queue`, so its lane never refuses what Serve sent it).
+    Past that, requests wait at Serve's proxy for a free replica (any replica: one that dies only
+    loses what it was running), up to `max_queued_requests` per proxy (-1: no bound), then 503 with
+    Retry-After, which OpenRLHF's and verl's clients resend (verl does not resend a 4xx). With
+    `max_replicas` above `replicas`, Serve's autoscaler keeps between the two, aiming at one trainer
+    batch in flight per replica.
+    """
+    ongoing = max_ongoing_requests or min(settings.stateless_queue, max(settings.queue_size + 1,
+                                                                        2 * settings.stateless_batch))
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
+        "max_ongoing_requests": ongoing, "max_queued_requests": max_queued_requests,
+        "backpressure_config": {"status_code": 503, "retry_after_s": 1},
+        "health_check_period_s": 5, "graceful_shutdown_timeout_s": 20,
+    }
+    if max_replicas is not None and max_replicas > replicas:
+        options["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
+                                         "target_ongoing_requests": min(ongoing, settings.stateless_batch)}
+    else:
+        options["num_replicas"] = replicas
+    return options
+
+
 def build_app(config: StackConfig, settings: ServiceSettings, token_hashes: dict[str, str], *, state_dir: str,
-              replicas: int = 1, gpus_per_replica: float = 0.0, cpus_per_replica: float = 1.0,
-              reorder_wait_s: float | None = None) -> Any:
-    """The Serve application: `replicas` stateless replicas over namespace state actors in `state_dir`.
+              gpus_per_replica: float = 0.0, reorder_wait_s: float | None = None, **options: Any) -> Any:
+    """The Serve application: stateless replicas (`deployment_options`' keywords: `replicas`,
+    `max_replicas`, `cpus_per_replica`, `max_ongoing_requests`, `max_queued_requests`) over
+    namespace state actors in `state_dir`.
 
     `reorder_wait_s` is how long a step waits at its state actor for predecessors still in a
     forward pass before it is a 409 gap (default: the service's deadline).
     """
     from rewardstack._distributed.scoring import worker_config
 
-    config = worker_config(config, gpus_per_replica)
-    deployment = serve.deployment(
-        ScoringReplica, name="ScoringReplica", num_replicas=replicas,
-        ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
-        # The replica admits up to queue_size steps itself and answers 429 past that, like the service.
-        max_ongoing_requests=settings.queue_size + 1, health_check_period_s=5, graceful_shutdown_timeout_s=20,
-    )
+    # Replicas write no telemetry run folder: several processes would share one.
+    config = replace(worker_config(config, gpus_per_replica), telemetry=replace(config.telemetry, run_dir=None))
+    deployment = serve.deployment(ScoringReplica, name="ScoringReplica",
+                                  **deployment_options(settings, gpus_per_replica=gpus_per_replica, **options))
     wait = settings.deadline_s if reorder_wait_s is None else reorder_wait_s
     return deployment.bind(config, settings, dict(token_hashes), str(Path(state_dir).resolve()), wait)

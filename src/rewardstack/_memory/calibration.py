@@ -24,6 +24,14 @@ another process wrote in the meantime are kept), at `$REWARDSTACK_HOME/calibrati
 state: deleting it only costs the next start its profile runs. It also keeps each checkpoint
 file's digest by the file's path, size, modification time and inode, so a file is hashed once, not
 at every start. A damaged file is logged and ignored (the start profiles), never an error.
+
+Settings chosen by timing (`Profile.tune`: the encoders' pass size, DPO's logits chunk) are only as
+good as the machine was quiet while they were timed. On CPU the manager times them under a
+`CpuShare`, the share of the wall time the measuring thread was on a core (about 1 alone, about
+0.5 with another process busy on every core), and keeps it in the entry. A tuning timed busy
+(under `QUIET_SHARE`) keeps the profile's `planned` settings instead of what it measured, and a
+later start that finds the machine quiet (`machine_quiet`, a short probe) times it again: a
+loaded start can only err toward the plan, and not for longer than the load lasts.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -47,8 +56,16 @@ from rewardstack._models import owner_of
 
 log = logging.getLogger("rewardstack.memory")
 
-FORMAT = 6  # a cache of another format is read as empty (the start profiles again); docs/LOG.md has the history
+FORMAT = 7  # a cache of another format is read as empty (the start profiles again); CHANGELOG.md says when it changed
 CHECKPOINT_FILES = (".safetensors", ".bin", ".pt", ".json")  # what a fit depends on in a checkpoint folder
+QUIET_SHARE = 0.8
+"""Least share of the wall time the measuring thread must run on a core for a timing to count as
+quiet. Alone on a core it runs ~1.0 of the time; beside one busy process per core, ~0.5."""
+QUIET_PROBE_SECONDS = 0.2
+"""How long `machine_quiet` measures before re-timing a setting that was timed on a busy machine."""
+wall_clock: Callable[[], float] = time.perf_counter
+cpu_clock: Callable[[], float] = time.thread_time
+"""The clocks `CpuShare` reads (module attributes: a test hands in timings by replacing them)."""
 
 
 def environment(device: torch.device | str) -> dict[str, str]:
@@ -192,6 +209,9 @@ class Profile:
     `lone_run(L)`: one unpadded input (an encoder drops the mask then); fits batches of one.
     `then()`: runs once the fit is in place, still at load and after the budget is set (DPO
     profiles there the smaller settings its budget needs, `dpo_chunks.ChunkPolicy`).
+    `planned`: the settings `tune` starts from (the memory plan's, e.g. the encoders' pass size),
+    kept instead of what `tune` measured when the machine was busy while it timed (`CpuShare`);
+    None keeps what was measured (the entry is still timed again at a quiet start).
     """
 
     name: str
@@ -207,6 +227,7 @@ class Profile:
     prefix_run: Callable[[int, int, int], Any] | None = None
     lone_run: Callable[[int], Any] | None = None
     then: Callable[[], None] | None = None
+    planned: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.shapes is None and self.max_tokens is None:
@@ -221,7 +242,7 @@ class Profile:
                 "shapes": grid_of.__qualname__ if grid_of is not None else grid, "chunk": self.chunk,
                 "chunk_rows": self.chunk_rows, "max_tokens": self.max_tokens, "tuned": self.tune is not None,
                 "tuned_tracked": tracked and self.tune is not None, "prefixed": self.prefix_run is not None,
-                "lone": self.lone_run is not None}
+                "lone": self.lone_run is not None, "planned": self.planned}
 
     def grid(self, settings: dict[str, Any]) -> list[tuple[int, int]]:
         """The shapes to profile once `settings` (what `tune` measured) are known."""
@@ -275,3 +296,42 @@ def no_budget(tracker: TensorBytesTracker | None, *, enter: bool = False) -> Ite
     finally:
         tracker.budget_bytes = saved
 
+
+class CpuShare:
+    """The share of the wall time the calling thread ran on a core while the body ran (1.0 for an
+    empty body): a busy machine's signal that no timing statistic can give, since a load that lasts
+    the whole measurement slows every candidate alike. Thread CPU time, not the process's: torch's
+    pool threads may sleep between ops on a quiet machine, the thread that drives them does not."""
+
+    def __enter__(self) -> "CpuShare":
+        self.share = 1.0
+        self._wall, self._cpu = wall_clock(), cpu_clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = wall_clock() - self._wall
+        if wall > 0:
+            self.share = max(0.0, min(1.0, (cpu_clock() - self._cpu) / wall))
+
+    @property
+    def quiet(self) -> bool:
+        return self.share >= QUIET_SHARE
+
+    def record(self) -> dict[str, Any]:
+        """What a cache entry keeps of the timing: the share, the verdict, the 1-minute load average
+        per core when it ended (for the operator: it lags by a minute, so it decides nothing)."""
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        cores = os.cpu_count() or 1
+        return {"cpu_share": round(self.share, 3), "quiet": self.quiet,
+                "load_per_core": round(load / cores, 2) if load is not None else None}
+
+
+def machine_quiet(seconds: float = QUIET_PROBE_SECONDS) -> bool:
+    """Whether the calling thread, driving torch's threads through matrix products for `seconds`,
+    stays on a core (`CpuShare.quiet`): the same signal the tuning was judged by."""
+    a = torch.ones(192, 192)
+    with torch.inference_mode(), CpuShare() as meter:
+        end = wall_clock() + seconds
+        while wall_clock() < end:
+            a = (a @ a).clamp_(max=1.0)
+    return meter.quiet

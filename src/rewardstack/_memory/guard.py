@@ -11,7 +11,7 @@ Where the passes run: on the device (inside the simulated device's tracker on CP
 memory for a model that placement put on the CPU (`where_run`: outside every dispatch mode, so
 invisible to the simulated device, with no device budget and no fallback).
 
-`injector` (the soak's `rewardstack._replay.faults.FaultInjector`) is any object whose
+`injector` (the soak's `FaultInjector`, tests/soak/faults.py) is any object whose
 `during(model, batch)` context raises an `InjectedOOM` inside a pass: the guard records an injected
 OOM like a real one (`OomRecord.injected` says which it was; the manager lowers the cost model's
 trust for a real one only).

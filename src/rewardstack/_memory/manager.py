@@ -49,8 +49,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from rewardstack._memory.budget import Budget, Card, weights_bytes
-from rewardstack._memory.calibration import (CalibrationCache, Profile, ProfileRecord, cache_path_for, calibration_key,
-                                             checkpoint_identity, measure_peak, no_budget)
+from rewardstack._memory.calibration import (CalibrationCache, CpuShare, Profile, ProfileRecord, cache_path_for,
+                                             calibration_key, checkpoint_identity, machine_quiet, measure_peak,
+                                             no_budget)
 from rewardstack._memory.costmodel import CostModel, max_fitting_length, plan_batches, plan_limit, profile
 from rewardstack._memory.device import MemorySnapshot, TensorBytesTracker
 from rewardstack._memory.guard import Forward, OomRecord, Outcome, cpu_fallback, prepare_batches, run_guarded, where_run
@@ -136,7 +137,7 @@ class MemoryManager:
         self.budget_bytes = budget_bytes
         self.margin = margin
         self.injector = injector
-        """Raises OOMs inside passes on purpose (the soak's `replay.faults.FaultInjector`; None: none)."""
+        """Raises OOMs inside passes on purpose (the soak's `FaultInjector`, tests/soak/faults.py; None: none)."""
         self.cost_models: dict[str, CostModel] = {}
         # The last OOM_LOG_SIZE records; `ooms_total` counts every one.
         self.oom_log: deque[OomRecord] = deque(maxlen=OOM_LOG_SIZE)
@@ -159,6 +160,7 @@ class MemoryManager:
         self._pending: list[tuple[str, Callable[[], CostModel]]] | None = None  # inside `deferred_calibration`
         self._registered: dict[str, tuple[list[torch.nn.Module], bool]] = {}
         self._keys: dict[str, str | None] = {}  # name -> its fit's calibration key (`remembered`)
+        self._expected: str | None = None  # the model that runs next (`expect`)
         simulated = self.device.type != "cuda"  # the tracker is the device off CUDA
         self.tracker: TensorBytesTracker | None = TensorBytesTracker(budget_bytes) if simulated else None
 
@@ -219,6 +221,21 @@ class MemoryManager:
         for name, (mods, cpu_ok) in self._registered.items():
             self.placement.register(name, mods, cpu_ok=cpu_ok)
         return self.placement.plan()
+
+    def expect(self, name: str | None) -> None:
+        """Say which model runs after the next one: with pinned swaps on a card, the next `run` starts
+        its swap-in on a side stream once its own model is on the card, so the copy overlaps that
+        model's passes (`Placement.prefetch`). Elsewhere (CPU, pageable moves) nothing changes."""
+        self._expected = name
+
+    def _prefetch_expected(self, owner: str) -> None:
+        """Start the expected model's swap-in beside `owner`'s passes (once per `expect`)."""
+        name, self._expected = self._expected, None
+        p = self.placement
+        if name is None or p is None or p.swapper is None or owner not in p.names():
+            return
+        if owner_of(name) != owner and owner_of(name) in p.names():  # pragma: no cover - CUDA-only
+            p.prefetch(owner_of(name), busy=owner)
 
     def device_for(self, name: str) -> torch.device:
         """The device `name`'s forward runs on now (the host if placement put it on CPU)."""
@@ -326,6 +343,8 @@ class MemoryManager:
         if self.placement is None and self._registered:
             self.place(None)  # no setup (a manager handed in): every model resident, moved there now
         pending, self._pending = self._pending or [], None
+        if pending:
+            log.info("calibrating %d model(s): each one's memory cost, profiled or read from the cache", len(pending))
         from tqdm import tqdm  # per-model progress on a terminal (off when stderr is not one)
 
         bar = tqdm(pending, desc="calibrating", unit="model", file=sys.stderr, disable=None, leave=False)
@@ -353,20 +372,14 @@ class MemoryManager:
         key = calibration_key(request, self.model_keys, self.tracker is not None, self.device)
         self._keys[name] = key
         entry = cache.get(key) if (cache is not None and key is not None) else None
-        if entry is not None:
+        if entry is not None and not self._retime(request, entry):
             cost = CostModel.from_dict(entry["cost"])
             if request.apply is not None:
                 request.apply(dict(entry.get("settings", {})))
             log.info("cost model for %s read from the calibration cache: %s", name, cost.describe())
             return cost
         started = time.perf_counter()
-        settings: dict[str, Any] = {}
-        if request.tune is not None:  # timing passes, not a scoring pass: the budget does not bound them
-            # Timed as the passes will run: on the simulated device every aten op also pays the
-            # tracker's dispatch (~10 us), which an untracked timing leaves out, so it would favour
-            # small chunks that cost many more ops a step.
-            with torch.inference_mode(), no_budget(self.tracker, enter=True):
-                settings = request.tune()
+        settings, timing = self._tune(request)
         if request.apply is not None:
             request.apply(dict(settings))
         shapes = request.grid(settings)
@@ -379,7 +392,7 @@ class MemoryManager:
         self.calibration_seconds += seconds
         self._publish("profiled", ProfileRecord(name, owner_of(name), began, seconds, len(shapes)))
         if cache is not None and key is not None:
-            cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings})
+            cache.put(key, {"name": name, "cost": cost.to_dict(), "settings": settings, "timing": timing})
         return cost
 
     def remembered(self, name: str, what: str, measure: Callable[[], Any]) -> Any:
@@ -401,6 +414,40 @@ class MemoryManager:
         predicted to fit the budget free now."""
         cost = self.cost_model(name)
         return cost.admits(batch, length) and cost.predict(batch, length) <= plan_limit(self.free_bytes(), cost, self.margin)
+
+    def _tune(self, request: Profile) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The profile's tuned settings and how quiet the machine was while they were timed (on
+        CPU; None: nothing timed, or timed on a card, where the host's load is not what is timed).
+        Timed busy, the profile's `planned` settings are kept (`calibration.CpuShare`)."""
+        if request.tune is None:
+            return {}, None
+        # Timing passes, not a scoring pass: the budget does not bound them. Timed as the passes
+        # will run: on the simulated device every aten op also pays the tracker's dispatch (~10 us),
+        # which an untracked timing leaves out, so it would favour small chunks that cost many
+        # more ops a step.
+        with torch.inference_mode(), no_budget(self.tracker, enter=True), CpuShare() as meter:
+            settings = request.tune()
+        if self.device.type == "cuda":
+            return settings, None
+        if not meter.quiet:
+            kept = f"{settings} kept" if request.planned is None else f"the plan's {request.planned} kept" + (
+                f", not the measured {settings}" if settings != request.planned else "")
+            log.warning("%s: timed on a busy machine (the timing thread ran %.0f%% of the time): %s; timed again "
+                        "at a start that finds the machine quiet", request.name, 100 * meter.share, kept)
+            settings = dict(request.planned) if request.planned is not None else settings
+        return settings, meter.record()
+
+    def _retime(self, request: Profile, entry: dict[str, Any]) -> bool:
+        """Whether a cached entry's tuned settings are timed again: they were timed on a busy
+        machine and this one is quiet now (`calibration.machine_quiet`)."""
+        timing = entry.get("timing")
+        if request.tune is None or not isinstance(timing, dict) or timing.get("quiet", True):
+            return False
+        if not machine_quiet():
+            return False
+        log.info("%s: its settings were timed on a busy machine (the timing thread ran %.0f%% of the time) "
+                 "and this one is quiet: timing them again", request.name, 100 * float(timing.get("cpu_share", 0)))
+        return True
 
     def measure(self, fn: Callable[[], Any], name: str = "measure") -> int:
         """Peak activation bytes of running `fn` in inference mode (tracker on CPU, allocator on CUDA)."""
@@ -478,6 +525,7 @@ class MemoryManager:
             # A run named `model[k]` (one of a scorer's several models) is placed with its scorer.
             owner = owner_of(name)
             on_host = self._bring_in(owner)
+            self._prefetch_expected(owner)
             cost = self.cost_model(cost_of or name)
             if prepare is not None:
                 prepare_batches(name, prepare, device=self.device, on_host=on_host, tracker=self.tracker)

@@ -16,6 +16,12 @@ moved once, and never evicted while another model on the device still uses them.
 so per model: its whole size (`bytes`), the bytes counted for it once across the stack
 (`counted_bytes`, summing to the stack's weights) and the models it shares modules with.
 
+On a CUDA card, swapped models move through `pinned.PinnedSwapper`: their weights keep a pinned
+host copy, a swap-in is a copy on a side stream that `ensure` makes the pass wait for, and
+`prefetch` starts the next model's copy while the model on the card runs. Resident models and
+models on the host move with `.to()`. `host_bytes()` says what the host holds: the pinned copies
+and the models that run there.
+
 On a machine whose device is the host (CPU), placement is simulated: residency and swaps are
 accounted exactly the same way but modules are not moved (`move=False`), so the logic is testable
 without a GPU.
@@ -33,6 +39,7 @@ from typing import Callable, Iterator, Literal
 import torch
 
 from rewardstack._memory.budget import weights_bytes
+from rewardstack._memory.pinned import PinnedSwapper, pinned_footprint, tensor_bytes
 
 log = logging.getLogger("rewardstack.memory")
 
@@ -48,7 +55,9 @@ class PlacementMove:
     """`in` (swapped onto the device) or `out` (evicted for another)."""
     bytes: int
     seconds: float | None
-    """Wall time of the swap that moved it in (None for an eviction, timed with its swap-in)."""
+    """Wall time of the swap that moved it in (with pinned swaps on a card, the time to queue its
+    copy: the pass waits for the copy on the device). None for an eviction, timed with its
+    swap-in, and for a prefetch, whose copy runs beside another model's pass."""
     time: float
     """When the swap began (seconds since the epoch)."""
 
@@ -75,7 +84,8 @@ class Placement:
 
     `budget_bytes` is the device memory the weights may take (None: unlimited, all resident).
     Models allowed on CPU (`cpu_ok`) of at most 1/16 of the budget go to CPU when the stack does
-    not fit.
+    not fit. `pinned` (default: when it moves weights onto a CUDA device): swapped models move
+    through a `PinnedSwapper`; False: with `.to()` from pageable host memory.
     """
 
     def __init__(
@@ -84,12 +94,16 @@ class Placement:
         budget_bytes: int | None,
         *,
         move: bool | None = None,
+        pinned: bool | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.host = torch.device("cpu")
         self.budget_bytes = budget_bytes
         # Moving only makes sense between two different memories; on a CPU-only box we simulate.
         self.move = (self.device != self.host) if move is None else move
+        on_card = self.move and self.device.type == "cuda"
+        self.swapper = PinnedSwapper(self.device) if on_card and pinned is not False else None
+        self._swapped: set[int] = set()  # ids of modules that swap (the swapper moves them)
         self._models: dict[str, _Model] = {}
         self._sizes: dict[int, int] = {}  # id(module) -> bytes
         self._mods: dict[int, torch.nn.Module] = {}
@@ -98,6 +112,7 @@ class Placement:
         self._lru: OrderedDict[str, None] = OrderedDict()  # swapped-in models, least recent first
         self.swaps = 0
         self.evictions = 0
+        self.prefetches = 0  # swaps (counted in `swaps`) that `prefetch` started beside another pass
         self.on_move: Callable[[PlacementMove], None] | None = None
         """Told of every move `ensure` makes (the memory manager forwards them to its observers)."""
 
@@ -173,17 +188,42 @@ class Placement:
     def _resident_ids(self) -> set[int]:
         return set().union(*(self._ids(n) for n, d in self.decisions.items() if d.where == "resident"))
 
+    def _swap_ids(self) -> set[int]:
+        """Modules of swapped models that no resident model holds: those that move at every swap."""
+        swapped = [self._ids(n) for n, d in self.decisions.items() if d.where == "swap"]
+        return set().union(*swapped) - self._resident_ids()
+
+    def host_bytes(self) -> tuple[int, int]:
+        """(pinned, pageable) host bytes of the plan: the swapped models' pinned copies, which stay
+        while they are on the device too, in the slabs `PinnedSwapper` packs them in (as the pinned
+        allocator rounds those); and the weights of the models placed on the host. (With pageable
+        `.to()` swaps the swapped weights are on the host only while off the device.)"""
+        pinned = self._swap_ids()
+        on_host = set().union(*(self._ids(n) for n, d in self.decisions.items() if d.where == "cpu"))
+        footprint = sum(pinned_footprint(tensor_bytes(self._mods[i])) for i in pinned)
+        return footprint, self._bytes_of(on_host - pinned - self._resident_ids())
+
     def _apply(self) -> None:
         """Put resident models on the device and the others on the host."""
         keep = self._resident_ids()
+        self._wait_for(set(self._mods))  # a copy still under way completes before any move
+        self._swapped = self._swap_ids()
         for i in list(self._mods):
             self._set(i, i in keep)
+        if self.move and self.swapper is not None:  # pragma: no cover - CUDA-only
+            for i in self._swapped:  # pinned now, not at the first swap: the plan's host bytes, held from the start
+                self.swapper.pin(self._mods[i])
         self._lru.clear()
 
     def _set(self, mid: int, on_device: bool) -> None:
         if (mid in self._on_device) == on_device:
             return
-        if self.move:
+        if self.move and self.swapper is not None and mid in self._swapped:  # pragma: no cover - CUDA-only
+            if on_device:
+                self.swapper.to_device(self._mods[mid], wait=False)  # `ensure` makes the pass wait
+            else:
+                self.swapper.to_host(self._mods[mid])
+        elif self.move:
             self._mods[mid].to(self.device if on_device else self.host)  # CUDA-only in practice
         if on_device:
             self._on_device.add(mid)
@@ -201,7 +241,8 @@ class Placement:
 
     def ensure(self, name: str) -> Decision:
         """Make registered model `name` runnable: swap it onto the device (evicting LRU swapped-in models)
-        if needed (`MemoryManager` asks only for the models it registered)."""
+        if needed (`MemoryManager` asks only for the models it registered). With pinned swaps, the
+        current stream then waits for its copy, however it was started."""
         d = self.decisions.get(name) or self.plan()[name]
         if d.where != "swap":
             return d
@@ -209,29 +250,74 @@ class Placement:
         if need <= self._on_device:
             self._lru[name] = None
             self._lru.move_to_end(name)  # most recently used
-            return d
-        t0, p0 = time.time(), time.perf_counter()
+        else:
+            self._swap_in(name, self._victims(need, spare=set())[0], None)
+        self._wait_for(need)
+        return d
+
+    def prefetch(self, name: str, *, busy: str | None = None) -> bool:
+        """Start swapping `name` in without waiting for it, evicting only models other than `busy`
+        (the model whose pass runs meanwhile, which must be on the device); `ensure(name)` later
+        makes its pass wait for the copy. False, with nothing moved, when `name` is not swapped,
+        is already on the device, or does not fit beside `busy`."""
+        d = self.decisions.get(name)
+        need = self._ids(name) if name in self._models else set()
+        if d is None or d.where != "swap" or need <= self._on_device:
+            return False
+        if busy is not None and not self._ids(busy) <= self._on_device:
+            return False
+        victims, fits = self._victims(need, spare={busy} if busy else set())
+        if not fits:
+            return False
+        self._swap_in(name, victims, "prefetch")
+        self.prefetches += 1
+        return True
+
+    def _victims(self, need: set[int], spare: set[str]) -> tuple[list[str], bool]:
+        """The swapped-in models to evict, least recently used first, so that `need` fits the budget
+        (never one in `spare`), and whether it then fits."""
         budget = self.budget_bytes if self.budget_bytes is not None else float("inf")
-        evicted: list[str] = []
-        while self._bytes_of(self._on_device | need) > budget and self._lru:
-            victim, _ = self._lru.popitem(last=False)
-            # A module shared with another model still on the device stays.
-            still = set().union(*(self._ids(n) for n in self._lru), self._resident_ids(), need)
-            for mid in self._ids(victim) - still:
+        on = set(self._on_device)
+        victims: list[str] = []
+        order = [n for n in self._lru if n not in spare]
+        while self._bytes_of(on | need) > budget and order:
+            victim = order.pop(0)
+            victims.append(victim)
+            on -= self._ids(victim) - self._still_needed(victims, need)
+        return victims, self._bytes_of(on | need) <= budget
+
+    def _still_needed(self, leaving: list[str], need: set[int]) -> set[int]:
+        """Modules that stay on the device when `leaving` go: a module shared with a model still on
+        it, a resident one, or one `need` takes."""
+        staying = [n for n in self._lru if n not in leaving]
+        return set().union(*(self._ids(n) for n in staying), self._resident_ids(), need)
+
+    def _swap_in(self, name: str, victims: list[str], how: str | None) -> None:
+        """Evict `victims`, move `name` in, count and log the swap and tell `on_move`."""
+        t0, p0 = time.time(), time.perf_counter()
+        need = self._ids(name)
+        for k, victim in enumerate(victims):
+            for mid in self._ids(victim) - self._still_needed(victims[: k + 1], need):
                 self._set(mid, False)
-            evicted.append(victim)
+            del self._lru[victim]
             self.evictions += 1
         for mid in need:
             self._set(mid, True)
         self._lru[name] = None
         self.swaps += 1
-        log.info("placement: swapped in %s (%s)%s; %d swaps so far", name, _mib(self._models[name].size),
-                 f", evicted {evicted}" if evicted else "", self.swaps)
+        log.info("placement: %s %s (%s)%s; %d swaps so far", "prefetching" if how else "swapped in", name,
+                 _mib(self._models[name].size), f", evicted {victims}" if victims else "", self.swaps)
         if self.on_move is not None:
-            self.on_move(PlacementMove(name, "in", d.bytes, time.perf_counter() - p0, t0))
-            for v in evicted:
+            seconds = None if how else time.perf_counter() - p0
+            self.on_move(PlacementMove(name, "in", self.decisions[name].bytes, seconds, t0))
+            for v in victims:
                 self.on_move(PlacementMove(v, "out", self.decisions[v].bytes, None, t0))
-        return d
+
+    def _wait_for(self, need: set[int]) -> None:
+        """The current stream waits for the pinned copies of `need` (nothing without a swapper)."""
+        if self.move and self.swapper is not None:  # pragma: no cover - CUDA-only
+            for mid in need:
+                self.swapper.ready(self._mods[mid])
 
     @contextmanager
     def lent_to_host(self, name: str) -> Iterator[int]:
@@ -248,6 +334,7 @@ class Placement:
         finally:
             for i in moved:
                 self._set(i, True)
+            self._wait_for(moved)  # the passes after the fallback run on the copy
 
     def counted(self) -> dict[str, tuple[int, list[str]]]:
         """Per model: the bytes counted for it with every module counted once, and the models it

@@ -9,7 +9,8 @@ the plan is what the stack would do on that card.
 
 Per model: weights, the activation cost model fitted to simulated peaks (at full size), where it is
 placed, the longest input it admits and that input's simulated peak, and the largest batch of
-tokens at that length. The verdict for the stack is exactly one of:
+tokens at that length. For the host: the weights kept pinned there for swaps and those of the
+models that run there. The verdict for the stack is exactly one of:
   - `fits`: every model resident, and every model's longest admitted input within the activation
     budget (times the safety margin);
   - `fits with swapping`: every longest input fits, but some models are swapped in per step or run
@@ -81,6 +82,8 @@ class StackPlan:
     swap_bytes_per_step: int
     models: list[ModelPlan]
     seconds: float = 0.0
+    host_pinned_bytes: int = 0  # swapped models' weights, kept pinned on the host (`Placement.host_bytes`)
+    host_pageable_bytes: int = 0  # models placed on the host, in pageable memory
 
 
 def _shapes(bound: int) -> list[tuple[int, int]]:
@@ -165,6 +168,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     for owner, mods in owners.items():
         placement.register(owner, mods, cpu_ok=owner in _MASKS)
     decisions = placement.plan()
+    pinned, pageable = placement.host_bytes()
     swap = _swap_traffic(placement, list(owners))
 
     margin = cfg.safety_margin
@@ -190,7 +194,7 @@ def plan_stack(cfg: StackConfig, device_memory: int, *, dtype: str | None = None
     swapping = any(p.where != "resident" for p in plans.values())
     verdict = "cannot fit" if cannot else "fits with swapping" if swapping else "fits"
     return StackPlan(device_memory, usable, weights, weights_budget, int(activation), margin, verdict,
-                     swap, list(plans.values()), time.perf_counter() - t0)
+                     swap, list(plans.values()), time.perf_counter() - t0, pinned, pageable)
 
 
 _MASKS = tuple(m.name for m in MODELS if not m.is_reward and not m.is_rule)  # may run on the CPU
@@ -295,6 +299,8 @@ def format_plan(plan: StackPlan) -> str:
     stand = [p for p in plan.models if p.stand_in]
     for p in stand:
         lines.append(f"note: {p.name} ({p.arch}): {p.stand_in.split(' (')[0]}")
+    lines.append(f"host memory: {_g(plan.host_pinned_bytes)} GiB pinned (the swapped models' weights, kept on the "
+                 f"host for copies onto the card), {_g(plan.host_pageable_bytes)} GiB pageable (models run on the host)")
     tail = f"verdict: {plan.verdict}"
     if plan.swap_bytes_per_step:
         tail += f" (swapping moves {_g(plan.swap_bytes_per_step)} GiB onto the card per step)"
@@ -308,13 +314,16 @@ def cmd_plan(args: Any) -> int:
     architecture and dtype; `--no-cache`: none), so a second plan takes about a second."""
     from importlib import resources
 
-    from rewardstack.config import load_config
+    from rewardstack.config import build_config
+    from rewardstack._modelflags import model_flags
     from rewardstack._paths import plan_cache
     from rewardstack._settings import parse_bytes
 
     size = parse_bytes(args.device_memory, key="--device-memory") if args.device_memory else None
     S.use_disk_cache(None if args.no_cache else plan_cache())
-    cfg = load_config(args.config or str(resources.files("rewardstack") / "configs" / "default.toml"))
+    flags = {**model_flags(args), "dtype": None}  # plan_stack applies --dtype to every model
+    default = None if flags["reward_models"] else str(resources.files("rewardstack") / "configs" / "default.toml")
+    cfg = build_config(args.config or default, **flags)
     size = size or cfg.memory.device_memory
     if size is None:
         raise ConfigError("--device-memory", "give the card's size (e.g. 40GiB) or set [memory] device_memory")

@@ -156,16 +156,15 @@ def _code_version() -> str:
     """A digest of the code a simulated number depends on."""
     import transformers
 
-    from rewardstack import _standin_btlm as standin_btlm
     from rewardstack._scorers import attention, classifier, dpo, dpo_numerics, embedding, encoding, prefix
 
     h = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
-    from rewardstack._planning import archs, metadevice
+    from rewardstack._planning import archs, btlm, metadevice
 
     for mod in (__import__(__name__, fromlist=["_"]), archs, metadevice, passes, attention, classifier, dpo, dpo_numerics,
                 embedding, encoding, prefix):
         h.update(Path(mod.__file__).read_bytes())
-    for f in sorted(Path(standin_btlm.__file__).parent.glob("*.py")):
+    for f in sorted(Path(btlm.__file__).parent.glob("*.py")):
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 

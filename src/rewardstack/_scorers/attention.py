@@ -1,7 +1,7 @@
 """Exact blocked attention for remote-code models whose own attention builds [heads, L, L] scores.
 
 BTLM's remote code (cerebras/btlm-3b-8k-base `modeling_btlm.py`, transcribed by
-`rewardstack._standin_btlm`) builds, once per forward, the ALiBi bias of every head against every
+`rewardstack._planning.btlm`) builds, once per forward, the ALiBi bias of every head against every
 key (`relative_pe(q, k)`: `[heads, L, L]` float32) and in every layer the scores, their float32
 softmax and its cast: at 8,192 tokens and 32 heads each float32 one is 8 GiB. Attention is
 row-wise, so none of that is needed at once: this module runs the model's own operations (scores

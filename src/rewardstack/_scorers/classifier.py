@@ -44,7 +44,8 @@ def hate_value(out: Any, mask: torch.Tensor) -> torch.Tensor:
 class _Classifier(Scorer):
     """Tokenizer + sequence-classification model + the settings both scorers share."""
 
-    def __init__(self, name: str, cfg: ModelConfig, runtime: Runtime, default_length: int | None) -> None:
+    def __init__(self, name: str, cfg: ModelConfig, runtime: Runtime, default_length: int | None,
+                 tokenizer_options: dict[str, Any] | None = None) -> None:
         from transformers import AutoModelForSequenceClassification
 
         assert cfg.path, f"{name}: no path"
@@ -52,7 +53,8 @@ class _Classifier(Scorer):
         self.runtime = runtime
         self.cfg = cfg
         source, how = load_source(cfg, str(cfg.path))  # locked commit, remote code only if allowed
-        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForSequenceClassification, dtype=cfg.dtype, **how)
+        self.tokenizer, self.model = runtime.models.pretrained(source, AutoModelForSequenceClassification, dtype=cfg.dtype,
+                                                               tokenizer_options=tokenizer_options, **how)
         self.max_length = enc.resolve_max_length(self.tokenizer, self.model.config, cfg.max_length, default_length)
         self.max_tokens = cfg.options.max_batch_tokens or enc.default_pass_tokens(self.max_length, runtime.device)
         self.max_batch = cfg.batch_size

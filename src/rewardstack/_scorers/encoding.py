@@ -66,24 +66,30 @@ SANE_MAX_LENGTH = 100_000  # a tokenizer claiming more than this (DeBERTa-v3 say
 POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "bart"})
 
 
-def default_pass_tokens(bound: int, device: torch.device) -> int:
-    """Tokens one padded pass may hold before tuning (and on accelerators, where it is not tuned):
-    one window on CPU, 16 windows on an accelerator, where bigger passes keep it busy and the
-    memory budget bounds them. On CPU `tune_pass_tokens` then measures the best size at load."""
-    return bound if device.type == "cpu" else 16 * bound
-
-
-PASS_FACTORS = (1, 2, 4)
-"""Pass sizes (in windows of the model's bound) that CPU tuning tries."""
+CPU_PASS_TOKENS = 4096
+"""Tokens of one padded pass on CPU in the memory plan, before tuning (at least one window): a
+CPU pass costs a few ms of fixed work (module calls, thread hand-offs), a small share at 4,096
+tokens even for a tiny model, while one window of a short-bounded model (64 tokens) is one row a
+pass. Measured: a 6-layer, 384-wide Llama reward model served 7.7 samples/s at one 512-token
+window a pass and 11.0 at 4,096 (issue 48)."""
 MAX_PASS_ROWS = 64
 """Most rows one pass takes (profiled shapes reach this for short inputs)."""
-WIDER_GAIN = 1.15
-"""How much faster a wider pass must be to be chosen over a narrower one."""
-WINDOW_PASS_SLOW = 0.06
-"""Seconds of one whole-window pass past which tuning stops at one window: a pass's fixed costs
-(module calls, DeBERTa's relative-position tables; a few ms on CPU) are then too small a share
-for a wider pass to win by `WIDER_GAIN`. Measured here: the MiniLM encoders ~100 ms a window
-(stop), the DeBERTa stand-in ~35 ms and the RoBERTa stand-in ~5 ms (tuned)."""
+SHRINK_STEPS = 2
+"""Halvings below the plan's pass size that CPU tuning may take (4,096 -> 2,048 -> 1,024)."""
+SLOWER_BY = 1.10
+"""How much slower a pass must be than one of half its size, in every timing round and in the best
+of each, before tuning takes the smaller one (a wider pass is the plan's; 10% is about the timing
+noise between rounds on a shared 2-core machine)."""
+ROUNDS = 3
+"""Interleaved timing rounds of each comparison (and again of its re-check)."""
+
+
+def default_pass_tokens(bound: int, device: torch.device) -> int:
+    """Tokens one padded pass may hold in the memory plan (the memory budget bounds the planned
+    batches further): `CPU_PASS_TOKENS` on CPU (at least one window), where `tune_pass_tokens`
+    may then halve it at load when it is measurably slower; 16 windows on an accelerator, where
+    bigger passes keep it busy and it is not tuned."""
+    return max(bound, CPU_PASS_TOKENS) if device.type == "cpu" else 16 * bound
 
 
 def position_limit(config: Any) -> int | None:
@@ -145,12 +151,14 @@ def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, 
     """Fit the cost model of the encoder scorer `owner` (its `runtime`, `name`, `model`, `max_length`
     and `max_tokens`) from measured peaks of dummy passes (once per name).
 
-    `owner.max_tokens` is the scorer's cap on the tokens of one padded pass. With `tune` (the cap
-    was not set in the config) and on CPU, the cap is tuned first (`tune_pass_tokens`) and set on
-    `owner`, from the calibration cache on a warm start. The profiled shapes reach the
-    cap with batches of short inputs: the planner admits no shape wider than the widest profiled,
-    so a grid of batches up to 4 held every pass of short inputs to 4 rows, and on a small model
-    the per-pass overhead then cost 2-3x the floor (docs/LOG.md, 2026-11-30). `then()` runs once the
+    `owner.max_tokens` is the scorer's cap on the tokens of one padded pass, the plan's
+    (`default_pass_tokens`) unless the config set it. With `tune` (the cap was not set in the
+    config) and on CPU, the cap is tuned first (`tune_pass_tokens`) and set on `owner`, from the
+    calibration cache on a warm start; a tuning timed on a busy machine keeps the plan's cap
+    (`calibration.CpuShare`). The profiled shapes reach the cap with batches of short inputs: the
+    planner admits no shape wider than the widest profiled, so a grid of batches up to 4 held
+    every pass of short inputs to 4 rows, and on a small model the per-pass overhead then cost
+    2-3x the floor (2026-11-30). `then()` runs once the
     fit is in place (`Profile.then`).
     """
     runtime, model, max_length, pass_tokens = owner.runtime, owner.model, owner.max_length, owner.max_tokens
@@ -174,9 +182,10 @@ def calibrate(owner: Any, head: Callable[[Any, torch.Tensor], torch.Tensor], *, 
         return pass_shapes(max_length, int(settings.get("pass_tokens", pass_tokens)))
 
     tune_cpu = tune and runtime.device.type == "cpu"
-    tuner = (lambda: {"pass_tokens": tune_pass_tokens(run, max_length)}) if tune_cpu else None
+    tuner = (lambda: {"pass_tokens": tune_pass_tokens(run, max_length, pass_tokens)}) if tune_cpu else None
     runtime.memory.calibrate(Profile(owner.name, run, max_length=max_length, shapes=shapes, tune=tuner, apply=apply,
-                                     lone_run=lambda length: run(1, length, padded=False), then=then))  # a batch of one: no mask
+                                     lone_run=lambda length: run(1, length, padded=False),  # a batch of one: no mask
+                                     planned={"pass_tokens": pass_tokens} if tune_cpu else None, then=then))
 
 
 def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:
@@ -191,39 +200,54 @@ def pass_shapes(max_length: int, pass_tokens: int) -> list[tuple[int, int]]:
     return sorted(shapes, key=lambda s: (s[1], s[0]))
 
 
-def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, *, rounds: int = 2) -> int:
-    """The CPU pass cap (tokens) with the best throughput, from `PASS_FACTORS` windows.
+def tune_pass_tokens(run: Callable[[int, int], Any], max_length: int, plan: int | None = None, *,
+                     rounds: int = ROUNDS) -> int:
+    """The CPU pass cap (tokens): the plan's (`default_pass_tokens`), halved (at most
+    `SHRINK_STEPS` times) only while the larger pass is measurably slower than the smaller one.
 
-    Each candidate runs the same tokens (short inputs of an eighth of the bound, and whole
-    windows) in passes of its size, `rounds` times interleaved, its fastest round counting. A
-    wider pass is chosen only when it is faster than the one chosen so far (from one window up) by
-    more than `WIDER_GAIN`: wider passes peak higher, and timing noise on a shared 2-core machine
-    reaches 10%. Small models gain from
-    wide passes (per-pass overhead), large ones do not (activations fall out of cache): on the
-    stand-ins the tiny classifiers ran 1.5x faster at 2-4 windows, the MiniLM encoders no faster.
+    Each comparison runs the same rows (half the bound long, as many as the larger pass holds) in
+    passes of either size, `rounds` times in alternating order; the larger is slower when it is
+    slower by `SLOWER_BY` in every round and in the best round of each (`_slower`), and only a
+    re-check, timed afresh, makes that a halving. So a burst of load during one pass, or a load
+    that slows both sizes alike, keeps the plan's size; a pass never drops below a quarter of the
+    plan nor below one window (a 64-token model keeps 64 rows a pass: no halving changes that).
+    Small models gain from wide passes (per-pass overhead); larger ones may not (activations fall
+    out of cache: the MiniLM encoders ran 30-50% slower at 8 windows than at 1-2, 2026-11-30).
     """
-    caps = [f * max_length for f in PASS_FACTORS]
-    short = max(8, max_length // 8)
-    times = {cap: float("inf") for cap in caps}
+    chosen = plan or default_pass_tokens(max_length, torch.device("cpu"))
+    width = max(8, max_length // 2)
+
+    def rows(cap: int) -> int:
+        return max(1, min(MAX_PASS_ROWS, cap // width))
+
     with torch.inference_mode():
-        run(2, short)  # first-call costs out of the timing
-        t = time.perf_counter()
-        run(1, max_length)
-        if time.perf_counter() - t > WINDOW_PASS_SLOW:
-            return caps[0]  # the per-pass overhead is too small a share for a wider pass to win
-        for _ in range(rounds):
-            for cap in caps:
-                t = time.perf_counter()
-                for length in (short, max_length):
-                    rows = max(1, min(MAX_PASS_ROWS, cap // length))
-                    for _ in range(max(1, caps[-1] // (rows * length))):
-                        run(rows, length)
-                times[cap] = min(times[cap], time.perf_counter() - t)
-    best = caps[0]
-    for cap in caps[1:]:
-        if times[cap] * WIDER_GAIN < times[best]:
-            best = cap
-    return best
+        run(2, min(width, 16))  # first-call costs out of the timing
+        for _ in range(SHRINK_STEPS):
+            smaller = chosen // 2
+            if smaller < max_length or rows(smaller) == rows(chosen):
+                break
+            if not all(_slower(run, rows(chosen), rows(smaller), width, rounds) for _ in range(2)):  # and a re-check
+                break
+            chosen = smaller
+    return chosen
+
+
+def _slower(run: Callable[[int, int], Any], large: int, small: int, width: int, rounds: int) -> bool:
+    """Whether `large` rows of `width` tokens in one pass take `SLOWER_BY` longer than the same rows
+    in passes of `small` rows: in every one of `rounds` rounds (the two interleaved, in alternating
+    order), and best round against best round. The first round that finds it not slower ends the
+    timing (the plan's size then stays): a model that gains from wide passes pays one round."""
+    slow: list[float] = []
+    fast: list[float] = []
+    for r in range(rounds):
+        for per_pass in (large, small) if r % 2 == 0 else (small, large):
+            t = time.perf_counter()
+            for k in range(0, large, per_pass):
+                run(min(per_pass, large - k), width)
+            (slow if per_pass == large else fast).append(time.perf_counter() - t)
+        if slow[-1] <= SLOWER_BY * fast[-1]:
+            return False
+    return min(slow) > SLOWER_BY * min(fast)
 
 
 def token_groups(order: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

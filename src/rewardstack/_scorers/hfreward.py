@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+from array import array
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -38,6 +40,20 @@ log = logging.getLogger("rewardstack.scorers")
 
 Chat = Sequence[dict]
 """A conversation: `{"role", "content"}` messages."""
+
+
+@dataclass
+class Encoded:
+    """One input tokenized for a model, before it joins a pass: its ids (cut at the model's length
+    bound), whether they were cut, and the input and field it came from (re-read if the budget
+    at run time holds fewer tokens than the bound)."""
+
+    ids: Sequence[int]
+    cut: bool
+    item: Any
+    field: str
+    special: bool | None = None
+    """Whether the tokenizer added its special tokens (`HfRewardScorer.encode`)."""
 
 
 @dataclass
@@ -73,7 +89,9 @@ class HfRewardScorer(_Classifier):
     kind = "reward"
 
     def __init__(self, cfg: ModelConfig, runtime: Runtime) -> None:
-        super().__init__(cfg.name, cfg, runtime, None)
+        # The side is the tokenizer's own setting, made when it loads: another table on the same
+        # folder gets a tokenizer of its own side (scorers/loading.py).
+        super().__init__(cfg.name, cfg, runtime, None, tokenizer_options={"truncation_side": cfg.options.truncation_side})
         tok = self.tokenizer
         if tok.pad_token_id is None and tok.eos_token_id is not None:
             self.pad_id = tok.eos_token_id  # how transformers batches a decoder without a pad token
@@ -81,7 +99,9 @@ class HfRewardScorer(_Classifier):
             # A decoder's classification head finds each row's last token by the pad id; without one
             # it refuses batches of more than one row.
             self.model.config.pad_token_id = self.pad_id
-        tok.truncation_side = cfg.options.truncation_side
+        # A fast tokenizer's truncation settings live in its Rust object, which refuses a second
+        # thread while one sets them ("Already borrowed"): requests tokenize one at a time.
+        self._tokenizing = threading.Lock()
         self.fixed_rows: dict[int, int] | None = None
         """Width -> rows of every pass at that width (None: passes of up to `max_tokens`)."""
         self.mask_slot = False
@@ -90,11 +110,18 @@ class HfRewardScorer(_Classifier):
         self.invariance = Invariance(cfg.options.fixed_shapes, "unavailable")
         enc.calibrate(self, first_logit, tune=cfg.options.max_batch_tokens is None, then=self.check_invariance)
 
-    def encode(self, item: str | Chat, field: str, bound: int | None = None) -> tuple[list[int], bool]:
+    def encode(self, item: str | Chat, field: str, bound: int | None = None,
+               special: bool | None = None) -> tuple[list[int], bool]:
         """The ids of one input, cut at `bound` tokens (default: the model's length bound), and
-        whether it was cut; InputError naming `field`."""
+        whether it was cut; InputError naming `field` for an input that cannot be read or is empty.
+
+        `special`: whether the tokenizer adds its special tokens (a BOS) to the text. By default a
+        string gets them (vLLM's convention, and a plain transformers call's) and a chat the
+        template rendered does not (the template writes them); `/get_reward` says no (OpenRLHF's
+        serve_rm: its queries are chat-templated already).
+        """
         tok = self.tokenizer
-        special = True  # a string is tokenized as vLLM and a plain transformers call do: special tokens on
+        default = True
         if not isinstance(item, str):
             if not self.cfg.options.chat_template or not getattr(tok, "chat_template", None):
                 raise InputError(f"{self.name} takes plain text: its tokenizer has no chat template or its "
@@ -103,49 +130,83 @@ class HfRewardScorer(_Classifier):
                 item = tok.apply_chat_template(list(item), tokenize=False)
             except Exception as e:  # noqa: BLE001 - a template's own error is the client's input
                 raise InputError(f"the chat template refused these messages: {e}", field=field) from None
-            special = False  # the template writes its own special tokens
+            if not item:
+                raise InputError("the chat template renders these messages as an empty text: there is nothing to "
+                                 "score", field=field)
+            default = False
+        special = default if special is None else special
         bound = self.max_length if bound is None else min(bound, self.max_length)
-        ids = tok(item, add_special_tokens=special)["input_ids"]
-        if len(ids) <= bound:
-            return list(ids), False
-        return list(tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]), True
+        try:
+            with self._tokenizing:
+                ids = tok(item, add_special_tokens=special)["input_ids"]
+                cut = len(ids) > bound
+                if cut:
+                    ids = tok(item, add_special_tokens=special, truncation=True, max_length=bound)["input_ids"]
+        except Exception as e:  # noqa: BLE001 - what the tokenizer cannot read fails its own request only
+            raise InputError(f"the tokenizer cannot read this input ({type(e).__name__}: {e})", field=field) from None
+        if not ids:
+            raise InputError("is empty: there is nothing to score", field=field)
+        return list(ids), cut
+
+    def prepare(self, item: str | Chat, field: str, special: bool | None = None) -> Encoded:
+        """One input tokenized ahead of its pass (on the caller's thread, not the device's), with
+        `special` as `encode` takes it; InputError naming `field` if it cannot be."""
+        ids, cut = self.encode(item, field, special=special)
+        return Encoded(array("i", ids), cut, item, field, special)  # 4 bytes a token while it waits
 
     def score_groups(self, groups: Sequence[Sequence[tuple[str | Chat, str]]],
-                     completions: Sequence[Sequence[int]] | None = None) -> list[list[Read] | InputError]:
+                     completions: Sequence[Sequence[int]] | None = None,
+                     specials: Sequence[bool | None] | None = None) -> list[list[Read] | InputError]:
         """Every group's inputs (item, field name) in one pass through the memory layer: per group,
         a `Read` per input, or the InputError of its first bad input (the other groups are scored).
+        `completions`: per group, the step's completion index of each input, for the memory
+        layer's records; `specials`: per group, its inputs' `special` (`encode`: its route's
+        tokenization convention)."""
+        answers: list[list[Read] | InputError] = []
+        rows: list[Encoded] = []
+        kept: list[int] = []
+        for g, group in enumerate(groups):
+            try:
+                special = specials[g] if specials is not None else None
+                encoded = [self.prepare(item, field, special) for item, field in group]
+            except InputError as e:
+                answers.append(e)
+                continue
+            answers.append([])
+            rows.extend(encoded)
+            kept.append(g)
+        reads = self.score_encoded(rows, [c for g in kept for c in completions[g]] if completions is not None else None)
+        for g in kept:
+            answers[g], reads = reads[:len(groups[g])], reads[len(groups[g]):]
+        return answers
 
-        Inputs are cut to what the budget holds alone (`MemoryManager.run_pass`); identical inputs,
-        within a group or across groups, are one row. `completions`: per group, the step's
-        completion index of each input, for the memory layer's records.
+    def score_encoded(self, rows: Sequence[Encoded], completions: Sequence[int] | None = None) -> list[Read]:
+        """A `Read` per input tokenized ahead (`prepare`), all in one pass through the memory layer.
+
+        Inputs longer than the budget holds alone (`MemoryManager.run_pass`'s allowance) are read
+        again at that cap; identical inputs are one row.
         """
-        answers: list[list[Read] | InputError] = [[] for _ in groups]
-        where: list[list[tuple[int, bool, int]]] = [[] for _ in groups]
+        where: list[tuple[int, bool, int]] = []
 
         def build(allowance: Allowance) -> Pass:
             index: dict[tuple[int, ...], int] = {}
             first: list[int | None] = []  # per row: the completion it was first read for
-            for g, group in enumerate(groups):
-                try:
-                    encoded = [self.encode(item, field, allowance.cap) for item, field in group]
-                except InputError as e:
-                    answers[g] = e
-                    continue
-                for k, (ids, cut) in enumerate(encoded):
-                    row = index.setdefault(tuple(ids), len(index))
-                    if row == len(first):
-                        first.append(completions[g][k] if completions is not None else None)
-                    where[g].append((row, cut, len(ids)))
-            rows = [list(r) for r in index]
-            return Pass([pad_width(len(r), self.max_length) for r in rows], self._forward(rows),
+            where.clear()
+            for k, row in enumerate(rows):
+                ids, cut = row.ids, row.cut
+                if len(ids) > allowance.cap:
+                    ids, cut = self.encode(row.item, row.field, allowance.cap, row.special)
+                at = index.setdefault(tuple(ids), len(index))
+                if at == len(first):
+                    first.append(completions[k] if completions is not None else None)
+                where.append((at, cut, len(ids)))
+            unique = [list(r) for r in index]
+            return Pass([pad_width(len(r), self.max_length) for r in unique], self._forward(unique),
                         max_batch=self.max_batch, completions=first if completions is not None else None,
                         rows=self._planned_rows())
 
-        outcomes = self.runtime.memory.run_pass(self.name, build, upper=self.max_length)
-        for g, places in enumerate(where):
-            if not isinstance(answers[g], InputError):
-                answers[g] = [Read(outcomes[row], cut, tokens) for row, cut, tokens in places]
-        return answers
+        outcomes = self.runtime.memory.run_pass(self.name, build, upper=self.max_length) if rows else []
+        return [Read(outcomes[at], cut, tokens) for at, cut, tokens in where]
 
     def pass_rows(self, width: int) -> int:
         """Rows of one pass at `width`: the fixed count, or as many as `max_tokens` holds."""

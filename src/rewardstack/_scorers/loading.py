@@ -15,7 +15,7 @@ is read the same way (`scorers.dahoas.load_dahoas`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -35,6 +35,7 @@ class ModelCache:
         self.device = device
         self._models: dict[tuple, torch.nn.Module] = {}
         self._tokenizers: dict[tuple, Any] = {}
+        self._adopted: dict[tuple[str, str, str], torch.nn.Module] = {}
 
     def tokenizer(self, path: str, *, revision: str | None = None, **kwargs: Any) -> Any:
         """An AutoTokenizer for `path`, loaded once."""
@@ -62,6 +63,8 @@ class ModelCache:
         The model is not moved to the device: placement moves the models that stay resident.
         """
         name = loader.__name__
+        if (path, name, dtype) in self._adopted:
+            return self._adopted[(path, name, dtype)]
         key = (path, name, dtype, revision, tuple(sorted(kwargs.items())))
         if key not in self._models:
             try:
@@ -74,11 +77,23 @@ class ModelCache:
             log.info("loaded %s from %s (%s) on the host; placement moves it to %s if resident", name, path, dtype, self.device)
         return self._models[key]
 
+    def adopt(self, path: str, loader: Callable[..., torch.nn.Module] | type, model: torch.nn.Module, *,
+              dtype: str = "float32") -> None:
+        """Serve `model`, built in this process, wherever `loader` would load `path` in `dtype` (the
+        folder then needs its config and tokenizer only): scripts/gpu_card.py serves an 8B model
+        built on the card with random weights, which writing and reading back would not fit a
+        lease. Placement moves it as any loaded model."""
+        self._adopted[(path, loader.__name__, dtype)] = model.eval().requires_grad_(False)
+
     def pretrained(self, path: str, loader: Callable[..., torch.nn.Module] | type, *, dtype: str = "float32",
-                   revision: str | None = None, **kwargs: Any) -> tuple[Any, torch.nn.Module]:
+                   revision: str | None = None, tokenizer_options: Mapping[str, Any] | None = None,
+                   **kwargs: Any) -> tuple[Any, torch.nn.Module]:
         """The (tokenizer, model) pair of one checkpoint, both loaded once and shared.
 
-        `kwargs` go to both `from_pretrained` calls (`trust_remote_code` from `hub.load_source`).
+        `kwargs` go to both `from_pretrained` calls (`trust_remote_code` from `hub.load_source`);
+        `tokenizer_options` (a table's `truncation_side`) to the tokenizer's alone. They are part of
+        its key, so scorers share a tokenizer only when they want it set alike: a scorer never sets
+        anything on a tokenizer another scorer uses (two tables on one folder keep their own sides).
         """
-        return (self.tokenizer(path, revision=revision, **kwargs),
+        return (self.tokenizer(path, revision=revision, **kwargs, **(tokenizer_options or {})),
                 self.model(path, loader, dtype=dtype, revision=revision, **kwargs))

@@ -27,11 +27,13 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardstack.config import MASKS, REWARD_MODELS, StackConfig
+from rewardstack.errors import StateError
 from rewardstack._service.edge import (CutAtShutdown, answer_of, authorize, install_error_handlers, loopback_guard,
                                       require_json, as_service_error)
 from rewardstack._service.errors import ServiceError
 from rewardstack._service import namespaces
-from rewardstack._service.namespaces import ALL_NAMESPACES, Access, stored_state
+from rewardstack._service.access import ALL_NAMESPACES, Access
+from rewardstack._service.namespaces import stored_state
 from rewardstack._service.protocol import (MEMORY_HEADER, SCORE_SCHEMA, SESSION_SCHEMA, BodyLimit, client_deadline,
                                           error_responses, namespace_for, parse_score, parse_session, score_responses)
 from rewardstack._service.batching import Lane
@@ -52,8 +54,8 @@ def service_metrics() -> SimpleNamespace:
     reg = registry()
     if id(reg) not in _METRICS:
         _METRICS[id(reg)] = SimpleNamespace(
-            requests=Counter("rewardstack_service_requests_total", "Score requests answered, by HTTP status.", ["code"],
-                             registry=reg),
+            requests=Counter("rewardstack_service_requests_total", "Requests answered, by route and HTTP status.",
+                             ["route", "code"], registry=reg),
             queue=Gauge("rewardstack_service_queue_length", "Steps waiting for the scoring worker.", registry=reg),
             latency=Histogram("rewardstack_service_request_seconds", "Time from a score request's arrival to its answer.",
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=reg),
@@ -68,9 +70,7 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
                recalibrate: bool = False) -> FastAPI:
     """The FastAPI app; its lifespan starts the worker (models load in the worker's thread, profiled
     again with `recalibrate` instead of reading saved cost models and tuned settings)."""
-    worker = worker or Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
-                              max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
-                              lane=Lane(settings), recalibrate=recalibrate)
+    worker = worker or service_worker(config, settings, recalibrate=recalibrate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,12 +81,26 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
 
     app = http_app(Service(worker, config, settings), settings, access, title="rewardstack", lifespan=lifespan,
                    description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
-    app.state.worker, app.state.config, app.state.settings = worker, config, settings
     app.state.metrics = service_metrics()
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
     app.add_api_route("/metrics", metrics_route, summary="Prometheus metrics", responses=error_responses(401))
-    app.include_router(trainers.router)  # /get_reward, /classify: docs/TRAINERS.md
+    add_trainer_routes(app, worker, config, settings)
     return app
+
+
+def service_worker(config: StackConfig, settings: ServiceSettings, *, lane: Lane | None = None,
+                   recalibrate: bool = False) -> Worker:
+    """The scoring worker of `rewardstack serve` (and of each Ray Serve replica), sized by `[service]`."""
+    return Worker(config, queue_size=settings.queue_size, batch_requests=settings.batch_requests,
+                  max_namespaces=settings.max_namespaces, turn_work=settings.max_work_chars,
+                  lane=lane if lane is not None else Lane(settings), recalibrate=recalibrate)
+
+
+def add_trainer_routes(app: FastAPI, worker: Worker, config: StackConfig, settings: ServiceSettings) -> None:
+    """The trainer routes (/get_reward, /classify, /v1/models, /health: docs/TRAINERS.md), answered
+    by `worker`'s lane; `rewardstack serve` and the Ray Serve replicas both add them."""
+    app.state.worker, app.state.config, app.state.settings = worker, config, settings
+    app.include_router(trainers.router)
 
 
 def http_app(server: Any, settings: ServiceSettings, access: Access, **fastapi: Any) -> FastAPI:
@@ -185,7 +199,7 @@ class Service:
             code = as_service_error(e).status  # the status the error handlers send (a step's InputError is a 422)
             raise
         finally:
-            metrics.requests.labels(code=str(code)).inc()
+            metrics.requests.labels(route="/v1/score", code=str(code)).inc()
             metrics.latency.observe(time.monotonic() - arrived)
             metrics.queue.set(self.worker.queue_length())
 
@@ -195,7 +209,10 @@ class Service:
             if ns.name == name:
                 return namespaces.describe(ns.state)
         folder = self.worker.namespaces.root / name
-        return namespaces.describe(await asyncio.to_thread(stored_state, self.config, folder))
+        try:
+            return namespaces.describe(await asyncio.to_thread(stored_state, self.config, folder))
+        except StateError as e:
+            raise self.worker.namespaces.unreadable(name, e) from None
 
     async def open_session(self, request: Request, name: str, client: dict[str, Any]) -> dict[str, Any]:
         # Through the worker's queue, behind the namespace's steps already queued: its `next` counts
@@ -264,8 +281,10 @@ def describe(worker: Worker, config: StackConfig, settings: ServiceSettings, sco
         "placement": placement,
         "budget": dataclasses.asdict(budget) if budget is not None else {"activation_bytes": stack.memory.budget_bytes},
         "cost_models": cost_models,
-        "queue": {"length": worker.queue_length(), "size": worker.queue.maxsize, "batch_requests": worker.batch_requests},
-        "trainer": {"waiting": len(worker.lane), "batches": worker.lane.batches, "requests": worker.lane.requests},
+        "queue": {"length": worker.queue_length(), "size": worker.queue_size, "batch_requests": worker.batch_requests},
+        "trainer": {"waiting": len(worker.lane), "queued_tokens": worker.lane.queued_tokens,
+                    "slice_tokens": worker.lane.slice_tokens, "batches": worker.lane.batches,
+                    "requests": worker.lane.requests},
         "namespaces": [name for name in sorted({ns.name for ns in worker.namespaces.loaded()} |
                                                set(worker.namespaces.on_disk()))
                        if scope in (None, ALL_NAMESPACES) or name == scope],

@@ -1,14 +1,18 @@
-"""Cross-request batching for the stateless trainer routes: a lane beside the validators' queue.
+"""The trainer lane: stateless trainer requests waiting for the scheduler, and how a slice of them is scored.
 
-The service's one worker thread owns the device (service/worker.py); trainer requests
-(`StatelessJob`: texts or chats to score with the `[rewards.*]` models) wait in this lane, not in
-the validators' queue, and the worker runs them between validator turns: every request waiting
-when a batch starts is scored together, each model once over all their inputs (identical inputs
-once), through the memory layer (`MemoryManager.run`: the plan, the OOM guard, the records). A
-request waits for company at most `service.batch_wait_s`; requests that arrive while the worker
-is busy batch anyway. No namespace, state or sequence number is read or written here, so a
-validator's steps keep their order and exactly-once; a trainer batch delays a validator's step by at
-most one batch, as a validator turn does.
+The service's one worker thread owns the device and schedules both kinds of work (service/worker.py):
+validator steps in namespace turns, and slices of this lane. A trainer request (`StatelessJob`:
+texts or chats to score with the `[rewards.*]` models) arrives here already tokenized, on the
+request's own thread (`HfRewardScorer.prepare`): an input that cannot be read fails its own request
+with a 422 before it joins anything, and the device thread never tokenizes.
+
+The lane's one rule is counted in tokens. A slice takes inputs in arrival order, across requests,
+up to `service.slice_tokens` (the first input always goes): a large request is scored over several
+slices and answered when its last input is, so what any other request (a validator's step among
+them) waits for is at most one slice, whatever the trainers send. Each model runs once per slice
+over every input in it (identical inputs once), through the memory layer (`MemoryManager.run`: the
+plan, the OOM guard, the records). Rows are padded to widths of their own (scorers/hfreward.py), so
+company changes no score. No namespace, state or sequence number is read or written here.
 """
 
 from __future__ import annotations
@@ -17,20 +21,15 @@ import collections
 import concurrent.futures
 import logging
 import math
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from rewardstack.errors import InputError
 from rewardstack._service.errors import ServiceError
-from rewardstack._settings import ServiceSettings
+from rewardstack._telemetry.metrics import observe_trainer_batch
 
 log = logging.getLogger("rewardstack.service")
-
-WAKE = object()
-"""Put on the validators' queue to wake the worker for the lane (at most one there at a time)."""
 
 
 @dataclass
@@ -63,7 +62,7 @@ class Claim:
             return True
 
     def try_cancel(self) -> bool:
-        """Client side: withdraw the job; False once the worker has started it (it will commit)."""
+        """Client side: withdraw the job; False once the worker has started it (it will finish)."""
         with self._lock:
             if self.phase == "queued":
                 self.phase = "cancelled"
@@ -76,139 +75,195 @@ class Claim:
 
 
 class StatelessJob(Claim):
-    """One trainer request: inputs (a text, or a chat the model's template renders), the models."""
+    """One trainer request: per model, its inputs tokenized ahead (`HfRewardScorer.prepare`)."""
 
-    def __init__(self, items: Sequence[Any], fields: Sequence[str], models: Sequence[str], deadline: float) -> None:
+    def __init__(self, rows: Mapping[str, Sequence[Any]], deadline: float) -> None:
         super().__init__()
-        self.items, self.fields, self.models, self.deadline = list(items), list(fields), list(models), deadline
-        self.work = sum(len(str(item)) for item in self.items) * max(1, len(self.models))
-        """Characters the models read (each input once per model): what a batch is bounded by."""
+        self.rows = {name: list(encoded) for name, encoded in rows.items()}
+        self.models = list(self.rows)
+        self.deadline = deadline
+        self.size = len(next(iter(self.rows.values()))) if self.rows else 0
+        """Inputs in the request (each scored by every model)."""
+        self.costs = [sum(len(self.rows[m][i].ids) for m in self.models) for i in range(self.size)]
+        """Tokens each input asks of the models together: what slices are counted in."""
+        self.tokens = sum(self.costs)
+        self.taken = 0
+        """Inputs handed to slices so far (worker thread)."""
+        self.left = self.size
+        """Inputs not yet scored (worker thread)."""
+        self.result = Scored({m: [0.0] * self.size for m in self.models},
+                             {m: [False] * self.size for m in self.models}, 0)
+        self.failure: ServiceError | None = None
+
+
+def prepare_job(stack: Any, items: Sequence[Any], names: Sequence[str], models: Sequence[str], deadline: float,
+                special: bool | None = None) -> StatelessJob:
+    """A trainer request's job: every input tokenized for every model it names (`names[i]` is
+    input i's field), with the route's `special` convention (`HfRewardScorer.encode`), on the
+    caller's thread; InputError naming the first input that cannot be."""
+    return StatelessJob({name: [stack.scorers[name].prepare(item, where, special) for item, where in zip(items, names)]
+                         for name in models}, deadline)
+
+
+def score_now(stack: Any, jobs: Sequence[StatelessJob]) -> None:
+    """Score whole jobs together in one slice and answer them (in process: the tests and the
+    bench's scoring-path rows, without the worker)."""
+    for job in jobs:
+        job.try_start()
+        job.taken = job.size
+    score_slice(stack, [Piece(job, 0, job.size) for job in jobs])
+    for job in jobs:
+        job.answer(job.failure or job.result)
+
+
+@dataclass
+class Piece:
+    """Inputs `start` to `end` of a job, in one slice."""
+
+    job: StatelessJob
+    start: int
+    end: int
 
 
 class Lane:
-    """The trainer requests waiting for the worker, and how the worker scores them in batches."""
+    """The trainer requests waiting for the worker, counted in tokens; the worker's lock guards it."""
 
-    def __init__(self, settings: ServiceSettings) -> None:
+    def __init__(self, settings: Any) -> None:
         self.wait_s = settings.batch_wait_s
-        self.batch = settings.stateless_batch
         self.capacity = settings.stateless_queue
-        self.work = settings.max_work_chars
+        self.max_tokens = settings.max_queued_tokens
+        self.slice_tokens = settings.slice_tokens
         self._jobs: collections.deque[StatelessJob] = collections.deque()
-        self._lock = threading.Lock()
-        self._woken = False
+        self.queued_tokens = 0
+        """Tokens of the inputs not yet handed to a slice: what admission bounds."""
+        self.rate = 0.0
+        """Tokens scored per second, a running mean (for Retry-After)."""
         self.batches = 0
-        """Batches scored (the bench and the tests read how requests were grouped)."""
+        """Slices scored (the bench and the tests read how requests were grouped)."""
         self.requests = 0
-        """Requests scored (with `batches`: how requests were grouped, for /v1/stack and the bench)."""
+        """Requests answered from slices (with `batches`: how requests were grouped, for /v1/stack)."""
 
     def __len__(self) -> int:
         return len(self._jobs)
 
-    # -- app side -----------------------------------------------------------------------------
-    def submit(self, job: StatelessJob, worker: Any) -> None:
-        """Queue a job for `worker`, or raise 503 (not ready, shutting down) or 429 (lane full)."""
-        if worker.closed or worker.draining or not worker.ready:
-            what = "is shutting down" if worker.closed or worker.draining else "is still loading its models"
-            raise ServiceError(503, "not_ready", f"the service {what}; nothing was scored", headers={"Retry-After": "5"})
-        with self._lock:
-            if len(self._jobs) >= self.capacity:
-                raise ServiceError(429, "queue_full", f"{self.capacity} trainer requests are waiting "
-                                   "(service.stateless_queue); nothing was scored", headers={"Retry-After": "1"})
-            self._jobs.append(job)
-            wake, self._woken = not self._woken, True
-        if wake:
-            try:
-                worker.queue.put_nowait(WAKE)
-            except queue.Full:  # the worker is busy with validator steps and will come round anyway
-                pass
+    def admit(self, job: StatelessJob) -> None:
+        """Queue a job (the caller holds the worker's lock), or raise 429 past the bounds."""
+        if len(self._jobs) >= self.capacity or (self._jobs and self.queued_tokens + job.tokens > self.max_tokens):
+            wait = max(1, math.ceil(self.queued_tokens / self.rate)) if self.rate else 1
+            raise ServiceError(429, "queue_full", f"the trainer requests waiting hold {self.queued_tokens} tokens "
+                               f"({len(self._jobs)} requests; bounds: service.max_queued_tokens = {self.max_tokens}, "
+                               f"service.stateless_queue = {self.capacity}); nothing was scored",
+                               headers={"Retry-After": str(wait)})
+        self._jobs.append(job)
+        self.queued_tokens += job.tokens
 
-    # -- worker side --------------------------------------------------------------------------
-    def offer(self, item: Any) -> bool:
-        """Whether an item off the validators' queue was the lane's wake-up (then it is consumed)."""
-        if item is WAKE:
-            with self._lock:
-                self._woken = False
-            return True
-        return False
+    def due_in(self, now: float) -> float | None:
+        """Seconds until a slice is due (0: now; None: nothing waits): when the first request has
+        waited `service.batch_wait_s` for company, or a full slice waits."""
+        if not self._jobs:
+            return None
+        if self.queued_tokens >= self.slice_tokens:
+            return 0.0
+        return max(0.0, self._jobs[0].enqueued + self.wait_s - now)
 
-    def timeout(self, idle: float) -> float:
-        """How long the worker may block waiting for validator steps: until the lane's batch is due."""
-        with self._lock:
-            if not self._jobs:
-                return idle
-            if len(self._jobs) >= self.batch or sum(j.work for j in self._jobs) >= self.work:
-                return 0.0
-            return min(idle, max(0.0, self._jobs[0].enqueued + self.wait_s - time.monotonic()))
-
-    def run_due(self, stack: Any, beat: Callable[..., None], share: int | None = None) -> None:
-        """Score the waiting requests if their wait for company is over (worker thread).
-
-        `share`: the work of the validator step waiting next, if one is. A batch then holds at most
-        that much text (the first request always fits), so validator turns and trainer batches
-        alternate in equal shares and a step waits for one batch of its own size, not for every
-        trainer request queued before it; with no step waiting, at most `service.max_work_chars`.
-        """
-        if self.timeout(1.0) > 0:
-            return
-        most = self.work if share is None else max(1, min(self.work, share))
-        with self._lock:
-            jobs: list[StatelessJob] = []
-            work = 0
-            while self._jobs and len(jobs) < self.batch and (not jobs or work + self._jobs[0].work <= most):
-                work += self._jobs[0].work
-                jobs.append(self._jobs.popleft())
-        now = time.monotonic()
-        started = []
-        for job in jobs:
-            if not job.try_start():
-                continue  # withdrawn: deadline or client gone
-            if job.deadline < now:
-                job.answer(ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring "
-                                        "started; nothing was scored"))
+    def take(self, now: float) -> list[Piece]:
+        """The next slice (the caller holds the worker's lock): inputs in arrival order up to
+        `slice_tokens` (the first always goes). A job is claimed when its first input is taken;
+        one withdrawn or past its deadline before that is dropped (answered 504 if past it)."""
+        pieces: list[Piece] = []
+        tokens = 0
+        while self._jobs and tokens < self.slice_tokens:
+            job = self._jobs[0]
+            if tokens and tokens + job.costs[job.taken] > self.slice_tokens:
+                break  # the slice is full
+            if job.failure is not None or (job.taken == 0 and not _claim(job, now)):
+                self._jobs.popleft()  # answered already (an earlier slice failed it), withdrawn or late
+                self.queued_tokens -= sum(job.costs[job.taken:])
                 continue
-            started.append(job)
-        if not started:
+            start = end = job.taken
+            while end < job.size and (tokens == 0 or tokens + job.costs[end] <= self.slice_tokens):
+                tokens += job.costs[end]
+                self.queued_tokens -= job.costs[end]
+                end += 1
+            if end > start:
+                pieces.append(Piece(job, start, end))
+                job.taken = end
+            if job.taken == job.size:
+                self._jobs.popleft()
+            if end < job.size:
+                break  # the slice is full
+        return pieces
+
+    def run(self, stack: Any, pieces: list[Piece], beat: Callable[..., None]) -> None:
+        """Score a slice (worker thread, lock not held): answer every job whose last input it held."""
+        if not pieces:
             return
-        beat(f"trainer batch: {len(started)} request(s), {sum(len(j.items) for j in started)} inputs")
+        inputs = sum(p.end - p.start for p in pieces)
+        beat(f"trainer slice: {inputs} inputs of {len({id(p.job) for p in pieces})} request(s)")
+        t0 = time.monotonic()
         try:
-            score_batch(stack, started)
+            score_slice(stack, pieces)
         except Exception:  # noqa: BLE001 - a last resort: every job gets an answer
-            log.exception("trainer batch failed")
-            for job in started:
-                job.answer(ServiceError(500, "internal", "the forward pass failed; nothing was scored"))
+            log.exception("trainer slice failed")
+            for p in pieces:
+                p.job.failure = p.job.failure or ServiceError(500, "internal", "the forward pass failed; nothing was scored")
+        elapsed = time.monotonic() - t0
+        tokens = sum(sum(p.job.costs[p.start:p.end]) for p in pieces)
+        if elapsed > 0:
+            self.rate = tokens / elapsed if not self.rate else 0.8 * self.rate + 0.2 * tokens / elapsed
+        for p in pieces:
+            job = p.job
+            job.left -= p.end - p.start
+            if job.failure is not None:
+                job.answer(job.failure)
+            elif job.left == 0:
+                job.answer(job.result)
+                self.requests += 1
         self.batches += 1
-        self.requests += len(started)
+        observe_trainer_batch(len({id(p.job) for p in pieces}), inputs, tokens,
+                              [t0 - p.job.enqueued for p in pieces if p.start == 0])
         beat(None, forward_done=True)
 
     def close(self) -> None:
-        """No more batches: answer every waiting job 503."""
-        with self._lock:
-            jobs, self._jobs = list(self._jobs), collections.deque()
+        """No more slices: answer every waiting job 503."""
+        jobs, self._jobs = list(self._jobs), collections.deque()
+        self.queued_tokens = 0
         for job in jobs:
-            if job.try_cancel():
-                job.answer(ServiceError(503, "shutting_down", "the service shut down before this request was "
-                                        "scored", headers={"Retry-After": "5"}))
-
-
-def score_batch(stack: Any, jobs: list[StatelessJob]) -> None:
-    """Score every job's inputs with its models, each model once over all of them; answer each job."""
-    failed: dict[int, BaseException] = {}
-    results: dict[int, Scored] = {id(j): Scored({}, {}, 0) for j in jobs}
-    for name in dict.fromkeys(m for j in jobs for m in j.models):
-        mine = [j for j in jobs if name in j.models and id(j) not in failed]
-        answers = stack.scorers[name].score_groups([list(zip(j.items, j.fields)) for j in mine]) if mine else []
-        for job, reads in zip(mine, answers):
-            if isinstance(reads, InputError):
-                failed[id(job)] = ServiceError(422, "invalid_request", str(reads), field=reads.field)
+            if job.taken == 0 and not job.try_cancel():
                 continue
-            bad = next((r.outcome for r in reads if r.outcome.status != "ok" or not math.isfinite(float(r.outcome.value))),
+            job.answer(ServiceError(503, "shutting_down", "the service shut down before this request was "
+                                    "scored", headers={"Retry-After": "5"}))
+
+
+def _claim(job: StatelessJob, now: float) -> bool:
+    """Claim a job for its first slice; False (answered 504 if past its deadline) if it cannot be."""
+    if not job.try_start():
+        return False  # withdrawn: deadline or client gone
+    if job.deadline < now:
+        job.answer(ServiceError(504, "deadline_exceeded", "the request's deadline passed before scoring "
+                                "started; nothing was scored"))
+        return False
+    return True
+
+
+def score_slice(stack: Any, pieces: list[Piece]) -> None:
+    """Score every piece's inputs with its job's models, each model once over all of them; the
+    scores land in each job's `result`, a failed input sets its job's `failure`."""
+    for name in dict.fromkeys(m for p in pieces for m in p.job.models):
+        mine = [p for p in pieces if name in p.job.models and p.job.failure is None]
+        if not mine:
+            continue
+        reads = stack.scorers[name].score_encoded([row for p in mine for row in p.job.rows[name][p.start:p.end]])
+        at = 0
+        for p in mine:
+            job, got = p.job, reads[at:at + p.end - p.start]
+            at += p.end - p.start
+            bad = next((r.outcome for r in got if r.outcome.status != "ok" or not math.isfinite(float(r.outcome.value))),
                        None)
             if bad is not None:
-                failed[id(job)] = ServiceError(503, "not_scored", f"{name} could not score an input ({bad.status}); "
-                                               "nothing was scored, retry later", headers={"Retry-After": "1"})
+                job.failure = ServiceError(503, "not_scored", f"{name} could not score an input ({bad.status}); "
+                                           "nothing was scored, retry later", headers={"Retry-After": "1"})
                 continue
-            results[id(job)].scores[name] = [float(r.outcome.value) for r in reads]
-            results[id(job)].truncated[name] = [r.cut for r in reads]
-            results[id(job)].tokens += sum(r.tokens for r in reads)
-    for job in jobs:
-        job.answer(failed.get(id(job)) or results[id(job)])
+            job.result.scores[name][p.start:p.end] = [float(r.outcome.value) for r in got]
+            job.result.truncated[name][p.start:p.end] = [r.cut for r in got]
+            job.result.tokens += sum(r.tokens for r in got)

@@ -1,4 +1,5 @@
-"""`rewardstack serve`: its flags (over the [service] table) and the uvicorn run with a clean drain.
+"""`rewardstack serve`: its flags (over the [service] table, and the one-line start's `--reward-model`
+flags: rewardstack._modelflags) and the uvicorn run with a clean drain, with its progress on stderr.
 
 Kept apart from `app.py` so that building the CLI parser does not import FastAPI; the service's
 dependencies come with the `rewardstack[service]` extra.
@@ -10,14 +11,17 @@ import argparse
 import dataclasses
 import signal
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from rewardstack.errors import MissingExtraError
+from rewardstack.errors import ConfigError, MissingExtraError
+from rewardstack._modelflags import add_model_flags, model_flags
 from rewardstack._settings import ServiceSettings, field_docs, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import StackConfig
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
 
 _INT_FLAGS = ("port", "max_completions", "max_chars", "max_work_chars", "queue_size", "batch_requests", "max_namespaces")
 
@@ -26,7 +30,8 @@ def add_parser(sub: Any) -> None:
     """The `serve` subcommand (called from `rewardstack.cli.build_parser`)."""
     docs = field_docs(ServiceSettings)
     s = sub.add_parser("serve", help="run the HTTP scoring service (FastAPI on uvicorn; docs/SERVICE.md)")
-    s.add_argument("--config", required=True, help="stack config (TOML)")
+    s.add_argument("--config", help="stack config (TOML); optional with --reward-model")
+    add_model_flags(s)
     s.add_argument("--host", help=docs.get("host", "") + " (default [service].host, 127.0.0.1)")
     s.add_argument("--port", type=int, help=docs.get("port", "") + " (default [service].port, 8000)")
     for key, kind in (("max_body_bytes", str), ("max_completions", int), ("max_chars", int), ("max_work_chars", int),
@@ -39,6 +44,15 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--recalibrate", action="store_true", help="profile every model again instead of reading saved "
                    "cost models (and time the speed settings again: docs/MEMORY.md)")
     s.set_defaults(func=cmd_serve)
+
+
+def command_config(args: argparse.Namespace) -> StackConfig:
+    """The config of `serve`'s and `ray-serve`'s flags: --config's file, the --reward-model tables, or both."""
+    from rewardstack.config import build_config
+
+    if not args.config and not args.reward_model:
+        raise ConfigError("--config", "give a stack config (--config C), a reward model (--reward-model PATH), or both")
+    return build_config(args.config, **model_flags(args))
 
 
 def effective_settings(config: StackConfig, args: argparse.Namespace) -> ServiceSettings:
@@ -56,7 +70,7 @@ def effective_settings(config: StackConfig, args: argparse.Namespace) -> Service
 def checked_access(settings: ServiceSettings) -> Access | None:
     """The service's `Access` (its bearer tokens), or None after printing why it may not bind:
     a host that is not loopback needs a token."""
-    from rewardstack._service.namespaces import Access, is_loopback
+    from rewardstack._service.access import Access, is_loopback
 
     access = Access.load(settings.tokens_file)
     if not is_loopback(settings.host) and not access.required:
@@ -64,6 +78,16 @@ def checked_access(settings: ServiceSettings) -> Access | None:
               "REWARDSTACK_TOKEN or [service].tokens_file (never a command-line flag)", file=sys.stderr)
         return None
     return access
+
+
+def announce_ready(worker: Any, url: str) -> None:
+    """One stderr line once the worker is ready (models loaded, calibrated, a startup pass done)."""
+    started = time.monotonic()
+    while not (worker.ready or worker.error or worker.closed):
+        time.sleep(0.1)
+    if worker.ready:
+        print(f"rewardstack serve: ready on {url} after {time.monotonic() - started:.1f}s "
+              "(trainers: /get_reward, /classify; validators: /v1/score)", file=sys.stderr, flush=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -78,11 +102,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if missing is None:  # not an extra's module: a broken install or a bug, its traceback kept
             raise
         raise missing from e
-    from rewardstack.config import load_config
-
     from rewardstack._memory.manager import check_device
 
-    config = load_config(args.config)
+    config = command_config(args)
     check_device(config.device)  # one line now, not the worker's load failure after the server started
     if getattr(args, "state_dir", None):
         config.state_dir = args.state_dir
@@ -118,8 +140,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # before it makes that re-raise harmless, so a drained shutdown returns and exits 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    print(f"rewardstack serve: http://{settings.host}:{settings.port} (namespaces in {config.state_dir}/namespaces)",
-          file=sys.stderr, flush=True)
+    url = f"http://{settings.host}:{settings.port}"
+    models = [m.name for m in config.active_models()]
+    print(f"rewardstack serve: loading {len(models)} model(s) on {config.device} ({', '.join(models)}), then "
+          f"serving {url} (namespaces in {config.state_dir}/namespaces)", file=sys.stderr, flush=True)
+    threading.Thread(target=announce_ready, args=(worker, url), name="rewardstack-announce", daemon=True).start()
     with log_rate_limited():  # after uvicorn set up its loggers: a flood of refusals or accept errors logs a few lines
         server.run()
     if worker.error:

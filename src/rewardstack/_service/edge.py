@@ -49,7 +49,7 @@ from starlette.requests import ClientDisconnect
 
 from rewardstack.errors import InputError, RewardStackError
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.namespaces import Access, is_loopback
+from rewardstack._service.access import Access, is_loopback
 from rewardstack._settings import ServiceSettings
 
 log = logging.getLogger("rewardstack.service")

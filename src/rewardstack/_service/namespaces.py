@@ -1,5 +1,6 @@
 """Per-client state for the scoring service: namespaces, their state on disk, their writer sessions
-and sequence rules (the one place a step is admitted, applied and kept), and token bindings.
+and sequence rules (the one place a step is admitted, applied and kept). Who may use which
+namespace (bearer tokens) is service/access.py's.
 
 Each validator that talks to one service is a namespace: its own normalizers, blacklist, diversity
 history and committed sequence number (a `RewardState`), kept in `<state_dir>/namespaces/<name>/`
@@ -8,11 +9,6 @@ the new one). Names match `[A-Za-z0-9_-]{1,64}` because each becomes a directory
 
 Only the scoring worker thread reads or writes a namespace's state, so steps of one namespace are
 applied strictly in the order the worker takes them, and no lock is needed on the state itself.
-
-Tokens: a tokens file is a TOML table mapping the SHA-256 hex digest of a bearer token to the one
-namespace it may use. `REWARDSTACK_TOKEN` (environment) is a token that may use every namespace.
-Presented tokens are hashed and compared against every configured hash with `hmac.compare_digest`,
-with no early exit, so the time taken says nothing about which hash came close.
 
 Both servers admit and apply steps here, so they cannot drift: `rewardstack serve`'s worker thread
 (service/worker.py) and Ray Serve's namespace state actors (distributed/serve.py). Each holds a
@@ -38,23 +34,18 @@ namespace's `RewardState` and asks here what to do with a step:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import hmac
 import json
 import logging
-import os
 import re
 import time
-import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from rewardstack.config import StackConfig
-from rewardstack.errors import ConfigError, StateError
+from rewardstack.errors import StateError
 from rewardstack._fileio import canonical_chunks, event_line
-from rewardstack._state import ForwardResult, RewardState, StateLock, StateStore
+from rewardstack._state import ForwardResult, RewardState, StateLock, StateLockedError, StateStore
 from rewardstack._service.errors import ServiceError
 from rewardstack._stepobservers import StepResult
 from rewardstack._wire import RECENT_RESULTS, Step
@@ -63,11 +54,6 @@ log = logging.getLogger("rewardstack.service")
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_NAMESPACE = "default"
-TOKEN_ENV = "REWARDSTACK_TOKEN"
-ALL_NAMESPACES = "*"
-MIN_TOKEN_CHARS = 16
-"""Shortest `REWARDSTACK_TOKEN` accepted: a shorter one can be guessed by trying (the tokens file
-holds digests, whose tokens cannot be measured; its owner makes them)."""
 
 
 def valid_name(name: object) -> bool:
@@ -84,33 +70,23 @@ def namespace_limit(limit: int) -> ServiceError:
 def reserve(root: Path, name: str, limit: int) -> None:
     """Create the folder of namespace `name` under `root` unless `limit` namespaces exist already.
 
-    Counting and creating happen under an exclusive `flock` on `<root>/.create.lock`, so
-    concurrent first requests (threads, processes, Ray replicas on one shared folder) cannot
-    together create more than `limit`. An existing namespace always passes. Raises the 403
-    `namespace_limit`.
+    Counting and creating happen under the one file lock (`StateLock`, waiting) on
+    `<root>/.create.lock`, so concurrent first requests (threads, processes, Ray replicas on one
+    shared folder) cannot together create more than `limit`. An existing namespace always passes.
+    Raises the 403 `namespace_limit`.
     """
     if not valid_name(name):  # callers check first; this keeps a bad name off the filesystem
         raise ValueError(f"invalid namespace name {name!r}")
     folder = root / name
     if folder.is_dir():
         return
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / ".create.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with StateLock(root, name=".create.lock", wait=True):
         if folder.is_dir():
             return
         existing = sum(1 for p in root.iterdir() if p.is_dir() and valid_name(p.name))
         if existing >= limit:
             raise namespace_limit(limit)
         folder.mkdir()
-    finally:
-        os.close(fd)  # releases the flock
-
-
-def token_hash(token: str) -> str:
-    """The SHA-256 hex digest of a token: what a tokens file stores, never the token itself."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 class Namespace:
@@ -191,6 +167,7 @@ class Namespaces:
         self.root = Path(config.state_dir) / "namespaces"
         self.max_namespaces = max_namespaces
         self._loaded: dict[str, Namespace] = {}
+        self._reported: dict[str, str] = {}  # namespace -> the state error logged for it (`unreadable`)
 
     def on_disk(self) -> list[str]:
         """Names of the namespaces that have a state folder."""
@@ -201,13 +178,33 @@ class Namespaces:
     def get(self, name: str) -> Namespace:
         """The namespace, restored from its state file on first use (created if new).
 
-        Raises StateError if unreadable, the 403 `namespace_limit` for a new one past `max_namespaces`.
+        Raises the 500 `state_unreadable` if its state file cannot be read (`unreadable`),
+        StateLockedError if another process holds it, the 403 `namespace_limit` for a new one past
+        `max_namespaces`.
         """
         ns = self._loaded.get(name)
         if ns is None:
             reserve(self.root, name, self.max_namespaces)
-            ns = self._loaded[name] = Namespace(self.config, self.root, name)
+            try:
+                ns = self._loaded[name] = Namespace(self.config, self.root, name)
+            except StateLockedError:
+                raise
+            except StateError as e:
+                raise self.unreadable(name, e) from None
+            self._reported.pop(name, None)
         return ns
+
+    def unreadable(self, name: str, error: StateError) -> ServiceError:
+        """The answer to a request for a namespace whose state file cannot be read, saying what to do;
+        logged once per namespace and error (every request for it fails the same way until it is fixed)."""
+        message = (f"{error}. Every request for namespace '{name}' is refused until its state can be read: "
+                   "restore the file from a backup, or move it aside to start the namespace afresh (its "
+                   "normalizers, blacklist and sequence numbers start over; the validator opens a new session). "
+                   "Nothing was scored")
+        if self._reported.get(name) != str(error):
+            self._reported[name] = str(error)
+            log.error("%s", message)
+        return ServiceError(500, "state_unreadable", message, field="namespace")
 
     def peek(self, name: str) -> Namespace | None:
         """The namespace if it exists (restored from its folder on first use), None if it was never
@@ -243,75 +240,12 @@ class Namespaces:
             ns.lock.release()
 
 
-@dataclass
-class Access:
-    """Who may call the service: unbound tokens (any namespace) and tokens bound to one namespace."""
-
-    hashes: dict[str, str]
-    """Token SHA-256 hex digest -> namespace (ALL_NAMESPACES for the environment's token)."""
-
-    @property
-    def required(self) -> bool:
-        """Whether requests must carry a bearer token (some token is configured)."""
-        return bool(self.hashes)
-
-    def namespace_of(self, token: str | None) -> str | None:
-        """The namespace `token` may use (ALL_NAMESPACES for any), or None if it is not valid."""
-        if token is None:
-            return None
-        presented = token_hash(token).encode()
-        found: str | None = None
-        for digest, namespace in self.hashes.items():
-            # Every hash is compared, match or not: no early exit.
-            if hmac.compare_digest(presented, digest.encode()) and found is None:
-                found = namespace
-        return found
-
-    @classmethod
-    def load(cls, tokens_file: str | None, *, environ: dict[str, str] | None = None) -> "Access":
-        """Tokens from `REWARDSTACK_TOKEN` and the tokens file (never from the command line)."""
-        env = os.environ if environ is None else environ
-        hashes: dict[str, str] = {}
-        token = env.get(TOKEN_ENV)
-        if token:
-            if len(token) < MIN_TOKEN_CHARS:
-                raise ConfigError(f"${TOKEN_ENV}", f"the token is {len(token)} character(s) long; a token needs at "
-                                  f"least {MIN_TOKEN_CHARS} characters (make one with: python -c 'import secrets; "
-                                  "print(secrets.token_urlsafe(32))')")
-            hashes[token_hash(token)] = ALL_NAMESPACES
-        if tokens_file:
-            path = Path(tokens_file)
-            try:
-                table = tomllib.loads(path.read_text(encoding="utf-8"))
-            except (OSError, tomllib.TOMLDecodeError) as e:
-                raise ConfigError("service.tokens_file", f"cannot read {path}: {e}") from e
-            for digest, namespace in table.items():
-                if not re.fullmatch(r"[0-9a-f]{64}", digest):
-                    raise ConfigError("service.tokens_file", f"key {digest!r} is not a SHA-256 hex digest of a token")
-                if not valid_name(namespace):
-                    raise ConfigError("service.tokens_file", f"namespace {namespace!r} of a token must match {NAME_RE.pattern}")
-                hashes[digest] = namespace
-        return cls(hashes)
-
-
 def stored_state(config: StackConfig, folder: Path) -> RewardState:
     """A namespace's state as committed in `folder` (empty when it has none), read without taking it
     over (no lock: a reader of a file replaced atomically sees the old state or the new)."""
     state = RewardState(config)
     state.load_state_dict(StateStore(folder).load())
     return state
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` only accepts connections from this machine."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 GO = "go"

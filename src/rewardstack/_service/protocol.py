@@ -29,14 +29,15 @@ import asyncio
 import difflib
 import math
 import time
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Collection, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rewardstack.errors import InputError
 from rewardstack._fileio import JSONInputError, parse
 from rewardstack._service.errors import ServiceError
-from rewardstack._service.namespaces import ALL_NAMESPACES, DEFAULT_NAMESPACE, NAME_RE, valid_name
+from rewardstack._service.access import ALL_NAMESPACES
+from rewardstack._service.namespaces import DEFAULT_NAMESPACE, NAME_RE, valid_name
 from rewardstack._settings import InputSettings, ServiceSettings
 from rewardstack._wire import ERROR_SCHEMA, EventWire, Refuse, Step, StepWire, read
 
@@ -209,12 +210,13 @@ def json_object(body: bytes, kind: str, not_object: str, more: str = "") -> dict
     return obj
 
 
-def check_fields(obj: Mapping[str, Any], schema: type[BaseModel]) -> None:
-    """422 naming the first field `schema` does not declare, and the declared field closest to it: a
-    misspelt `sequnce` must not leave a step unnumbered, nor `base_promt` be ignored."""
-    known = list(schema.model_fields)
+def check_fields(obj: Mapping[str, Any], schema: type[BaseModel] | Collection[str]) -> None:
+    """422 naming the first field `schema` (a model, or the names themselves) does not declare, and the
+    declared field closest to it: a misspelt `sequnce` must not leave a step unnumbered, nor
+    `base_promt` be ignored, nor `use_activaton: false` give the sigmoid."""
+    known = list(schema.model_fields) if isinstance(schema, type) else list(schema)
     for key in obj:
-        if key not in schema.model_fields:
+        if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else f"; the fields are {', '.join(known)}"
             raise ServiceError(422, "unknown_field", f"field '{key}' is not a field of this request{hint}",

@@ -1,6 +1,14 @@
-"""The scoring worker: one thread owns the device, the models and every namespace's state.
+"""The scoring worker: one thread owns the device, the models and every namespace's state, and schedules both lanes.
 
-Requests become `Job`s on a bounded queue. The worker thread takes what is queued (up to
+One lock and one condition guard everything that waits for the device: validators' steps (`Job`s,
+in namespace lines) and trainer requests (the lane, service/batching.py). Both are admitted by
+`submit`, under that lock, and every admission notifies the condition, so no wake-up is lost.
+The thread alternates: when both kinds wait, a validator turn and a trainer slice take turns, and
+a trainer slice is bounded in tokens whether or not a step waits (`service.slice_tokens`), so a
+step waits for at most one slice of trainer work (and the turns of other namespaces ahead of it),
+whenever it arrives and whatever the trainers send.
+
+A validator turn takes what is queued (up to
 `batch_requests` jobs at once), checks each job's sequence number against its namespace, runs the
 stateless part of the stack for the admitted jobs (`RewardStack.forward_many`: model by model over
 all of them, so a model's weights are used once per batch, not once per request), then applies
@@ -23,7 +31,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +38,7 @@ from typing import Any, Callable
 
 from rewardstack.config import StackConfig
 from rewardstack.errors import StateError
-from rewardstack._service.batching import Claim, Lane
+from rewardstack._service.batching import Claim, Lane, StatelessJob
 from rewardstack._service.errors import ServiceError
 from rewardstack._service.namespaces import Namespaces
 from rewardstack._service import namespaces
@@ -86,12 +93,15 @@ class Worker:
                  recalibrate: bool = False) -> None:
         self.config = config
         self.lane = lane if lane is not None else Lane(config.service)
-        """The trainer routes' stateless requests, scored in batches between validator turns (service/batching.py)."""
+        """The trainer routes' stateless requests, scored in slices between validator turns (service/batching.py)."""
         self.run_dir = run_dir if run_dir is not None else config.telemetry.run_dir
         """Telemetry run directory (timeline, events, incidents, summary); None: none written."""
         self.telemetry: Any = None
         self.batch_requests = max(1, batch_requests)
-        self.queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self._incoming: collections.deque[Job] = collections.deque()  # admitted steps not yet in a line
+        self._wake = threading.Condition()  # guards _incoming, the lane, closed/draining; notified on every change
+        self._last_turn = "trainer"  # which lane ran last: when both wait, the other goes
         # Jobs taken off the queue and waiting for a turn, one line per namespace (worker thread only).
         self._lines: dict[str, collections.deque[tuple[int, Job]]] = {}
         self._waiting = 0  # jobs in the lines (read by the app's thread for the queue length)
@@ -103,7 +113,6 @@ class Worker:
         self.namespaces = Namespaces(config, max_namespaces=max_namespaces)
         self.stack: RewardStack | None = None
         self.recalibrate = recalibrate
-        self._lock = threading.Lock()  # guards `closed` against a racing submit
         self.closed = False
         self.draining = False
         self.ready = False
@@ -124,35 +133,43 @@ class Worker:
         return self._thread.is_alive()
 
     def queue_length(self) -> int:
-        """Steps waiting for the worker (in the queue, or taken off it and waiting for their turn)."""
-        return self.queue.qsize() + self._waiting
+        """Steps waiting for the worker (admitted, or taken into their namespace's line)."""
+        return len(self._incoming) + self._waiting
 
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the queue's expected drain time, at least 1."""
         per = self.step_seconds or 1.0
         return max(1, math.ceil(self.queue_length() * per / self.batch_requests))
 
-    def submit(self, job: Job) -> None:
-        """Queue a job, or raise ServiceError 503 (not ready, shutting down) or 429 (queue full)."""
-        with self._lock:
-            if self.closed or self.draining:
-                raise ServiceError(503, "shutting_down", "the service is shutting down; the step was not scored",
-                                   headers={"Retry-After": "5"})
-            if not self.ready:
-                raise ServiceError(503, "not_ready", "the service is still loading its models; the step was not scored",
-                                   headers={"Retry-After": "5"})
-            try:
-                if self.queue_length() >= self.queue.maxsize:  # steps waiting for a turn count too
-                    raise queue.Full
-                self.queue.put_nowait(job)
-            except queue.Full:
-                raise ServiceError(429, "queue_full", f"the queue is full ({self.queue.maxsize} steps waiting); "
-                                   "the step was not scored", headers={"Retry-After": str(self.retry_after())}) from None
+    def submit(self, job: Job | StatelessJob) -> None:
+        """Admit a validator's step or a trainer request, or raise ServiceError 503 (not ready,
+        shutting down) or 429 (its lane is full). The one admission path of both lanes."""
+        with self._wake:
+            self.check_ready()
+            if isinstance(job, StatelessJob):
+                self.lane.admit(job)
+            else:
+                if self.queue_length() >= self.queue_size:  # steps waiting for a turn count too
+                    raise ServiceError(429, "queue_full", f"the queue is full ({self.queue_size} steps waiting); "
+                                       "the step was not scored", headers={"Retry-After": str(self.retry_after())})
+                self._incoming.append(job)
+            self._wake.notify()
+
+    def check_ready(self) -> None:
+        """Raise ServiceError 503 unless the worker takes work now (loaded, not shutting down)."""
+        if self.closed or self.draining:
+            raise ServiceError(503, "shutting_down", "the service is shutting down; nothing was scored",
+                               headers={"Retry-After": "5"})
+        if not self.ready or self.stack is None:
+            raise ServiceError(503, "not_ready", "the service is still loading its models; nothing was scored",
+                               headers={"Retry-After": "5"})
 
     def begin_drain(self) -> None:
         """Stop accepting: the running batch finishes and commits, queued jobs get 503. Thread-safe."""
-        self.draining = True
-        self.ready = False
+        with self._wake:
+            self.draining = True
+            self.ready = False
+            self._wake.notify()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -174,6 +191,9 @@ class Worker:
                 # The app serves /metrics itself; the run directory records every committed step.
                 self.telemetry = Telemetry(self.stack, run_dir=self.run_dir, metrics_port=None,
                                            settings=self.config.telemetry)
+            if not self.lane.slice_tokens:  # one full pass of each trainer model
+                self.lane.slice_tokens = sum(getattr(self.stack.scorers.get(m.name), "max_tokens", 0)
+                                             for m in self.config.user_rewards()) or 4096
             self._beat("startup forward pass")
             self.stack.forward(WARMUP_STEP)
             self._beat(None, forward_done=True)
@@ -188,19 +208,40 @@ class Worker:
                 self.on_fatal()
             return
         try:
-            while not self.draining:
-                batch = self._take()
-                if batch:
-                    self._process(batch)
-                self.lane.run_due(self.stack, self._beat, self._next_work())
+            while True:
+                turn = self._next_turn()
+                if turn is None:
+                    break
+                self._last_turn = turn
+                if turn == "steps":
+                    batch = self._take()
+                    if batch:
+                        self._process(batch)
+                else:
+                    with self._wake:
+                        pieces = self.lane.take(time.monotonic())
+                    self.lane.run(self.stack, pieces, self._beat)
         finally:
             self._close()
 
-    def _next_work(self) -> int | None:
-        """The work of the validator step waiting next (None: none waits): a trainer batch's share."""
-        self._admit(wait=False)
-        steps = [line[0][1].step for line in self._lines.values() if line[0][1].step is not None]
-        return max(step_work(s) for s in steps) if steps else None
+    def _next_turn(self) -> str | None:
+        """Wait for work; which lane goes next (`steps` or `trainer`), None once draining.
+
+        When both wait, the lane that did not run last goes: a step waits for at most one trainer
+        slice, and trainers for at most one validator turn."""
+        with self._wake:
+            while not self.draining:
+                self._admit()
+                due = self.lane.due_in(time.monotonic())
+                steps = bool(self._lines)
+                if steps and due == 0.0:
+                    return "trainer" if self._last_turn == "steps" else "steps"
+                if steps:
+                    return "steps"
+                if due == 0.0:
+                    return "trainer"
+                self._wake.wait(timeout=due if due is not None else 1.0)
+            return None
 
     def _take(self) -> list[Job]:
         """The next turn's jobs: fair between namespaces, each namespace's own in order.
@@ -215,7 +256,8 @@ class Worker:
         request waits for the turn that is running, not for every request queued before it.
         Within the turn, jobs run in arrival order.
         """
-        self._admit(wait=not self._lines)
+        with self._wake:
+            self._admit()
         picked: list[tuple[int, Job]] = []
         work = 0
         while self._lines and len(picked) < self.batch_requests:
@@ -238,30 +280,24 @@ class Worker:
             self._served = {n: t for n, t in self._served.items() if n in self._lines}
         return [job for _, job in sorted(picked, key=lambda p: p[0])]
 
-    def _admit(self, *, wait: bool) -> None:
-        """Move the queued jobs into their namespaces' lines (waiting up to 0.2 s for one if `wait`)."""
-        while True:
-            try:
-                job = self.queue.get(timeout=self.lane.timeout(0.2)) if wait else self.queue.get_nowait()
-            except queue.Empty:
-                return
-            wait = False
-            if self.lane.offer(job):  # the trainer lane's wake-up, not a step
-                continue
+    def _admit(self) -> None:
+        """Move the admitted steps into their namespaces' lines (the caller holds the lock)."""
+        while self._incoming:
+            job = self._incoming.popleft()
             self._lines.setdefault(job.namespace, collections.deque()).append((self._arrivals, job))
             self._arrivals += 1
             self._waiting += 1
 
     def _close(self) -> None:
         """No more jobs: answer what is queued with 503, commit every namespace, stop."""
-        with self._lock:
+        with self._wake:
             self.closed = True
             self.ready = False
-        self._admit(wait=False)
-        waiting = [job for line in self._lines.values() for _, job in line]
-        self._lines.clear()
-        self._waiting = 0
-        self.lane.close()
+            self._admit()
+            waiting = [job for line in self._lines.values() for _, job in line]
+            self._lines.clear()
+            self._waiting = 0
+            self.lane.close()
         for job in waiting:
             if job.try_cancel():
                 job.answer(ServiceError(503, "shutting_down", "the service shut down before this step started; "

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from rewardstack.config import ALL_MODELS
-from rewardstack._models import MODELS, option_keys, resolve, spec
+from rewardstack._models import MODELS, resolve, spec
 from rewardstack._fileio import atomic_write_text
 
 log = logging.getLogger("rewardstack.standins")
@@ -31,12 +31,6 @@ def offline_config_text() -> str:
     return resources.files("rewardstack").joinpath("configs/offline.toml").read_text(encoding="utf-8")
 
 
-TINY_PASS_TOKENS = 8192
-"""Tokens per encoder pass in the tiny stack: 16 windows of 512, the accelerator default
-(`rewardstack._scorers.encoding.default_pass_tokens`), so passes are few and the memory budget, not
-the CPU tuning of one window, bounds them; a tiny model's pass costs its fixed op overhead."""
-
-
 def standin_builder(name: str) -> Callable[[Path], dict[str, Any]] | None:
     """The stand-in builder of a model-backed model (None for rule masks), from its registry entry."""
     ref = spec(name).standin
@@ -44,17 +38,14 @@ def standin_builder(name: str) -> Callable[[Path], dict[str, Any]] | None:
 
 
 def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2",
-                  shrink: Callable[..., None] | None = None) -> Path:
+                  shrink: Callable[..., str] | None = None) -> Path:
     """Write every stand-in model under `root` and `root/stack.toml`; returns the config path.
 
-    `shrink(root, seed=seed)`, when given, rewrites the built checkpoints before the config is
-    written, and the config becomes the tiny stack's (encoder passes of `TINY_PASS_TOKENS` tokens;
-    the weights stay the validator's: Dahoas and the judge at 0, built, not run, as in production): the tiny stack is
-    `rewardstack._standins.tiny.make_tiny_standins`, which passes its shrinker (the tiny vocabulary
-    is cut from the soak's workload), so this module never imports it.
+    `shrink(root, text, seed=seed)`, when given, rewrites the built checkpoints and returns the
+    config text to write instead of `text`: the soak's tiny stack (`tests/soak/tiny.py`) passes one.
 
     `dpo="btlm"` builds the DPO stand-in as the BTLM-like checkpoint that loads through its own
-    remote code (`rewardstack._standin_btlm`, built by `standins.families.make_btlm_standin`) and
+    remote code (`rewardstack._planning.btlm`, built by `standins.families.make_btlm_standin`) and
     opts that model into `trust_remote_code`.
 
     The layout is the packaged `configs/offline.toml`: each builder writes `root/<event name>`, and
@@ -84,8 +75,6 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
         for key in ("path", "paths"):
             if key in entry and entry[key] != expected[name].get(key):
                 raise RuntimeError(f"stand-in {name}: {key} {entry[key]!r} disagrees with offline.toml")
-    if shrink is not None:
-        shrink(root, seed=seed)
     # Written last, so an interrupted build is rebuilt next time.
     if dpo == "btlm":
         dpo_name = next(m.name for m in MODELS if m.family == "dpo")
@@ -93,12 +82,7 @@ def make_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: 
         assert head in text, "offline.toml's DPO entry moved"
         text = text.replace(head, head + "trust_remote_code = true  # the BTLM-like stand-in runs its own code\n")
     if shrink is not None:
-        for name in (m.name for m in MODELS if "max_batch_tokens" in option_keys(m.name)):
-            head = f"[models.{name}]\n"
-            assert head in text, f"offline.toml's {name} entry moved"
-            text = text.replace(head, head + f"max_batch_tokens = {TINY_PASS_TOKENS}\n")
-        text = ("# TINY stand-ins (make-standins --tiny): every family's code path at one layer, width 16 and a\n"
-                "# small vocabulary; for soaking the machinery, not for any score's meaning.\n") + text
+        text = shrink(root, text, seed=seed)
     from_dict(tomllib.loads(text), base=root.resolve())  # every path must resolve
     atomic_write_text(config_path, text)
     return config_path

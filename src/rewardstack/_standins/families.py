@@ -45,16 +45,16 @@ def make_btlm_checkpoint(folder: str | Path, *, max_length: int = 8192, seed: in
     """Write a tiny random BTLM-like checkpoint (remote code + weights + BERT tokenizer) to `folder`.
 
     The layout of cerebras/btlm-3b-8k-base on the hub: `config.json` with `model_type = "btlm"`
-    and an `auto_map`, the code files of `rewardstack._standin_btlm` beside it, so the folder loads
+    and an `auto_map`, the code files of `rewardstack._planning.btlm` beside it, so the folder loads
     only with `trust_remote_code=True`, through the same `from_pretrained` call the hub model takes.
     Defaults: 2 layers, width 64, 4 heads, SwiGLU inner 128, muP output scale 0.5 and embedding
     scale 2 (so a scorer that dropped either would disagree with the reference), `max_length`
     positions (ALiBi has no learned positions; the bound is the config's and the tokenizer's).
     """
-    from rewardstack import _standin_btlm as standin_btlm
-    from rewardstack._standin_btlm import AUTO_MAP, CODE_FILES
-    from rewardstack._standin_btlm.configuration_btlm import BTLMConfig
-    from rewardstack._standin_btlm.modeling_btlm import BTLMLMHeadModel
+    from rewardstack._planning import btlm
+    from rewardstack._planning.btlm import AUTO_MAP, CODE_FILES
+    from rewardstack._planning.btlm.configuration_btlm import BTLMConfig
+    from rewardstack._planning.btlm.modeling_btlm import BTLMLMHeadModel
 
     folder = Path(folder)
     tok = save_tokenizer(folder, max_length, input_names=DECODER_INPUTS)
@@ -68,7 +68,7 @@ def make_btlm_checkpoint(folder: str | Path, *, max_length: int = 8192, seed: in
     config = BTLMConfig(**fields)
     config.auto_map = dict(AUTO_MAP)  # the hub checkpoint's: config.json names the code files beside it
     save_random(folder, BTLMLMHeadModel, config, seed)
-    here = Path(standin_btlm.__file__).parent
+    here = Path(btlm.__file__).parent
     for name in CODE_FILES:
         shutil.copyfile(here / name, folder / name)
     return folder

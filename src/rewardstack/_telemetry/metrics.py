@@ -1,4 +1,5 @@
-"""Prometheus metrics of a scoring process: memory, model calls, OOMs, completions, steps, swaps.
+"""Prometheus metrics of a scoring process: memory, model calls, OOMs, completions, steps, swaps,
+trainer batches (`observe_trainer_batch`).
 
 Names follow Prometheus's conventions: the `rewardstack_` prefix, base units in the name
 (`_bytes`, `_seconds`, `_ratio`), `_total` on counters, labels for the model and the status.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -23,6 +24,9 @@ _metrics: dict[int, "Metrics"] = {}
 # Powers of 4 from 64 KiB to 256 GiB: a tiny encoder's call to a 7B model's long batch.
 BYTES_BUCKETS = tuple(float(4**k * 64 * 1024) for k in range(12)) + (float("inf"),)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))
+# Requests or inputs in one trainer batch: powers of 2 to 4096; tokens: powers of 4 from 64 to 16M.
+COUNT_BUCKETS = tuple(float(2**k) for k in range(13)) + (float("inf"),)
+TOKEN_BUCKETS = tuple(float(4**k * 64) for k in range(10)) + (float("inf"),)
 # Relative error of the cost model, (measured - predicted) / predicted: negative is an overestimate.
 ERROR_BUCKETS = (-1.0, -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, float("inf"))
 
@@ -69,6 +73,12 @@ class Metrics:
         self.swaps = Counter(p + "placement_swaps_total", "Models swapped onto the device by placement.", ["model"], registry=reg)
         self.alarms = Counter(p + "memory_alarms_total", "Leak and fragmentation alarms raised, by the series that trended.", ["series"], registry=reg)
         self.incidents = Counter(p + "incidents_total", "OOM incident records written.", registry=reg)
+        b = lambda name, doc, buckets: Histogram(p + name, doc, buckets=buckets, registry=reg)  # noqa: E731
+        self.trainer_batch_requests = b("trainer_batch_requests", "Trainer requests scored together in one batch.", COUNT_BUCKETS)
+        self.trainer_batch_inputs = b("trainer_batch_inputs", "Inputs (texts or chats) of one trainer batch.", COUNT_BUCKETS)
+        self.trainer_batch_tokens = b("trainer_batch_tokens", "Tokens one trainer batch read, over its models.", TOKEN_BUCKETS)
+        self.trainer_queue_wait = b("trainer_queue_wait_seconds", "Time a trainer request waited before its batch started.",
+                                    SECONDS_BUCKETS)
 
     def observe_snapshot(self, snap: Any, budget: int | None) -> None:
         """Set the memory gauges from a `MemorySnapshot` (figures it lacks are left alone)."""
@@ -88,6 +98,18 @@ def metrics_for(reg: CollectorRegistry | None = None) -> Metrics:
         if m is None or m.registry is not reg:
             m = _metrics[id(reg)] = Metrics(reg)
         return m
+
+
+def observe_trainer_batch(requests: int, inputs: int, tokens: int, waits: Sequence[float],
+                          reg: CollectorRegistry | None = None) -> None:
+    """Record one trainer batch (the scheduler calls this once per batch it scored): how many
+    requests, inputs and tokens it held, and how long each request waited before it started."""
+    m = metrics_for(reg)
+    m.trainer_batch_requests.observe(requests)
+    m.trainer_batch_inputs.observe(inputs)
+    m.trainer_batch_tokens.observe(tokens)
+    for wait in waits:
+        m.trainer_queue_wait.observe(wait)
 
 
 def serve(port: int, *, host: str = "127.0.0.1", reg: CollectorRegistry | None = None) -> Any:

@@ -1,4 +1,4 @@
-"""`rewardstack soak --service`: the scoring service under kills, driven through its public HTTP API.
+"""`python -m tests.soak --service`: the scoring service under kills, driven through its public HTTP API.
 
 1. `rewardstack serve` starts as a subprocess on 127.0.0.1 (a free port), its namespaces in
    `D/service/state`.
@@ -39,11 +39,12 @@ from typing import Any
 
 from rewardstack.config import MASKS, REWARD_MODELS, load_config
 from rewardstack._fileio import event_line
-from rewardstack._replay.comparison import same
-from rewardstack._replay.supervisor import Pace, finish, new_run_dir, popen
-from rewardstack._replay.workload import soak_steps
 from rewardstack.stack import RewardStack, Step
 from rewardstack._state import RewardState, StateStore
+
+from tests.soak.comparison import same
+from tests.soak.supervisor import Pace, finish, new_run_dir, popen
+from tests.soak.workload import soak_steps
 
 RETRY_STATUSES = frozenset({429, 503, 504})
 RESEND_EVERY = 5
@@ -216,7 +217,7 @@ def _judge_namespace(c: Client, st: Any, lib_events: list[dict[str, Any]], lib_s
 
 
 def cmd_service_soak(args: argparse.Namespace) -> int:
-    """`rewardstack soak --service`."""
+    """`python -m tests.soak --service`."""
     cfg = load_config(args.config)
     run_dir = new_run_dir(args, "service-soak")
     started = time.time()

@@ -1,5 +1,8 @@
-"""The code of a BTLM-like checkpoint that loads through remote code (tests, the stand-in stack, benchmarks).
+"""The code of a BTLM-like checkpoint that loads through remote code: `plan`'s model of the default DPO.
 
+`rewardstack plan` simulates the default DPO model (cerebras/btlm-3b-8k-base, hub remote code) by
+running this code at full size on the meta device (`configs/archs/btlm-3b-8k.json` names this package
+as its `remote_code`); the stand-ins, tests and benchmarks build small checkpoints from it.
 `rewardstack._standins.families.make_btlm_checkpoint(folder)` writes a tiny random checkpoint in the
 layout of cerebras/btlm-3b-8k-base on the hub: `config.json` with `model_type = "btlm"` and the
 `auto_map` below naming `configuration_btlm.BTLMConfig` / `modeling_btlm.BTLMLMHeadModel`, those

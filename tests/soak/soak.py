@@ -1,53 +1,58 @@
-"""`rewardstack soak`: weeks of traffic in an afternoon, with injected OOMs, kills and restarts.
+"""The soak: weeks of traffic in an afternoon, with injected OOMs, kills and restarts.
 
-    rewardstack soak --config C --steps N [--completions 50] [--budget B] [--faults RATE] [--kills K]
-                     [--run-dir D] [--seed S] [--pathological] [--max-slope BYTES] [--max-rss-slope BYTES]
-                     [--threads T]
+    python -m tests.soak --config C --steps N [--completions 50] [--budget B] [--faults RATE] [--kills K]
+                         [--run-dir D] [--seed S] [--pathological] [--max-slope BYTES] [--max-rss-slope BYTES]
+                         [--threads T] [--rejudge D] [--service [--clients 4] [--timeout S]]
 
 The command wires four parts together:
 
-1. the workload (`rewardstack._replay.workload`): N generated steps written to `D/steps.jsonl`;
-2. the supervisor (`rewardstack._replay.supervisor`): the faulted run (`D/faulted/`: injected OOMs
+1. the workload (`tests.soak.workload`): N generated steps written to `D/steps.jsonl`;
+2. the supervisor (`tests.soak.supervisor`): the faulted run (`D/faulted/`: injected OOMs
    at RATE inside real forward passes, K SIGKILLs at random moments, restarts until every step is
    committed) and, side by side, the clean run (`D/clean/`: one uninterrupted, fault-free process);
-3. the comparison (`rewardstack._replay.comparison`): events once and in order, values, exclusions,
+3. the comparison (`tests.soak.comparison`): events once and in order, values, exclusions,
    normalizer statistics; memory at rest fitted per process;
-4. the verdict (`rewardstack._replay.verdict`): printed and written to `D/summary.json` (key `soak`).
-
-Its flags are registered in `rewardstack._replay.commands`.
+4. the verdict (`tests.soak.verdict`): printed and written to `D/summary.json` (key `soak`).
 
 Exit 0 only if nothing was lost or duplicated, no value moved, no process crashed, every kill
-landed and memory at rest did not grow; else 1. `rewardstack soak --service` soaks the HTTP service
-instead (`rewardstack._replay.service_soak`).
+landed and memory at rest did not grow; else 1. `--service` soaks the HTTP service instead
+(`tests.soak.service_soak`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from rewardstack._cli_errors import run_command
 from rewardstack._fileio import merge_json_section
-from rewardstack._replay.supervisor import finish, new_run_dir
+
+from tests.soak.supervisor import finish, new_run_dir
 
 NO_KILLS = {"kills": 0, "restarts": 0, "crashes": 0, "kill_points": []}
+DEFAULT_MAX_SLOPE = 1024.0
+"""Tracked bytes at rest: growth per step above which the soak fails (docs/REPLAY.md says why)."""
+DEFAULT_MAX_RSS_SLOPE = 16 * 1024.0
+"""Resident set: growth per step above which the soak fails (docs/REPLAY.md says why)."""
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
     """The `soak` command."""
     if args.service:
-        from rewardstack._replay.service_soak import cmd_service_soak
+        from tests.soak.service_soak import cmd_service_soak
 
         return cmd_service_soak(args)
     if args.rejudge:
         return rejudge(Path(args.rejudge), args)
     from rewardstack.config import load_config
     from rewardstack._memory.manager import check_device
-    from rewardstack._replay.supervisor import spawn, supervise
-    from rewardstack._replay.workload import soak_steps, write_steps
+    from tests.soak.supervisor import spawn, supervise
+    from tests.soak.workload import soak_steps, write_steps
 
     check_device(load_config(args.config).device)  # fails here, clearly, before any process starts
     run_dir = new_run_dir(args, "soak")
@@ -96,8 +101,8 @@ def judge_run(run_dir: Path, args: argparse.Namespace, expected: list[str], *, s
 
     `figures` (input_errors, threads, seconds, scoring_seconds) go into the verdict as given."""
     from rewardstack.config import REWARD_MODELS, load_config
-    from rewardstack._replay.comparison import EventIndex, compare, iter_events, memory_slope
-    from rewardstack._replay.verdict import format_verdict, judge
+    from tests.soak.comparison import EventIndex, compare, iter_events, memory_slope
+    from tests.soak.verdict import format_verdict, judge
     from rewardstack._state import StateStore
 
     cfg = load_config(args.config)
@@ -137,3 +142,41 @@ def rejudge(run_dir: Path, args: argparse.Namespace) -> int:
                         sup={k: before[k] for k in NO_KILLS}, clean_sup=NO_KILLS, input_errors=before["input_errors"],
                         threads=before["threads"], seconds=before["seconds"], scoring_seconds=before["scoring_seconds"])
     return 0 if verdict["passed"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The soak's flags."""
+    s = argparse.ArgumentParser(prog="python -m tests.soak", description="generated traffic with injected OOMs, kills "
+                                "and restarts, compared with a clean run (docs/REPLAY.md)")
+    s.add_argument("--config", required=True, help="stack config (TOML)")
+    s.add_argument("--steps", type=int, required=True, help="steps to run")
+    s.add_argument("--completions", type=int, default=50, help="completions per step (default 50)")
+    s.add_argument("--budget", help="memory budget: bytes or a size such as 24GiB (CPU: simulated device)")
+    s.add_argument("--faults", type=float, default=0.0, help="share of forward passes that get an injected OOM (0.1 = 10%%)")
+    s.add_argument("--kills", type=int, default=0, help="times the supervisor SIGKILLs the scoring process (the server with --service) and restarts it")
+    s.add_argument("--run-dir", help="folder for the soak's files and summary.json (default: a new folder soak-<time> under $REWARDSTACK_HOME/<config stem>-<hash>/runs)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the workload, the faults and the kill moments")
+    s.add_argument("--pathological", action="store_true", help="mix pathological inputs into the steps (tests.soak.pathological)")
+    s.add_argument("--max-slope", type=float, default=DEFAULT_MAX_SLOPE,
+                   help=f"tracked memory-at-rest growth, bytes per step, above which the soak fails (default {DEFAULT_MAX_SLOPE:g})")
+    s.add_argument("--max-rss-slope", type=float, default=DEFAULT_MAX_RSS_SLOPE,
+                   help=f"resident-set growth, bytes per step, above which the soak fails (default {DEFAULT_MAX_RSS_SLOPE:g})")
+    s.add_argument("--threads", type=int, default=1, help="torch threads of each scoring process (default 1: the faulted "
+                                                          "and clean runs run side by side)")
+    s.add_argument("--rejudge", metavar="RUN_DIR", help="compare and judge a finished soak's files again (nothing is "
+                                                        "scored; --config, --kills and --faults as it ran)")
+    s.add_argument("--service", action="store_true", help="soak `rewardstack serve` over loopback instead: clients with "
+                                                          "numbered steps and retries, the server SIGKILLed --kills times")
+    s.add_argument("--clients", type=int, default=4, help="--service: concurrent clients, one namespace each (default 4)")
+    s.add_argument("--timeout", type=float, default=60.0, help="--service: seconds a request may take before the client "
+                                                               "retries it (default 60)")
+    return s
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m tests.soak`: an ordinary mistake ends in one line, as `rewardstack`'s commands do."""
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:  # rewardstack's INFO lines, other libraries' warnings (as `rewardstack`)
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("rewardstack").setLevel(logging.INFO)
+    return run_command(cmd_soak, args)

@@ -1,4 +1,4 @@
-"""The tiny stand-in stack (`rewardstack make-standins --tiny DIR`): every family's code path, no weight.
+"""The soak's tiny stand-in stack (`python -m tests.soak.tiny DIR`): every family's code path, no weight.
 
 The standard stand-ins (`rewardstack._standins.build`) are small random models of each production family
 plus two copies of the real MiniLM sentence encoder; a step of 50 completions costs seconds on a
@@ -27,6 +27,7 @@ replaced by a private copy before it is rewritten, so the package is never touch
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -34,9 +35,18 @@ from typing import Any
 
 import torch
 
+from rewardstack._models import MODELS, option_keys
+from rewardstack._standins import make_standins
+
+from tests.soak.workload import soak_steps
+
 TINY_HIDDEN = 16
 TINY_HEADS = 1  # attention scores are B x H x L x L whatever the width: one head halves them
 TINY_INTERMEDIATE = 32
+TINY_PASS_TOKENS = 8192
+"""Tokens per encoder pass in the tiny stack: 16 windows of 512, the accelerator default
+(`rewardstack._scorers.encoding.default_pass_tokens`), so passes are few and the memory budget, not
+the CPU tuning of one window, bounds them; a tiny model's pass costs its fixed op overhead."""
 
 # Shape fields by the names the families' configs use; anything else in a config is kept.
 _SHAPE = {
@@ -54,8 +64,6 @@ _SHAPE = {
 
 def _corpus() -> list[str]:
     """Texts whose word pieces the tiny vocabulary keeps whole: the soak's workload and templates."""
-    from rewardstack._replay.workload import soak_steps
-
     texts: list[str] = []
     for step in soak_steps(12, 8, seed=0, pathological=True, long_every=0):
         texts.append(step.prompt)
@@ -143,8 +151,10 @@ def shrink_model(folder: Path, mapping: dict[int, int], vocab_size: int, *, seed
         pooling.write_text(json.dumps(data, indent=2))
 
 
-def shrink_standins(root: Path, *, seed: int = 0) -> None:
-    """Rewrite every stand-in checkpoint under `root` (built by `make_standins`) at the tiny size."""
+def shrink_standins(root: Path, text: str, *, seed: int = 0) -> str:
+    """Rewrite every stand-in checkpoint under `root` (built by `make_standins`) at the tiny size;
+    returns the config `text` as the tiny stack's (encoder passes of `TINY_PASS_TOKENS` tokens; the
+    weights stay the validator's: Dahoas and the judge at 0, built, not run, as in production)."""
     from safetensors.torch import save_file
 
     folders = sorted({p.parent for p in Path(root).rglob("config.json") if (p.parent / "tokenizer.json").exists()})
@@ -165,10 +175,24 @@ def shrink_standins(root: Path, *, seed: int = 0) -> None:
         if has_head:  # Dahoas's value head reads the body's last hidden state
             g = torch.Generator().manual_seed(seed + 100 + k)
             save_file({"v_head.weight": torch.randn(1, TINY_HIDDEN, generator=g) * 0.2}, str(head))
+    for name in (m.name for m in MODELS if "max_batch_tokens" in option_keys(m.name)):
+        model = f"[models.{name}]\n"
+        assert model in text, f"offline.toml's {name} entry moved"
+        text = text.replace(model, model + f"max_batch_tokens = {TINY_PASS_TOKENS}\n")
+    return ("# TINY stand-ins (python -m tests.soak.tiny): every family's code path at one layer, width 16 and\n"
+            "# a small vocabulary; for soaking the machinery, not for any score's meaning.\n") + text
 
 
 def make_tiny_standins(root: str | Path, *, seed: int = 0, force: bool = False, dpo: str = "gpt2") -> Path:
-    """`make-standins --tiny`: the standard stand-ins, shrunk by `shrink_standins`; returns the config path."""
-    from rewardstack._standins.build import make_standins
-
+    """The standard stand-ins, shrunk by `shrink_standins`; returns the config path."""
     return make_standins(root, seed=seed, force=force, dpo=dpo, shrink=shrink_standins)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m tests.soak.tiny",
+                                 description="build the soak's tiny stand-in stack and its config (DIR/stack.toml)")
+    ap.add_argument("dir", help="output folder")
+    ap.add_argument("--force", action="store_true", help="rebuild even if the folder holds a stack")
+    ap.add_argument("--dpo", choices=("gpt2", "btlm"), default="gpt2", help="DPO stand-in (as make-standins --dpo)")
+    cli = ap.parse_args()
+    print(f"tiny stand-in stack written; config: {make_tiny_standins(cli.dir, force=cli.force, dpo=cli.dpo)}")

@@ -23,7 +23,8 @@ import random
 from typing import Any, Callable
 
 from rewardstack.stack import Step
-from rewardstack._replay.synthetic import text
+
+from tests.soak.synthetic import text
 
 HUGE_CHARS = 100_000
 _MAKERS: dict[str, Callable[[random.Random, str], str]] = {

@@ -1,7 +1,7 @@
 """The soak's workload: synthetic steps (`synthetic.py`), written as the step JSONL `score` reads.
 
 One completion of >= 8,000 tokens every `LONG_EVERY` steps, and with `pathological` the kinds of
-`rewardstack._replay.pathological`: growing prompts and lines with unpaired surrogates (input
+`tests.soak.pathological`: growing prompts and lines with unpaired surrogates (input
 errors, refused with their line).
 """
 
@@ -11,9 +11,10 @@ import json
 import random
 from pathlib import Path
 
-from rewardstack._replay.pathological import grow_prompts, mix_into, surrogate_line
-from rewardstack._replay.synthetic import heavy_tailed_steps, text
 from rewardstack.stack import Step
+
+from tests.soak.pathological import grow_prompts, mix_into, surrogate_line
+from tests.soak.synthetic import heavy_tailed_steps, text
 
 LONG_EVERY = 50
 LONG_CHARS = 50_000  # >= 8,000 tokens with the stand-ins' BERT tokenizer (about 10,000)

@@ -1,6 +1,6 @@
 """The soak's verdict: what failed, the figures behind it, and its text for a person.
 
-`judge` turns the comparison (`rewardstack._replay.comparison`), the supervisors' counts and the
+`judge` turns the comparison (`tests.soak.comparison`), the supervisors' counts and the
 memory fit into a verdict dict (`passed`, `failures` and the figures; written to `summary.json`
 under `soak`); `format_verdict` prints it.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from rewardstack._replay.comparison import DIVERSITY_REBATCH_TOL, REBATCH_TOL, TOL
+from tests.soak.comparison import DIVERSITY_REBATCH_TOL, REBATCH_TOL, TOL
 
 RSS_MIN_SPAN = 100
 """Steps a process's fitted segment must span, on average, for the RSS slope to be judged: over

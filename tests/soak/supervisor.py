@@ -1,6 +1,6 @@
 """The soak's scoring process and its supervisor: injected OOMs, SIGKILLs at random moments, restarts.
 
-`worker` (run as `python -m rewardstack._replay.supervisor ARGS_JSON`) is the exactly-once loop of
+`worker` (run as `python -m tests.soak.supervisor ARGS_JSON`, the checkout's root on its path) is the exactly-once loop of
 `rewardstack._runner.score_file` with a `FaultInjector` that raises OOMs inside real forward passes;
 it commits each step's OOM records with its event (`soak_ooms`) and logs memory at rest after every
 step. `supervise` runs it to the end, SIGKILLing it at random moments (after a random number of
@@ -30,11 +30,14 @@ from rewardstack.config import load_config
 from rewardstack.stack import RewardStack, Step
 from rewardstack._fileio import merge_json_section
 from rewardstack._memory.device import process_rss
-from rewardstack._replay.faults import FaultInjector
 from rewardstack._runner import score_file
 from rewardstack._settings import parse_bytes
 from rewardstack._state import StateLock
 
+from tests.soak.faults import FaultInjector
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout: its processes import `tests.soak` from here, wherever the soak was started."""
 MAX_CRASHES = 3
 POLL_S = 0.02
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
@@ -61,7 +64,8 @@ def finish(run_dir: Path, key: str, verdict: dict[str, Any], text: str) -> dict[
 
 def popen(cmd: list[str], log: Path, threads: int = 1) -> subprocess.Popen:
     """One of the soak's processes (a scoring worker, the server), its output in `log`."""
-    env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, **MALLOC_ENV, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("REWARDSTACK_TOKEN", None)  # loopback, no token: the service soak's clients send none
     return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
 
@@ -172,7 +176,7 @@ def spawn(cfg: str, steps: Path, folder: Path, *, faults: float, seed: int, budg
     args = {"config": cfg, "input": str(steps), "output": str(folder / "events.jsonl"),
             "state_dir": str(folder / "state"), "rest": str(folder / "rest.jsonl"), "faults": faults, "seed": seed,
             "threads": threads, "budget": budget, "ready": str(ready) if ready is not None else None}
-    return popen([sys.executable, "-m", "rewardstack._replay.supervisor", json.dumps(args)],
+    return popen([sys.executable, "-m", "tests.soak.supervisor", json.dumps(args)],
                  folder / f"worker-{tag}.log", threads)
 
 

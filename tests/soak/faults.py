@@ -1,6 +1,6 @@
 """Injected out-of-memory errors for the soak: OOMs raised inside real forward passes.
 
-The soak's faulted run (`rewardstack._replay.supervisor`) sets a `FaultInjector` as the memory
+The soak's faulted run (`tests.soak.supervisor`) sets a `FaultInjector` as the memory
 manager's `injector`; the OOM guard (`rewardstack._memory.guard`) runs each device pass inside its
 `during`, so the injected OOM strikes after the pass's first allocations and the path that frees a
 failed pass's tensors runs as after a real OOM.
