@@ -1,4 +1,4 @@
-"""The light entry point: `import rewardstack` and `rewardstack --help` import no torch (the public
+"""The light entry point: `import rewardstack` and `rewardstack --help` import no torch nor pydantic (the public
 names load on first use), and the help costs under half a second."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-HEAVY = ("torch", "transformers", "numpy", "safetensors", "fastapi", "ray", "pyarrow", "tqdm")
+HEAVY = ("torch", "transformers", "numpy", "safetensors", "fastapi", "ray", "pyarrow", "tqdm", "pydantic")
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:
