@@ -33,9 +33,7 @@ def _kind(hint: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         kinds = [_kind(a) for a in args]
         return "bytes" if "bytes" in kinds else " | ".join(kinds)
-    if origin is Literal:
-        return "str"
-    return "None" if hint is type(None) else getattr(origin or hint, "__name__", str(hint))
+    return "str" if origin is Literal else "None" if hint is type(None) else getattr(origin or hint, "__name__", str(hint))
 
 
 def _rows(cls: type[BaseModel]) -> list[str]:
@@ -44,7 +42,7 @@ def _rows(cls: type[BaseModel]) -> list[str]:
     for name, f in cls.model_fields.items():
         if name in _NOT_KEYS:
             continue
-        kind = _kind(Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation)
+        kind = "bytes" if BYTES in f.metadata else _kind(f.annotation)
         shown = (f.json_schema_extra or {}).get("shown_default", repr(f.get_default(call_default_factory=True)))  # type: ignore[union-attr]
         out.append(f"  {name:<28} {kind:<12} {shown:<24}")
         out.extend(textwrap.wrap(f.description or "", width=96, initial_indent="      ", subsequent_indent="      "))

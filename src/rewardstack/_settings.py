@@ -1,18 +1,18 @@
 """Settings tables of the config file that features add: `[memory]`, `[telemetry]`, `[service]`, `[input]`.
 
-Each table is a pydantic model on `Table`: a setting is one annotated line (its checks in `Field`) and
-the docstring under it, the help `rewardstack config --explain` prints. `parse_table` validates a TOML
-table against one: an unknown key is an error naming the closest valid key, and a value of the wrong
-type names its key (`ConfigError`). `Bytes` settings accept an integer or a size string ("40GiB",
-"512MiB"). Command-line flags override what a table sets (each command says which).
+Each table is a pydantic model on `Table`: a setting is one annotated line, its checks in `Field`
+(`queue_size: int = Field(64, gt=0)`), and the docstring under it, the help `rewardstack config
+--explain` prints. `parse_table` validates a TOML table against one: an unknown key is an error naming
+the closest valid key, and a value of the wrong type names its key (`ConfigError`). `Bytes` settings
+accept an integer or a size string ("40GiB", "512MiB"). Command-line flags override what a table sets
+(each command says which).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-import typing
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Iterable, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -23,7 +23,7 @@ _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4
 
 
 def _size(value: Any) -> int:
-    """Bytes from an integer or a size string: `1073741824`, `"512MiB"`, `"40GiB"`, `"1.5 GB"`."""
+    """Bytes from an integer or a size string: `1073741824`, `"512MiB"`, `"40GiB"`, `"1.5 GB"` (ValueError)."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -35,15 +35,16 @@ def _size(value: Any) -> int:
 BYTES = BeforeValidator(_size)
 Bytes = Annotated[int, BYTES, Field(gt=0)]
 """A positive number of bytes: an integer, or a size string in TOML and on the command line."""
+_BYTES: TypeAdapter[int] = TypeAdapter(Bytes)
 
 
-def closest(key: str, valid: typing.Iterable[str]) -> str:
+def closest(key: str, valid: Iterable[str]) -> str:
     """' (did you mean `x`?)' for the closest valid key, or '' when nothing is close."""
     match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
-def unknown_key_error(prefix: str, key: str, valid: typing.Iterable[str]) -> ConfigError:
+def unknown_key_error(prefix: str, key: str, valid: Iterable[str]) -> ConfigError:
     """The error for a key a table does not declare: names it, the closest valid one, and all."""
     valid = sorted(valid)
     return ConfigError(f"{prefix}{key}", f"unknown key{closest(key, valid)}; valid keys: {', '.join(valid)}")
@@ -58,7 +59,7 @@ _PROBLEMS = {"int_type": "an integer", "bool_type": "true or false", "float_type
              "string_pattern_mismatch": "a non-empty string"}
 
 
-def config_error(err: ValidationError, prefix: str, valid: typing.Iterable[str] = ()) -> ConfigError:
+def config_error(err: ValidationError, prefix: str, valid: Iterable[str] = ()) -> ConfigError:
     """pydantic's first error as the ConfigError naming its key, `prefix.key` (`valid`: the keys an
     unknown key is compared with)."""
     e = err.errors(include_url=False)[0]
@@ -69,20 +70,21 @@ def config_error(err: ValidationError, prefix: str, valid: typing.Iterable[str] 
     if e["type"] == "value_error":  # a validator's own message, which names the value
         return ConfigError(key, str(e["ctx"]["error"]))
     ctx = e.get("ctx", {})
-    problem = "positive" if ctx == {"gt": 0} else _PROBLEMS[e["type"]].format(**ctx) if e["type"] in _PROBLEMS else None
-    text = f"must be {problem}" if problem else e["msg"].replace("Input should be", "must be")
+    if ctx == {"gt": 0}:
+        text = "must be positive"
+    elif e["type"] in _PROBLEMS:
+        text = "must be " + _PROBLEMS[e["type"]].format(**ctx)
+    else:
+        text = e["msg"].replace("Input should be", "must be")
     return ConfigError(key, f"{text}, got {e['input']!r}")
 
 
 def parse_bytes(value: int | str, *, key: str = "<bytes>") -> int:
-    """Bytes from an integer or a size string: `1073741824`, `"512MiB"`, `"40GiB"`, `"1.5 GB"`."""
+    """Bytes from an integer or a size string (a command-line flag's): errors name `key`."""
     try:
         return _BYTES.validate_python(value, strict=True)
     except ValidationError as e:
         raise config_error(e, key) from None
-
-
-_BYTES: TypeAdapter[int] = TypeAdapter(Bytes)
 
 
 class Table(BaseModel):

@@ -120,7 +120,7 @@ class StackConfig(Table):
     """Activation budget in bytes. On CUDA, None means total memory x utilization minus weights minus headroom; on CPU, None means unlimited."""
     gpu_utilization: float = Field(0.9, gt=0, le=1)
     """Share of the device's total memory rewardstack may use (like vLLM's gpu_memory_utilization)."""
-    headroom_bytes: int = Field(512 * 1024**2, gt=0)
+    headroom_bytes: int = Field(512 * 1024**2, ge=0)
     """Bytes kept free on the device beyond the budget."""
     safety_margin: float = Field(0.9, gt=0, le=1)
     """Share of the budget the batch planner fills with predicted peaks."""
