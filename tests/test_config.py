@@ -88,6 +88,21 @@ def test_bad_values_name_the_key(data: dict, key: str) -> None:
     assert e.key == key and key in str(e)
 
 
+def test_settings_tables_name_the_key_and_take_sizes() -> None:
+    e = _err({"service": {"prot": 8000}})  # a misspelt key: named, with the closest one and all of them
+    assert e.key == "service.prot" and "did you mean 'port'" in str(e) and "queue_size" in str(e)
+    for data, key, problem in [({"service": {"port": "8000"}}, "service.port", "must be an integer, got '8000'"),
+                               ({"service": {"queue_size": 0}}, "service.queue_size", "must be positive, got 0"),
+                               ({"service": {"deadline_s": True}}, "service.deadline_s", "must be a number, got True"),
+                               ({"memory": {"device_memory": "40 parsecs"}}, "memory.device_memory", "such as '40GiB'"),
+                               ({"telemetry": {"leak_window": 1}}, "telemetry.leak_window", "must be at least 2"),
+                               ({"input": 3}, "input", "must be a table")]:
+        e = _err(data)
+        assert e.key == key and problem in str(e), e
+    cfg = from_dict({"memory": {"device_memory": "40GiB"}, "service": {"max_body_bytes": "1.5 MB", "deadline_s": 5}})
+    assert (cfg.memory.device_memory, cfg.service.max_body_bytes, cfg.service.deadline_s) == (40 * 1024**3, 1_500_000, 5.0)
+
+
 def test_missing_path_names_the_key() -> None:
     # An active model whose path was removed (set to nothing via an empty paths list for relevance).
     e = _err({"models": {"relevance_filter": {"paths": []}}})

@@ -1,4 +1,4 @@
-"""The light entry point: `import rewardstack` and `rewardstack --help` import no torch (the public
+"""The light entry point: `import rewardstack` and `rewardstack --help` import no torch nor pydantic (the public
 names load on first use), and the help costs under half a second."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-HEAVY = ("torch", "transformers", "numpy", "safetensors", "fastapi", "ray", "pyarrow", "tqdm")
+HEAVY = ("torch", "transformers", "numpy", "safetensors", "fastapi", "ray", "pyarrow", "tqdm", "pydantic")
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:
@@ -56,3 +56,13 @@ def test_help_prints_in_under_half_a_second() -> None:
         best = min(best, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
         assert out.returncode == 0 and "usage: rewardstack" in out.stdout
     assert best < 0.5, f"rewardstack --help took {best:.2f} CPU seconds at best"
+
+
+def test_serve_help_reads_each_flag_from_its_setting() -> None:
+    """The [service] flags' help is the settings' docstrings, read when `serve --help` prints it
+    (not when the parser is built, which imports no pydantic)."""
+    out = python("from rewardstack.cli import main\ntry:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "a full queue answers 429 with Retry-After. (default [service].queue_size)" in text, text
+    assert "Address to bind; anything but loopback requires a bearer token. (default [service].host" in text, text

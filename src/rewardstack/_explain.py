@@ -2,7 +2,7 @@
 
 `explain()` lists the top-level keys, the `[memory]`, `[telemetry]` and `[service]` tables, the keys
 every `[models.*]` table takes, and each model's own options with its defaults: key, type,
-default and one line of help, all read from the dataclasses that validate them (so the listing and
+default and one line of help, all read from the models that validate them (so the listing and
 the validation cannot disagree). `check(path)` validates a config and its lock file and says, per
 model, what will be loaded from where.
 """
@@ -11,28 +11,41 @@ from __future__ import annotations
 
 import json
 import textwrap
+import types
 import typing
-from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel
 
 from rewardstack.config import ModelConfig, StackConfig, load_config
-from rewardstack._models import MODELS
-from rewardstack._settings import TABLES, field_docs
+from rewardstack._models import MODELS, options_class
+from rewardstack._settings import BYTES, TABLES
 
 _NOT_KEYS = {"name", "locked", "options", "models", "source", *TABLES}
 
 
-def _rows(cls: type) -> list[str]:
-    """Key, type, default and help of every setting of a dataclass table."""
-    docs, hints, out = field_docs(cls), typing.get_type_hints(cls), []
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.name in _NOT_KEYS:
+def _kind(hint: Any) -> str:
+    """A type as the listing says it: `int | None`, `list`; `Bytes` as bytes, choices as str."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return "bytes" if BYTES in args else _kind(args[0])
+    if origin in (typing.Union, types.UnionType):
+        kinds = [_kind(a) for a in args]
+        return "bytes" if "bytes" in kinds else " | ".join(kinds)
+    return "str" if origin is Literal else "None" if hint is type(None) else getattr(origin or hint, "__name__", str(hint))
+
+
+def _rows(cls: type[BaseModel]) -> list[str]:
+    """Key, type, default and help of every setting of a table."""
+    out = []
+    for name, f in cls.model_fields.items():
+        if name in _NOT_KEYS:
             continue
-        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
-        kind = "bytes" if f.metadata.get("bytes") else getattr(hints[f.name], "__name__", str(hints[f.name]).replace("typing.", ""))
-        shown = f.metadata.get("shown_default", repr(default))  # a default computed from the config: its rule
-        out.append(f"  {f.name:<28} {kind:<12} {shown:<24}")
-        out.extend(textwrap.wrap(docs.get(f.name, ""), width=96, initial_indent="      ", subsequent_indent="      "))
+        kind = "bytes" if BYTES in f.metadata else _kind(f.annotation)
+        shown = (f.json_schema_extra or {}).get("shown_default", repr(f.get_default(call_default_factory=True)))  # type: ignore[union-attr]
+        out.append(f"  {name:<28} {kind:<12} {shown:<24}")
+        out.extend(textwrap.wrap(f.description or "", width=96, initial_indent="      ", subsequent_indent="      "))
     return out
 
 
@@ -49,7 +62,7 @@ def explain() -> str:
         name = m.name
         defaults = ", ".join(f"{k} = {json.dumps(v)}" for k, v in m.defaults.items())
         lines += ["", f"[models.{name}]: defaults {defaults}"]
-        opts = _rows(m.options)
+        opts = _rows(options_class(m.name))
         lines += opts if opts else ["  (no options of its own)"]
     return "\n".join(lines) + "\n"
 

@@ -17,22 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from rewardstack._modeloptions import (
-    ClassifierOptions,
-    DahoasOptions,
-    DpoOptions,
-    EmbeddingOptions,
-    HfRewardOptions,
-    JudgeOptions,
-    ModelOptions,
-    NoOptions,
-    ReciprocateOptions,
-    RelevanceOptions,
-)
-from rewardstack._settings import parse_table
+if TYPE_CHECKING:  # pragma: no cover
+    from rewardstack._modeloptions import ModelOptions
+    from rewardstack._settings import Table
 
 DTYPES = ("float32", "float16", "bfloat16")
 """Weight dtypes a model may be loaded in (a model's `dtype` key)."""
@@ -60,8 +50,8 @@ class ModelSpec:
     """The scorer family (`rewardstack._scorers.<family>`)."""
     defaults: Mapping[str, Any]
     """The config's defaults for this model: the openvalidators 1.2.0 default stack."""
-    options: type
-    """The dataclass of the scorer's own options (`rewardstack._modeloptions`)."""
+    options: str
+    """The class of the scorer's own options in `rewardstack._modeloptions`, by name (`options_class`)."""
     builder: str
     """"module:function" `(ModelConfig, Runtime) -> Scorer`."""
     standin: str | None = None
@@ -104,7 +94,7 @@ DPO = ModelSpec(
     # BTLM is not a transformers architecture: it loads only with its own (hub) modeling code, which
     # runs only from a commit locked by `rewardstack download`. No other default model needs code.
     {"path": "cerebras/btlm-3b-8k-base", "weight": 0.3, "dtype": "float16", "trust_remote_code": True},
-    DpoOptions, "rewardstack._scorers.dpo:build", "rewardstack._standins.families:make_dpo_standin",
+    "DpoOptions", "rewardstack._scorers.dpo:build", "rewardstack._standins.families:make_dpo_standin",
     simulated=Simulated("dpo", "AutoModelForCausalLM"),
     modelled=("penalty bookkeeping (columns bounded: every scored token distinct)",),
 )
@@ -112,7 +102,7 @@ DPO = ModelSpec(
 OPENASSISTANT = ModelSpec(
     "rlhf_reward_model", "reward", "classifier",
     {"path": "OpenAssistant/reward-model-deberta-v3-large-v2", "weight": 0.4, "dtype": "float32"},
-    ClassifierOptions, "rewardstack._scorers.classifier:build_openassistant",
+    "ClassifierOptions", "rewardstack._scorers.classifier:build_openassistant",
     "rewardstack._standins.families:make_openassistant_standin",
     simulated=Simulated("classifier", _CLS, "rewardstack._scorers.classifier:first_logit"),
     tokenizer_length=512, pair_input=True, reference_dtype="float32", reference_unbounded=True,
@@ -121,39 +111,39 @@ OPENASSISTANT = ModelSpec(
 RECIPROCATE = ModelSpec(
     "reciprocate_reward_model", "reward", "reciprocate",
     {"path": "reciprocate/gpt-j_rm_format-oa", "revision": "501f895", "weight": 0.3, "dtype": "float16"},
-    ReciprocateOptions, "rewardstack._scorers.reciprocate:build", "rewardstack._standins.families:make_reciprocate_standin",
+    "ReciprocateOptions", "rewardstack._scorers.reciprocate:build", "rewardstack._standins.families:make_reciprocate_standin",
     simulated=Simulated("reciprocate", _CLS),
 )
 
 DAHOAS = ModelSpec(
     "dahoas_reward_model", "reward", "dahoas",
     {"path": "Dahoas/gptj-rm-static", "weight": 0.0, "dtype": "float16"},
-    DahoasOptions, "rewardstack._scorers.dahoas:build", "rewardstack._standins.families:make_dahoas_standin",
+    "DahoasOptions", "rewardstack._scorers.dahoas:build", "rewardstack._standins.families:make_dahoas_standin",
     simulated=Simulated("dahoas", "GPTJModel"),
 )
 
 JUDGE = ModelSpec(
     "prompt_reward_model", "reward", "judge",
     {"path": "VMware/open-llama-7b-open-instruct", "weight": 0.0, "dtype": "float16"},
-    JudgeOptions, "rewardstack._scorers.judge:build", "rewardstack._standins.families:make_judge_standin",
+    "JudgeOptions", "rewardstack._scorers.judge:build", "rewardstack._standins.families:make_judge_standin",
     simulated=Simulated("judge", "AutoModelForCausalLM"),
     modelled=("generation (prefill with logits_to_keep=1, then one decode step per new token)",),
 )
 
 BLACKLIST = ModelSpec(
-    "blacklist_filter", "mask", "rules", {"enabled": True}, NoOptions,
+    "blacklist_filter", "mask", "rules", {"enabled": True}, "NoOptions",
     "rewardstack._scorers.rules:build_blacklist",
 )
 
 TASK_VALIDATOR = ModelSpec(
-    "task_validator_filter", "mask", "rules", {"enabled": True}, NoOptions,
+    "task_validator_filter", "mask", "rules", {"enabled": True}, "NoOptions",
     "rewardstack._scorers.rules:build_task_validator",
 )
 
 RELEVANCE = ModelSpec(
     "relevance_filter", "mask", "embedding",
     {"paths": ["bert-base-uncased", "sentence-transformers/all-mpnet-base-v2"], "enabled": True, "dtype": "float32"},
-    RelevanceOptions, "rewardstack._scorers.embedding:build_relevance",
+    "RelevanceOptions", "rewardstack._scorers.embedding:build_relevance",
     "rewardstack._standins.families:make_relevance_standin", checkpoints=2,
     simulated=Simulated("encoder", "AutoModel", "rewardstack._scorers.embedding:pooled"),
 )
@@ -161,7 +151,7 @@ RELEVANCE = ModelSpec(
 DIVERSITY = ModelSpec(
     "diversity_reward_model", "mask", "embedding",
     {"path": "sentence-transformers/all-mpnet-base-v2", "enabled": True, "dtype": "float32"},
-    EmbeddingOptions, "rewardstack._scorers.embedding:build_diversity",
+    "EmbeddingOptions", "rewardstack._scorers.embedding:build_diversity",
     "rewardstack._standins.families:make_diversity_standin",
     simulated=Simulated("encoder", "AutoModel", "rewardstack._scorers.embedding:pooled"),
     embeds_with="relevance_filter[1]",
@@ -170,7 +160,7 @@ DIVERSITY = ModelSpec(
 NSFW = ModelSpec(
     "nsfw_filter", "mask", "classifier",
     {"path": "facebook/roberta-hate-speech-dynabench-r4-target", "enabled": True, "dtype": "float32"},
-    ClassifierOptions, "rewardstack._scorers.classifier:build_nsfw", "rewardstack._standins.families:make_nsfw_standin",
+    "ClassifierOptions", "rewardstack._scorers.classifier:build_nsfw", "rewardstack._standins.families:make_nsfw_standin",
     simulated=Simulated("classifier", _CLS, "rewardstack._scorers.classifier:hate_value"),
     tokenizer_length=512,
 )
@@ -192,7 +182,7 @@ USER_PREFIX = "rewards."
 so a user's model can never take one of the ten names above, and lookups need no registration."""
 
 HF_REWARD = ModelSpec(
-    USER_PREFIX + "*", "reward", "hf_reward", {"dtype": "float32"}, HfRewardOptions,
+    USER_PREFIX + "*", "reward", "hf_reward", {"dtype": "float32"}, "HfRewardOptions",
     "rewardstack._scorers.hfreward:build",
     simulated=Simulated("classifier", _CLS, "rewardstack._scorers.classifier:first_logit"),
 )
@@ -233,16 +223,20 @@ def resolve(ref: str) -> Callable[..., Any]:
 
 # -- options ---------------------------------------------------------------------------------------
 
-def options_class(model: str) -> type:
-    """The dataclass of model `model`'s options (`ModelSpec.options`); `NoOptions` for a name the
-    registry does not know (a test's own scorer, configured in code)."""
-    return spec(model).options if is_user_model(model) or owner_of(model) in BY_NAME else NoOptions
+def options_class(model: str) -> type[Table]:
+    """The options model of `model` (`ModelSpec.options`, imported now: pydantic stays out of
+    `rewardstack --help`); `NoOptions` for a name the registry does not know (a test's own scorer,
+    configured in code)."""
+    known = is_user_model(model) or owner_of(model) in BY_NAME
+    return getattr(importlib.import_module("rewardstack._modeloptions"), spec(model).options if known else "NoOptions")
 
 def option_keys(model: str) -> set[str]:
     """The option keys model `model` accepts."""
-    return {f.name for f in fields(spec(model).options)}  # type: ignore[arg-type]
+    return set(options_class(model).model_fields)
 
 def parse_options(model: str, raw: Mapping[str, Any]) -> ModelOptions:
-    """Validate the options set for `model` (types, checks) into its options dataclass, every key
+    """Validate the options set for `model` (types, checks) into its options model, every key
     left out at its declared default: what `ModelConfig.options` holds."""
+    from rewardstack._settings import parse_table
+
     return parse_table(options_class(model), dict(raw), model if is_user_model(model) else f"models.{model}")

@@ -1,4 +1,4 @@
-"""TOML config -> validated dataclasses. Every error names the key it is about.
+"""TOML config -> validated pydantic models (`rewardstack._settings.Table`). Every error names the key it is about.
 
 Layout (keys of `[models.*]` are the spec's event names):
 
@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import re
 import tomllib
-import typing
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
+
+from pydantic import Field, model_validator
 
 from rewardstack import _paths as paths
 from rewardstack.errors import ConfigError
@@ -47,73 +46,59 @@ from rewardstack._lockfile import is_hub_id, lock_path, read_lock
 from rewardstack._modeloptions import ModelOptions, NoOptions
 from rewardstack._models import (ALL_MODELS, DTYPES, MASKS, MODELS, REWARD_MODELS, RULE_MASKS, USER_PREFIX, is_user_model,
                                 option_keys, options_class, parse_options, spec)
-from rewardstack._settings import (TABLES, InputSettings, MemorySettings, ServiceSettings, TelemetrySettings,
-                                  check_value, parse_table, positive as _positive, unknown_key_error)
+from rewardstack._settings import (TABLES, InputSettings, MemorySettings, ServiceSettings, Table, TelemetrySettings,
+                                  parse_table, unknown_key_error)
 
 # The model names and their defaults (the openvalidators 1.2.0 default stack) are declared once, in
 # the model registry (`rewardstack._models`); these names are kept here for the modules that read them.
 DEFAULTS: dict[str, dict[str, Any]] = {m.name: dict(m.defaults) for m in MODELS}
 
-
-def _non_empty(v: str | list[str]) -> str | None:
-    return None if all(map(str.strip, [v] if isinstance(v, str) else v)) else "must be a non-empty string"
-
-
-def _weight(v: float) -> str | None:
-    return None if 0 <= v < math.inf else f"must be a number >= 0, got {v!r}"
+Text = Annotated[str, Field(pattern=r"\S")]
+"""A string with more than whitespace in it (a path, a folder)."""
 
 
-def _dtype(v: str) -> str | None:
-    return None if v in DTYPES else f"must be one of {', '.join(DTYPES)}, got {v!r}"
-
-
-def _positive_bytes(v: int) -> str | None:
-    return None if v > 0 else f"must be a positive number of bytes, got {v!r}"
-
-
-def _share(v: float) -> str | None:
-    return None if 0 < v <= 1 else f"must be a number in (0, 1], got {v!r}"
-
-
-@dataclass
-class ModelConfig:
+class ModelConfig(Table):
     """One reward model or mask of the stack."""
 
     name: str
     """The spec's event name, e.g. `rlhf_reward_model`."""
-    path: str | None = field(default=None, metadata={"check": _non_empty})
+    path: Text | None = None
     """Hub id or local directory of the checkpoint."""
-    paths: list[str] = field(default_factory=list, metadata={"check": _non_empty})
+    paths: list[Text] = []
     """Several checkpoints, in order (the relevance filter's two embedding models)."""
-    weight: float = field(default=0.0, metadata={"check": _weight})
+    weight: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight in the combination (reward models only)."""
     enabled: bool = True
     """Masks: whether the mask is applied. Reward models: derived, weight > 0."""
-    dtype: str = field(default="float32", metadata={"check": _dtype})
+    dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
     """Weights dtype: float32, float16 or bfloat16."""
     revision: str | None = None
     """Hub revision (ignored for local directories)."""
-    max_length: int | None = field(default=None, metadata={"check": _positive})
+    max_length: int | None = Field(None, gt=0)
     """Override of the model's input-length bound, in tokens."""
-    batch_size: int | None = field(default=None, metadata={"check": _positive})
+    batch_size: int | None = Field(None, gt=0)
     """Upper bound on the batch size the planner may choose."""
     trust_remote_code: bool = False
     """Let the checkpoint run its own modeling code: only from a commit locked by `rewardstack download`, or from a local folder."""
-    options: ModelOptions = field(default_factory=NoOptions)
-    """The scorer's options (written flat in the model's table): the dataclass its model declares in `rewardstack._modeloptions`, every key left out at its default."""
-    locked: dict[str, str] = field(default_factory=dict)
+    options: ModelOptions = NoOptions()
+    """The scorer's options (written flat in the model's table): the options class its model declares in `rewardstack._modeloptions`, every key left out at its default."""
+    locked: dict[str, str] = {}
     """Hub id -> commit, from the lock file beside the config (`rewardstack._lockfile`); not a config key."""
 
-    def __post_init__(self) -> None:
-        declared = options_class(self.name)
-        if isinstance(self.options, declared):
-            return
-        if isinstance(self.options, Mapping):  # configured in code (tests, benchmarks): checked as a table is
-            self.options = parse_options(self.name, self.options)
-        elif type(self.options) is NoOptions:  # left out: the defaults
-            self.options = declared()
-        else:
-            raise TypeError(f"{self.name}: options must be {declared.__name__} or a dict, got {type(self.options).__name__}")
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_options(cls, data: Any) -> Any:
+        """`options` as the model's declared class: given as a dict (configured in code), checked as a
+        table is; left out, the defaults."""
+        name, options = str(data.get("name")), data.get("options")
+        declared = options_class(name)
+        if isinstance(options, Mapping):
+            return {**data, "options": parse_options(name, options)}
+        if options is None or type(options) is NoOptions:
+            return {**data, "options": declared()}
+        if not isinstance(options, declared):
+            raise TypeError(f"{name}: options must be {declared.__name__} or a dict, got {type(options).__name__}")
+        return data
 
     @property
     def is_reward(self) -> bool:
@@ -126,31 +111,30 @@ class ModelConfig:
         return self.weight > 0 if self.is_reward else self.enabled
 
 
-@dataclass
-class StackConfig:
+class StackConfig(Table):
     """The whole stack: device, state directory, memory settings and one ModelConfig per model."""
 
     device: str = "cpu"
     """Torch device the models run on: `cpu`, `cuda`, `cuda:0`, ..."""
-    state_dir: str = field(default_factory=lambda: str(paths.state_dir(None)), metadata={
-        "shown_default": "$REWARDSTACK_HOME/<config stem>-<hash>/state", "check": _non_empty})
+    state_dir: Text = Field(default_factory=lambda: str(paths.state_dir(None)),
+                            json_schema_extra={"shown_default": "$REWARDSTACK_HOME/<config stem>-<hash>/state"})
     """Folder for state that outlives the process (normalizer statistics, diversity history); relative to the config file. Unset: $REWARDSTACK_HOME/<config stem>-<hash>/state (rewardstack._paths)."""
-    memory_budget: int | None = field(default=None, metadata={"check": _positive_bytes})
+    memory_budget: int | None = Field(None, gt=0)
     """Activation budget in bytes. On CUDA, None means total memory x utilization minus weights minus headroom; on CPU, None means unlimited."""
-    gpu_utilization: float = field(default=0.9, metadata={"check": _share})
+    gpu_utilization: float = Field(0.9, gt=0, le=1)
     """Share of the device's total memory rewardstack may use (like vLLM's gpu_memory_utilization)."""
-    headroom_bytes: int = field(default=512 * 1024**2, metadata={"check": _positive_bytes})
+    headroom_bytes: int = Field(512 * 1024**2, ge=0)
     """Bytes kept free on the device beyond the budget."""
-    safety_margin: float = field(default=0.9, metadata={"check": _share})
+    safety_margin: float = Field(0.9, gt=0, le=1)
     """Share of the budget the batch planner fills with predicted peaks."""
-    models: dict[str, ModelConfig] = field(default_factory=dict)
-    memory: MemorySettings = field(default_factory=MemorySettings)
+    models: dict[str, ModelConfig] = {}
+    memory: MemorySettings = Field(default_factory=MemorySettings)
     """The `[memory]` table (see `rewardstack._settings`)."""
-    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     """The `[telemetry]` table."""
-    service: ServiceSettings = field(default_factory=ServiceSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
     """The `[service]` table."""
-    input: InputSettings = field(default_factory=InputSettings)
+    input: InputSettings = Field(default_factory=InputSettings)
     """The `[input]` table: characters per text and completions per step the stack reads."""
     source: Path | None = None
     """The file the config was read from (None if built in code)."""
@@ -168,9 +152,8 @@ class StackConfig:
         return {n: self.models[n].weight for n in REWARD_MODELS}
 
 
-_TOP_KEYS = {f.name for f in fields(StackConfig)} - {"models", "source"} - set(TABLES)
-_MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"name", "locked"}
-_MODEL_FIELDS, _MODEL_HINTS = {f.name: f for f in fields(ModelConfig)}, typing.get_type_hints(ModelConfig)
+_TOP_KEYS = set(StackConfig.model_fields) - {"source"} | {"rewards"}
+_MODEL_KEYS = set(ModelConfig.model_fields) - {"name", "locked"}
 
 
 def _resolve(path: str, base: Path | None) -> str:
@@ -209,12 +192,9 @@ def _model_from(name: str, raw: dict[str, Any], base: Path | None) -> ModelConfi
     options = {**nested, **{k: v for k, v in merged.items() if k in opt_keys}}
     if "weight" in known and name not in REWARD_MODELS and not is_user_model(name):
         raise ConfigError(f"{prefix}.weight", "masks take `enabled`, not `weight`")
-    known = {k: check_value(_MODEL_FIELDS[k], _MODEL_HINTS[k], v, f"{prefix}.{k}") for k, v in known.items()}
-    known["options"] = parse_options(name, options)
-    if known.get("path") is not None:
-        known["path"] = _resolve(known["path"], base)
-    known["paths"] = [_resolve(p, base) for p in known.get("paths", [])]
-    cfg = ModelConfig(name=name, **known)
+    cfg = parse_table(ModelConfig, {**known, "name": name, "options": parse_options(name, options)}, prefix)
+    cfg.path = _resolve(cfg.path, base) if cfg.path is not None else None
+    cfg.paths = [_resolve(p, base) for p in cfg.paths]
     if name in REWARD_MODELS and "enabled" in explicit and raw["enabled"] is False:
         cfg.weight = 0.0
     if cfg.active and name not in RULE_MASKS and not cfg.path and not cfg.paths:
@@ -264,8 +244,8 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
     if not isinstance(data, dict):
         raise ConfigError("<root>", "must be a table")
     for key in data:
-        if key not in ("models", "rewards") and key not in _TOP_KEYS and key not in TABLES:
-            raise unknown_key_error("", key, {"models", "rewards", *TABLES, *_TOP_KEYS})
+        if key not in _TOP_KEYS:
+            raise unknown_key_error("", key, _TOP_KEYS)
     rewards_raw = data.get("rewards", {})
     # User-named reward models alone: the openvalidators models are the default only of a config
     # that names none (or that has a [models] table of its own).
@@ -283,14 +263,12 @@ def from_dict(data: dict[str, Any], *, base: Path | None = None, source: Path | 
     for table, key in (("telemetry", "run_dir"), ("memory", "calibration_file"), ("service", "tokens_file")):
         if getattr(tables[table], key) is not None:  # relative to the config file
             setattr(tables[table], key, _resolve_dir(getattr(tables[table], key), base))
-    hints = typing.get_type_hints(StackConfig)
-    top = {f.name: check_value(f, hints[f.name], top[f.name], f.name) for f in fields(StackConfig) if f.name in top}
+    cfg = parse_table(StackConfig, {**top, **tables, "source": source}, "")
     if "state_dir" in top:
-        top["state_dir"] = _resolve_dir(top["state_dir"], base)
+        cfg.state_dir = _resolve_dir(cfg.state_dir, base)
     else:
-        top["state_dir"] = str(paths.state_dir(source))
-        _warn_of_old_state(top["state_dir"])
-    cfg = StackConfig(**top, **tables, source=source)
+        cfg.state_dir = str(paths.state_dir(source))
+        _warn_of_old_state(cfg.state_dir)
     cfg.models = {n: _model_from(n, models_raw.get(n, {}), base) for n in ALL_MODELS}
     cfg.models.update(_user_rewards(rewards_raw, base))
     total = sum(cfg.models[n].weight for n in REWARD_MODELS)

@@ -11,7 +11,6 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -60,7 +59,7 @@ def rows_from_event(step_index: int, event: dict[str, Any]) -> list[dict[str, An
 
 def config_fingerprint(config: StackConfig) -> str:
     """A hash of what decides the scores: device and every model's settings (not the state dir)."""
-    doc = {"device": config.device, "models": {n: dataclasses.asdict(m) for n, m in sorted(config.models.items())}}
+    doc = {"device": config.device, "models": {n: m.model_dump() for n, m in sorted(config.models.items())}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from rewardstack.config import StackConfig
 
 
@@ -14,7 +12,7 @@ def worker_config(config: StackConfig, gpus_per_worker: float) -> StackConfig:
     with a share of a card (G < 1, several workers per card) the budget shrinks to that share.
     """
     if gpus_per_worker <= 0:
-        return replace(config, device="cpu")
+        return config.model_copy(update={"device": "cpu"})
     device = config.device if config.device.startswith("cuda") else "cuda"
     share = min(1.0, gpus_per_worker)
-    return replace(config, device=device, gpu_utilization=config.gpu_utilization * share)
+    return config.model_copy(update={"device": device, "gpu_utilization": config.gpu_utilization * share})

@@ -43,7 +43,7 @@ import sys
 import time
 from collections import deque
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -177,7 +177,7 @@ class MemoryManager:
         """Record what a scorer's fits depend on, the model part of its calibration key: its
         checkpoints by content (`calibration.checkpoint_identity`, not where they sit, so another
         config or folder with the same checkpoint shares the fit) and its settings."""
-        d = {k: v for k, v in asdict(model_cfg).items() if k not in ("weight", "enabled", "path", "paths")}
+        d = {k: v for k, v in model_cfg.model_dump().items() if k not in ("weight", "enabled", "path", "paths")}
         cache = self.calibration
         if cache is not None:  # hashing the checkpoint serves the cache only
             d["checkpoints"] = [checkpoint_identity(p, cache) for p in [model_cfg.path, *model_cfg.paths] if p]

@@ -8,7 +8,6 @@ dependencies come with the `rewardstack[service]` extra.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import sys
 import threading
@@ -17,27 +16,38 @@ from typing import TYPE_CHECKING, Any
 
 from rewardstack.errors import ConfigError, MissingExtraError
 from rewardstack._modelflags import add_model_flags, model_flags
-from rewardstack._settings import ServiceSettings, field_docs, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rewardstack.config import StackConfig
+    from rewardstack._settings import ServiceSettings
     from rewardstack._service.access import Access
 
 _INT_FLAGS = ("port", "max_completions", "max_chars", "max_work_chars", "queue_size", "batch_requests", "max_namespaces")
 
 
+class _ServiceHelp(argparse.HelpFormatter):
+    """Each [service] flag's help is its setting's docstring, read when `serve --help` prints it:
+    building the parser (`rewardstack --help`) imports no pydantic."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        from rewardstack._settings import ServiceSettings
+
+        field = ServiceSettings.model_fields.get(action.dest)
+        return f"{field.description} {action.help}" if field is not None else action.help
+
+
 def add_parser(sub: Any) -> None:
     """The `serve` subcommand (called from `rewardstack.cli.build_parser`)."""
-    docs = field_docs(ServiceSettings)
-    s = sub.add_parser("serve", help="run the HTTP scoring service (FastAPI on uvicorn; docs/SERVICE.md)")
+    s = sub.add_parser("serve", help="run the HTTP scoring service (FastAPI on uvicorn; docs/SERVICE.md)",
+                       formatter_class=_ServiceHelp)
     s.add_argument("--config", help="stack config (TOML); optional with --reward-model")
     add_model_flags(s)
-    s.add_argument("--host", help=docs.get("host", "") + " (default [service].host, 127.0.0.1)")
-    s.add_argument("--port", type=int, help=docs.get("port", "") + " (default [service].port, 8000)")
+    s.add_argument("--host", help="(default [service].host, 127.0.0.1)")
+    s.add_argument("--port", type=int, help="(default [service].port, 8000)")
     for key, kind in (("max_body_bytes", str), ("max_completions", int), ("max_chars", int), ("max_work_chars", int),
                       ("queue_size", int), ("deadline_s", float), ("batch_requests", int), ("max_namespaces", int),
                       ("tokens_file", str)):
-        s.add_argument("--" + key.replace("_", "-"), type=kind, help=docs.get(key))
+        s.add_argument("--" + key.replace("_", "-"), type=kind, help=f"(default [service].{key})")
     s.add_argument("--run-dir", help="telemetry run directory: timeline, events, incidents, summary (default [telemetry].run_dir)")
     s.add_argument("--state-dir", help="folder of the namespaces' state (default: the config's state_dir, else "
                    "$REWARDSTACK_HOME/<config stem>-<hash>/state)")
@@ -57,7 +67,9 @@ def command_config(args: argparse.Namespace) -> StackConfig:
 
 def effective_settings(config: StackConfig, args: argparse.Namespace) -> ServiceSettings:
     """The [service] table with the command line's flags over it."""
-    s = dataclasses.replace(config.service)
+    from rewardstack._settings import parse_bytes
+
+    s = config.service.model_copy()
     for key in _INT_FLAGS + ("host", "deadline_s", "tokens_file"):
         value = getattr(args, key, None)
         if value is not None:
