@@ -33,7 +33,7 @@ def _v1_stack(stack: RewardStack) -> dict:
 
     namespaces = SimpleNamespace(loaded=lambda: [], on_disk=lambda: [])
     worker = SimpleNamespace(stack=stack, ready=True, draining=False, namespaces=namespaces, queue_length=lambda: 0,
-                             queue=SimpleNamespace(maxsize=1), batch_requests=1, scored=0,
+                             queue_size=1, batch_requests=1, scored=0,
                              lane=Lane(ServiceSettings()))
     settings = SimpleNamespace(max_body_bytes=1, max_completions=1, max_chars=1, max_work_chars=1, deadline_s=1.0)
     return describe(worker, stack.config, settings)  # type: ignore[arg-type]

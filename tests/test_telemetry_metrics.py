@@ -44,7 +44,8 @@ def test_metrics_scraped_over_http(hog_config, tmp_path) -> None:  # noqa: ANN00
         if fam.type == "counter":
             assert all(s.name in (name + "_total", name + "_created") for s in fam.samples), name
         if fam.type in ("gauge", "histogram") and not name.endswith("_created"):  # a counter's creation time
-            assert name.endswith(("_bytes", "_seconds", "_ratio")), name
+            # a unit, or for a count the plural of what it counts (as vLLM's `request_prompt_tokens`)
+            assert name.endswith(("_bytes", "_seconds", "_ratio", "_requests", "_inputs", "_tokens")), name
     assert _value(fams["rewardstack_steps"]) == 3
     hog_statuses = [st for r in results for st in r.model_statuses[HOG]]
     for status in set(hog_statuses):
