@@ -51,7 +51,7 @@ def served(request, cluster, tmp_path_factory):  # noqa: ANN001, ANN201
     from rewardstack.config import build_config, load_config
     from rewardstack._distributed.serve import APP_NAME, build_app
     from rewardstack._service.app import create_app
-    from rewardstack._service.namespaces import Access
+    from rewardstack._service.access import Access
 
     root = tmp_path_factory.mktemp("ray-trainers")
     model = make_tiny_llama_rm(root / "tiny-rm")
@@ -116,7 +116,7 @@ def test_openrlhf_and_verl_on_serve_match_transformers_and_the_service(served: A
     queries = texts(12, seed=1)
     [answer] = asyncio.run(OpenRLHFExecutor(url + "/get_reward")._fetch_rewards_via_http(
         queries, ["p"] * len(queries), [None] * len(queries)))
-    want = reference_scores(model, queries, max_length=64, side="left")
+    want = reference_scores(model, queries, max_length=64, side="left", add_special_tokens=False)  # serve_rm's convention
     one_process = service.post("/get_reward", json={"query": queries}).json()["rewards"]
     assert max(abs(a - b) for a, b in zip(answer["rewards"], want)) < TOL
     assert max(abs(a - b) for a, b in zip(answer["rewards"], one_process)) < TOL
@@ -139,8 +139,10 @@ def test_openrlhf_and_verl_on_serve_match_transformers_and_the_service(served: A
     score = asyncio.run(worker.compute_score_disrm(data))["reward_score"]
     rendered = tok.apply_chat_template(chat + [{"role": "assistant", "content": "a text summary it is"}],
                                        tokenize=False)
-    [want_verl] = reference_scores(model, [rendered], max_length=64, side="left")
-    one_process_verl = service.post("/classify", json={"model": str(model), "input": rendered,
+    # verl strips the BOS the template wrote and /classify adds it back (vLLM's convention): one BOS.
+    [want_verl] = reference_scores(model, [rendered], add_special_tokens=False, max_length=64, side="left")
+    sent = rendered.removeprefix(tok.bos_token)  # what verl sends
+    one_process_verl = service.post("/classify", json={"model": str(model), "input": sent,
                                                        "activation": False}).json()["data"][0]["probs"][0]
     assert abs(score - want_verl) < TOL and abs(score - one_process_verl) < TOL
     assert httpx.get(url + "/health").status_code == 200  # verl and vLLM's probes
@@ -166,7 +168,7 @@ def test_a_burst_of_4096_one_sample_requests_is_answered_whole(served: Any, rese
     drained = time.monotonic() - t0
     assert resends == [], resends[:3]  # no try failed: nothing refused at the default bounds
     distinct = sorted(set(queries))
-    alone = dict(zip(distinct, reference_scores(model, distinct, max_length=64, side="left")))
+    alone = dict(zip(distinct, reference_scores(model, distinct, max_length=64, side="left", add_special_tokens=False)))
     worst = max(abs(g["rewards"][0] - alone[q]) for g, q in zip(got, queries))
     assert len(got) == BURST and worst < TOL, worst
     print(f"burst of {BURST} on Serve (2 replicas): drained in {drained:.1f}s")  # -s shows it
@@ -175,17 +177,17 @@ def test_a_burst_of_4096_one_sample_requests_is_answered_whole(served: Any, rese
 def test_serve_bounds_carry_the_burst_and_accept_autoscaling() -> None:
     """The replicas' Serve options (no cluster needed): a replica takes two trainer batches, never
     more than its lane holds; the proxy holds the rest, then answers 503 (verl resends no 4xx)."""
-    from rewardstack._distributed.serve import MAX_QUEUED_REQUESTS, ScoringReplica, deployment_options
+    from rewardstack._distributed.serve import MAX_QUEUED_REQUESTS, TRAINER_BATCH, ScoringReplica, deployment_options
     from rewardstack._settings import ServiceSettings
 
     settings = ServiceSettings()
     opts = deployment_options(settings, replicas=2)
-    assert opts["max_ongoing_requests"] == 2 * settings.stateless_batch <= settings.stateless_queue
+    assert opts["max_ongoing_requests"] == 2 * TRAINER_BATCH <= settings.stateless_queue
     assert 2 * opts["max_ongoing_requests"] + MAX_QUEUED_REQUESTS >= BURST and opts["num_replicas"] == 2
     assert opts["backpressure_config"] == {"status_code": 503, "retry_after_s": 1}
-    small = deployment_options(ServiceSettings(stateless_batch=8, stateless_queue=10), replicas=1, max_replicas=4)
+    small = deployment_options(ServiceSettings(stateless_queue=10), replicas=1, max_replicas=4)
     assert small["max_ongoing_requests"] == 10 and "num_replicas" not in small
-    assert small["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+    assert small["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 10}
     serve.deployment(ScoringReplica, **small)  # Serve accepts them as they are
 
 
@@ -224,6 +226,6 @@ def test_a_replica_killed_mid_burst_costs_a_resend_never_a_reward(served: Any, r
     got = asyncio.run(burst_and_kill())
     assert resends, "the kill cost no request a resend: it did not land mid-burst"
     distinct = sorted(set(queries))
-    alone = dict(zip(distinct, reference_scores(model, distinct, max_length=64, side="left")))
+    alone = dict(zip(distinct, reference_scores(model, distinct, max_length=64, side="left", add_special_tokens=False)))
     assert len(got) == n
     assert max(abs(g["rewards"][0] - alone[q]) for g, q in zip(got, queries)) < TOL

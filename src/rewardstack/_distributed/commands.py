@@ -48,7 +48,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="GPUs per replica (default 1 where CUDA is present, else 0)")
     s.add_argument("--cpus-per-replica", type=non_negative_float, default=1.0, help="CPUs per replica")
     s.add_argument("--max-ongoing-requests", type=positive_int,
-                   help="requests a replica takes at once (default 2 x [service].stateless_batch); more wait at the proxy")
+                   help="requests a replica takes at once (default 512: two slices of one-sample requests); more wait at the proxy")
     s.add_argument("--max-queued-requests", type=int, default=None,
                    help="requests each Serve proxy holds for the replicas before answering 503 with Retry-After "
                         "(default 16384; -1: no bound)")

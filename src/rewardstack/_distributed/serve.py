@@ -38,7 +38,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -319,14 +318,19 @@ MAX_QUEUED_REQUESTS = 16384
 answers 503 with Retry-After: four 4,096-request trainer bursts at once."""
 
 
+TRAINER_BATCH = 256
+"""Trainer requests a replica counts on scoring together (one-sample requests of a slice): its
+Serve bounds are set in these."""
+
+
 def deployment_options(settings: ServiceSettings, *, replicas: int = 1, max_replicas: int | None = None,
                        gpus_per_replica: float = 0.0, cpus_per_replica: float = 1.0,
                        max_ongoing_requests: int | None = None,
                        max_queued_requests: int = MAX_QUEUED_REQUESTS) -> dict[str, Any]:
     """The replicas' Serve options: resources, and the bounds Serve's router keeps.
 
-    A replica takes up to `max_ongoing_requests` requests at once (default: two trainer batches,
-    `2 x service.stateless_batch`, so one batch fills while the other runs; at least
+    A replica takes up to `max_ongoing_requests` requests at once (default: `2 x TRAINER_BATCH`,
+    two slices' worth of one-sample requests, so one fills while the other runs; at least
     `service.queue_size + 1`, as a replica answers a validator's step 429 itself past `queue_size`
     in flight; at most `service.stateless_queue`, so its lane never refuses what Serve sent it).
     Past that, requests wait at Serve's proxy for a free replica (any replica: one that dies only
@@ -335,8 +339,7 @@ def deployment_options(settings: ServiceSettings, *, replicas: int = 1, max_repl
     `max_replicas` above `replicas`, Serve's autoscaler keeps between the two, aiming at one trainer
     batch in flight per replica.
     """
-    ongoing = max_ongoing_requests or min(settings.stateless_queue, max(settings.queue_size + 1,
-                                                                        2 * settings.stateless_batch))
+    ongoing = max_ongoing_requests or min(settings.stateless_queue, max(settings.queue_size + 1, 2 * TRAINER_BATCH))
     options: dict[str, Any] = {
         "ray_actor_options": {"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
         "max_ongoing_requests": ongoing, "max_queued_requests": max_queued_requests,
@@ -345,7 +348,7 @@ def deployment_options(settings: ServiceSettings, *, replicas: int = 1, max_repl
     }
     if max_replicas is not None and max_replicas > replicas:
         options["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
-                                         "target_ongoing_requests": min(ongoing, settings.stateless_batch)}
+                                         "target_ongoing_requests": min(ongoing, TRAINER_BATCH)}
     else:
         options["num_replicas"] = replicas
     return options
@@ -363,7 +366,8 @@ def build_app(config: StackConfig, settings: ServiceSettings, token_hashes: dict
     from rewardstack._distributed.scoring import worker_config
 
     # Replicas write no telemetry run folder: several processes would share one.
-    config = replace(worker_config(config, gpus_per_replica), telemetry=replace(config.telemetry, run_dir=None))
+    config = worker_config(config, gpus_per_replica)
+    config = config.model_copy(update={"telemetry": config.telemetry.model_copy(update={"run_dir": None})})
     deployment = serve.deployment(ScoringReplica, name="ScoringReplica",
                                   **deployment_options(settings, gpus_per_replica=gpus_per_replica, **options))
     wait = settings.deadline_s if reorder_wait_s is None else reorder_wait_s

@@ -81,7 +81,6 @@ def create_app(config: StackConfig, settings: ServiceSettings, access: Access, *
 
     app = http_app(Service(worker, config, settings), settings, access, title="rewardstack", lifespan=lifespan,
                    description="Scores validator steps with the reward stack; one worker owns the device. See docs/SERVICE.md.")
-    app.state.metrics = service_metrics()
     app.add_middleware(CutAtShutdown)  # outermost: the drain's cancellation is one line, not a traceback
     app.add_api_route("/metrics", metrics_route, summary="Prometheus metrics", responses=error_responses(401))
     add_trainer_routes(app, worker, config, settings)
@@ -100,6 +99,7 @@ def add_trainer_routes(app: FastAPI, worker: Worker, config: StackConfig, settin
     """The trainer routes (/get_reward, /classify, /v1/models, /health: docs/TRAINERS.md), answered
     by `worker`'s lane; `rewardstack serve` and the Ray Serve replicas both add them."""
     app.state.worker, app.state.config, app.state.settings = worker, config, settings
+    app.state.metrics = service_metrics()  # the routes count their answers (a replica's app too)
     app.include_router(trainers.router)
 
 
