@@ -313,7 +313,8 @@ def measure(n_texts: int = 512, rounds: int = 3, *, clients: int = 64, multi_cli
             root = Path(tmp)
             model_dir = Path(shutil.copytree(cached, root / "rm"))  # the run's own copy: a cleared cache cannot end it
             if standins is None:
-                from rewardstack._standins import make_standins, make_tiny_standins
+                from rewardstack._standins import make_standins
+                from tests.soak.tiny import make_tiny_standins
 
                 standins = Path((make_tiny_standins if tiny else make_standins)(root / "standins")).parent
             lines = _throughput(root, model_dir, texts, loads, rounds)
