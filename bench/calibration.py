@@ -117,17 +117,19 @@ def measure(n_texts: int = 256, rounds: int = 3, *, tiny: bool = False) -> list[
         for r in range(rounds):
             for label, stack, info in rows[r % len(rows):] + rows[:r % len(rows)]:  # each order in turn
                 times[label].append(_score_seconds(stack, info["name"], texts))
-    return _lines(rows, times, n_texts, rounds, shape, low, high)
+    return _lines(rows, times, n_texts, rounds, tiny)
 
 
 def _lines(rows: list[tuple[str, Any, dict[str, Any]]], times: dict[str, list[float]], n: int, rounds: int,
-           shape: dict[str, int], low: int, high: int) -> list[str]:
+           tiny: bool) -> list[str]:
+    from bench import realistic
     from bench.results import machine
 
     rate = {label: (n / statistics.median(ts), n / min(ts)) for label, ts in times.items()}
     base = rate[rows[0][0]][0]
     out = [f"calibration under load ({time.strftime('%Y-%m-%d')}; {machine()})",
-           f"model: Llama reward model {shape}, float32; {n} texts of {low}-{high} tokens; "
+           f"model: the realistic Llama reward model {realistic.TINY if tiny else realistic.SHAPE}, float32; "
+           f"{n} chat texts (bench.realistic); "
            f"{os.cpu_count()} busy-loop processes during the loaded calibration; {rounds} interleaved scoring rounds",
            f"{'row':<30}{'pass tokens':>12}{'cpu share':>11}{'timed':>7}{'load s':>8}{'median s/s':>12}"
            f"{'best s/s':>10}{'ratio':>7}"]
