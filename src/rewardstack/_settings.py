@@ -174,8 +174,8 @@ class ServiceSettings(Table):
     """Seconds a connection may take to send a request's headers (from connecting, or from its previous answer); slower is closed."""
     body_timeout_s: float = Field(30.0, gt=0)
     """Seconds a request may take to send its whole body; slower is answered 408 and its connection closed."""
-    max_connections: int = Field(256, gt=0)
-    """Most open connections; more are closed as they arrive (the cap is also kept 64 under the process's open-file limit)."""
+    max_connections: int = Field(8192, gt=0)
+    """Most open connections; more are closed as they arrive (the cap is also kept 64 under the process's open-file limit). The default holds a trainer's burst of 4,096 one-connection requests (OpenRLHF opens a session per request)."""
     drain_timeout_s: float = Field(30.0, gt=0)
     """Seconds a shutdown (SIGTERM) waits for open requests before closing them; a step already started still commits."""
     batch_wait_s: float = Field(0.005, ge=0)
