@@ -216,3 +216,13 @@ def test_past_the_token_bound_a_request_is_refused_429_with_retry_after() -> Non
     pieces = lane.take(time.monotonic())
     assert [(p.start, p.end) for p in pieces] == [(0, 1)] and lane.queued_tokens == 40  # 60 > 50: alone
     lane.admit(Row({"m": [Enc(60)]}, deadline=1e18))  # room again
+
+
+def test_the_default_bounds_hold_a_trainers_burst_of_4096_requests() -> None:
+    """OpenRLHF opens a session (a connection) per request: the service's default connection cap
+    (a closed connection is a lost reward after five tries) and token bound hold 4,096 at once."""
+    from rewardstack._settings import ServiceSettings
+
+    s = ServiceSettings()
+    assert s.max_connections >= 4096 + 64  # the burst, and room for validators and probes
+    assert s.stateless_queue >= 4096 and s.max_queued_tokens >= 4096 * 512
